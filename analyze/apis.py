@@ -1,0 +1,162 @@
+"""Names from the profiler's vocabulary: event categories and runtime/driver API names.
+
+One declared list per concept, in one place. Detectors and the loader import these; nothing else
+spells an API name. Kineto has renamed categories over time (2021 traces say `Kernel`, `Runtime`,
+`Operator`; current ones `kernel`, `cuda_runtime`, `cpu_op`), and ROCm traces reuse the CUDA
+category names with hip* API names, so every list covers all of them.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Normalised kind of each event, from its Chrome-trace category. Unknown categories keep kind
+# "other" but are never dropped.
+CATEGORY_KIND: dict[str, str] = {
+    "cpu_op": "cpu_op",
+    "Operator": "cpu_op",
+    "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "User Annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+    "Python": "python_function",
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "gpu_memcpy",
+    "Memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset",
+    "Memset": "gpu_memset",
+    "cuda_runtime": "runtime",
+    "Runtime": "runtime",
+    "hip_runtime": "runtime",
+    "cuda_driver": "driver",
+    "Driver": "driver",
+    "hip_driver": "driver",
+    "cuda_sync": "cuda_sync",
+    "cpu_instant_event": "cpu_instant_event",
+    "Trace": "trace_span",
+    "ac2g": "flow",
+    "async_cpu_to_gpu": "flow",
+    "async": "flow",
+    "fwdbwd": "flow",
+    "overhead": "overhead",
+    "Overhead": "overhead",
+}
+
+# GPU activity: what occupies a stream. cuda_sync events sit on GPU rows too but are not work.
+GPU_KINDS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
+# Host-side calls into the runtime or driver.
+HOST_API_KINDS: tuple[str, ...] = ("runtime", "driver")
+# Flow categories that link a launch to the GPU activity it started.
+LAUNCH_FLOW_CATS: tuple[str, ...] = ("ac2g", "async_cpu_to_gpu", "async")
+
+# Calls that start GPU work. Graph launches own many kernels (one correlation id for all of them).
+KERNEL_LAUNCH_APIS: tuple[str, ...] = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernelMultiDevice",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel",
+    "hipLaunchKernel",
+    "hipExtLaunchKernel",
+    "hipExtModuleLaunchKernel",
+    "hipModuleLaunchKernel",
+    "hipLaunchCooperativeKernel",
+)
+GRAPH_LAUNCH_APIS: tuple[str, ...] = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+MEMCPY_APIS: tuple[str, ...] = (
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+    "cudaMemcpy2D",
+    "cudaMemcpy2DAsync",
+    "cudaMemcpyPeer",
+    "cudaMemcpyPeerAsync",
+    "cudaMemcpyToSymbol",
+    "cudaMemcpyFromSymbol",
+    "cuMemcpy",
+    "cuMemcpyAsync",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "hipMemcpy",
+    "hipMemcpyAsync",
+    "hipMemcpyWithStream",
+    "hipMemcpyDtoH",
+    "hipMemcpyHtoD",
+    "hipMemcpyDtoHAsync",
+    "hipMemcpyHtoDAsync",
+    "hipMemcpy2D",
+    "hipMemcpy2DAsync",
+)
+MEMSET_APIS: tuple[str, ...] = (
+    "cudaMemset",
+    "cudaMemsetAsync",
+    "cudaMemset2D",
+    "cudaMemset2DAsync",
+    "cuMemsetD8_v2",
+    "cuMemsetD32_v2",
+    "cuMemsetD8Async",
+    "cuMemsetD32Async",
+    "hipMemset",
+    "hipMemsetAsync",
+    "hipMemsetD8",
+    "hipMemsetD32",
+    "hipMemsetD8Async",
+    "hipMemsetD32Async",
+)
+LAUNCH_APIS: frozenset[str] = frozenset(
+    KERNEL_LAUNCH_APIS + GRAPH_LAUNCH_APIS + MEMCPY_APIS + MEMSET_APIS
+)
+
+# Host calls that block the host until GPU work finishes (the host cannot launch meanwhile).
+HOST_SYNC_APIS: tuple[str, ...] = (
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "hipDeviceSynchronize",
+    "hipStreamSynchronize",
+    "hipEventSynchronize",
+)
+# GPU-side waits: a stream waits for an event; the host is not blocked.
+GPU_WAIT_APIS: tuple[str, ...] = ("cudaStreamWaitEvent", "cuStreamWaitEvent", "hipStreamWaitEvent")
+# Memcpy/memset calls that are synchronous with respect to the host by API contract.
+SYNC_MEMCPY_APIS: tuple[str, ...] = (
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cudaMemcpyToSymbol",
+    "cudaMemcpyFromSymbol",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "hipMemcpy",
+    "hipMemcpyDtoH",
+    "hipMemcpyHtoD",
+    "hipMemcpy2D",
+)
+SYNC_MEMSET_APIS: tuple[str, ...] = ("cudaMemset", "cudaMemset2D", "hipMemset", "hipMemsetD8", "hipMemsetD32")
+# Operators that force a device-to-host sync to produce a host value.
+SYNC_CAUSING_OPS: tuple[str, ...] = (
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::is_nonzero",
+    "aten::masked_select",
+    "aten::tolist",
+    "aten::unique",
+    "aten::_unique2",
+    "aten::equal",
+)
+
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_filename(name: str) -> int | None:
+    """Rank written into a file name by common launchers (`rank-3`, `rank_3`, `worker3`)."""
+    m = _RANK_IN_NAME.search(name)
+    return int(m.group(1)) if m else None
