@@ -53,11 +53,11 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     t0 = time.perf_counter()
     data = read_bytes(path, warnings)
     try:
-        top, raws = _split(data)
+        top, raws = _split(data, path)
     except (msgspec.DecodeError, msgspec.ValidationError):
         data = repair(data, str(path), warnings)
         try:
-            top, raws = _split(data)
+            top, raws = _split(data, path)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise TraceError(path, f"not a trace after repair ({exc})") from None
     cols = dec.Columns()
@@ -86,6 +86,10 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     if show and n > 4 * dec.CHUNK_EVENTS:
         print(file=sys.stderr)
     del raws
+    if n and dropped == n:
+        raise TraceError(path, "JSON is not a profiler trace (traceEvents holds no event objects)")
+    if n == 0:
+        raise TraceError(path, "trace holds no events")
     if dropped:
         warnings.append(f"dropped {dropped} events that were not JSON objects with object args")
     for what, k in cols.repaired.items():
@@ -101,14 +105,14 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     return trace
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], list[msgspec.Raw]]:
+def _split(data: bytes, path: Path) -> tuple[dict[str, Any], list[msgspec.Raw]]:
     """Top-level keys (values raw) and the raw events: a JSON object with traceEvents, or a bare array."""
     head = data.lstrip()[:1]
     if head == b"[":
         return {}, msgspec.json.decode(data, type=list[msgspec.Raw])
     top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
     if "traceEvents" not in top:
-        raise TraceError("", "JSON has no 'traceEvents'")
+        raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
     raws = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
     return top, raws
 

@@ -1,0 +1,65 @@
+"""Segments: the contract between phase segmentation and every detector that reports per step.
+
+A Segments object is a table of time ranges on the host timeline (prefill passes, decode steps,
+profiler steps), in order, plus the lookup that says which segment an event belongs to. GPU work
+belongs to the segment in which it was *launched* (a kernel often runs after its step's host code
+has finished), so rows with a launch link are located by the launch's time.
+
+Columns of `table`: seg (0..n-1), phase ("prefill" | "decode" | "step" | "other"), index (step
+number within the phase), name (annotation or marker name), start, end (int64 ns, host range),
+plus whatever the segmenter measured (see analyze.phases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analyze.trace import Trace
+
+SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
+
+
+@dataclass
+class Segments:
+    table: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SEGMENT_COLUMNS)))
+    method: str = "none"  # "annotations" | "profiler_steps" | "framework_markers" | "inferred" | "none"
+    confidence: str = "none"  # "exact" | "high" | "medium" | "low" | "none"
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def locate_times(self, ts: np.ndarray) -> np.ndarray:
+        """Segment id for each host timestamp (ns), -1 outside every segment. Segments do not overlap."""
+        ts = np.asarray(ts, dtype=np.int64)
+        if self.table.empty:
+            return np.full(len(ts), -1, dtype=np.int64)
+        t = self.table.sort_values("start")
+        starts = t["start"].to_numpy(np.int64)
+        ends = t["end"].to_numpy(np.int64)
+        segs = t["seg"].to_numpy(np.int64)
+        i = np.searchsorted(starts, ts, side="right") - 1
+        ok = (i >= 0) & (ts < ends[np.maximum(i, 0)])
+        return np.where(ok, segs[np.maximum(i, 0)], -1)
+
+    def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
+        """Segment id for event rows; GPU rows with a launch link use the launch's start time."""
+        rows = np.asarray(rows, dtype=np.int64)
+        ev = trace.events
+        ts = ev["ts"].to_numpy()[rows]
+        launch = ev["launch"].to_numpy()[rows]
+        has = launch >= 0
+        ts = np.where(has, ev["ts"].to_numpy()[np.maximum(launch, 0)], ts)
+        return self.locate_times(ts)
+
+    def label(self, seg: int) -> tuple[str | None, int | None]:
+        """(phase, index) of a segment id, (None, None) for -1."""
+        if seg < 0 or seg >= len(self.table):
+            return None, None
+        r = self.table.iloc[int(seg)]
+        return str(r["phase"]), int(r["index"])
+
+    def of_phase(self, phase: str) -> pd.DataFrame:
+        return self.table[self.table["phase"] == phase]

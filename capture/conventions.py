@@ -1,0 +1,50 @@
+"""Names the capture module shares with the analyzer: annotations, the metadata key, file names.
+
+One source of truth for every string that crosses the capture -> analyze boundary. The analyzer
+splits phases exactly by these record_function names and reads capture metadata from the
+`META_KEY` top-level key of a trace, so renaming anything here is a schema change (bump
+`SCHEMA_VERSION`). Pure stdlib: importing this never pulls in torch.
+"""
+
+from __future__ import annotations
+
+# Bumped whenever a field of the metadata dict changes meaning or disappears (adding one does not).
+SCHEMA_VERSION = 1
+
+# Top-level key of every trace file and of run.json holding the capture metadata.
+META_KEY = "tokentrace"
+
+ANNOTATION_PREFIX = "tokentrace/"
+TOKENIZE = ANNOTATION_PREFIX + "tokenize"
+PREFILL = ANNOTATION_PREFIX + "prefill"
+
+
+def decode_step_name(i: int) -> str:
+    """Annotation around decode step `i` (from 0): forward, sampling and the token's copy to the host."""
+    return f"{ANNOTATION_PREFIX}decode_step[{i}]"
+
+
+def phase_name(phase: str) -> str:
+    """Annotation for a user-named phase of the context manager (`p.phase("prefill")`)."""
+    return ANNOTATION_PREFIX + phase
+
+
+# Trace kinds, written into metadata["kind"]; each manual-mode run writes the first three.
+KIND_COMBINED = "combined"
+KIND_PREFILL = "prefill"
+KIND_DECODE = "decode"
+KIND_GENERATE = "generate"
+KIND_USER = "user"
+MANUAL_KINDS = (KIND_COMBINED, KIND_PREFILL, KIND_DECODE)
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+RUN_JSON = "run.json"
+
+
+def trace_file_name(kind: str) -> str:
+    """`combined` -> `combined.pt.trace.json.gz` (the suffix TensorBoard and HTA look for)."""
+    return kind + TRACE_SUFFIX
+
+
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+MODES = ("manual", "generate")

@@ -1,0 +1,35 @@
+"""Shared fixtures: the builder, and the real traces in ../shared/traces (skipped when absent)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tracebuilder import TraceBuilder  # noqa: E402
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+REAL_TRACES = sorted(SHARED_TRACES.glob("*.json.gz")) if SHARED_TRACES.is_dir() else []
+SAMPLE_TRACES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+def real_trace_params():
+    """Parametrize over ../shared/traces; one skipped case with the reason when the folder is absent."""
+    if not REAL_TRACES:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"real traces folder {SHARED_TRACES} is absent"))]
+    return [pytest.param(p, id=p.name.split(".")[0]) for p in REAL_TRACES]
+
+
+def shared_trace(name: str) -> Path:
+    p = SHARED_TRACES / name
+    if not p.exists():
+        pytest.skip(f"real trace {p} is absent")
+    return p
+
+
+@pytest.fixture
+def builder() -> TraceBuilder:
+    return TraceBuilder()

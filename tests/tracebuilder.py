@@ -1,0 +1,155 @@
+"""A small builder of Kineto-format Chrome traces with known answers, for tests.
+
+Owns the one way tests make traces: it writes what torch.profiler writes (current category names,
+correlation ids in args, ac2g flows, process/thread metadata, deviceProperties), so detectors are
+tested on the same shapes of data they meet in real files. Times are given in microseconds, the
+unit of the file format. `legacy=True` writes the 2021 category names instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+HOST_PID = 4242
+HOST_TID = 4242
+GPU_PID = 0  # Kineto uses the device index as the GPU rows' pid
+
+
+@dataclass
+class TraceBuilder:
+    gpu_name: str | None = "NVIDIA H100 80GB HBM3"
+    legacy: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+    top: dict[str, Any] = field(default_factory=dict)
+    _corr: int = 1000
+    _ext: int = 1
+
+    def _cat(self, current: str) -> str:
+        if not self.legacy:
+            return current
+        return {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}.get(current, current)
+
+    def next_corr(self) -> int:
+        self._corr += 1
+        return self._corr
+
+    # ---- host side -------------------------------------------------------------------
+    def cpu_op(self, name: str, ts: float, dur: float, *, tid: int = HOST_TID, input_dims: list | None = None,
+               input_type: list | None = None, concrete: list | None = None, **args: Any) -> dict[str, Any]:
+        a: dict[str, Any] = {"External id": self._ext, **args}
+        self._ext += 1
+        if input_dims is not None:
+            a["Input Dims"] = input_dims
+            a["Input type"] = input_type or ["float"] * len(input_dims)
+        if concrete is not None:
+            a["Concrete Inputs"] = concrete
+        ev = {"ph": "X", "cat": self._cat("cpu_op"), "name": name, "pid": HOST_PID, "tid": tid, "ts": ts, "dur": dur, "args": a}
+        self.events.append(ev)
+        return ev
+
+    def annotation(self, name: str, ts: float, dur: float, *, tid: int = HOST_TID) -> dict[str, Any]:
+        ev = {"ph": "X", "cat": "user_annotation", "name": name, "pid": HOST_PID, "tid": tid, "ts": ts, "dur": dur,
+              "args": {"External id": self._ext}}
+        self._ext += 1
+        self.events.append(ev)
+        return ev
+
+    def python(self, name: str, ts: float, dur: float, *, tid: int = HOST_TID, pyid: int = 0, parent: int | None = None) -> None:
+        self.events.append({"ph": "X", "cat": "python_function", "name": name, "pid": HOST_PID, "tid": tid, "ts": ts,
+                            "dur": dur, "args": {"Python id": pyid, "Python parent id": parent}})
+
+    def runtime(self, name: str, ts: float, dur: float, *, corr: int | None = None, tid: int = HOST_TID,
+                cat: str = "cuda_runtime") -> int:
+        corr = self.next_corr() if corr is None else corr
+        self.events.append({"ph": "X", "cat": self._cat(cat), "name": name, "pid": HOST_PID, "tid": tid, "ts": ts,
+                            "dur": dur, "args": {"cbid": 211, "correlation": corr}})
+        return corr
+
+    # ---- GPU side ---------------------------------------------------------------------
+    def gpu(self, name: str, ts: float, dur: float, *, corr: int, stream: int = 7, device: int = 0,
+            cat: str = "kernel", **args: Any) -> dict[str, Any]:
+        a = {"device": device, "context": 1, "stream": stream, "correlation": corr, **args}
+        if cat == "kernel":
+            a.setdefault("grid", [128, 1, 1])
+            a.setdefault("block", [256, 1, 1])
+        ev = {"ph": "X", "cat": self._cat(cat), "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur, "args": a}
+        self.events.append(ev)
+        return ev
+
+    def flow(self, corr: int, launch_ts: float, gpu_ts: float, *, stream: int = 7, device: int = 0, tid: int = HOST_TID) -> None:
+        cat = "async" if self.legacy else "ac2g"
+        self.events.append({"ph": "s", "id": corr, "pid": HOST_PID, "tid": tid, "ts": launch_ts, "cat": cat, "name": cat})
+        self.events.append({"ph": "f", "id": corr, "pid": device, "tid": stream, "ts": gpu_ts, "cat": cat, "name": cat, "bp": "e"})
+
+    def launch(self, kernel: str, launch_ts: float, kernel_ts: float, kernel_dur: float, *, launch_dur: float = 5.0,
+               api: str = "cudaLaunchKernel", stream: int = 7, device: int = 0, tid: int = HOST_TID,
+               cat: str = "kernel", **args: Any) -> int:
+        """A launch call on the host and the GPU activity it started, linked by correlation and a flow."""
+        corr = self.runtime(api, launch_ts, launch_dur, tid=tid, cat="cuda_driver" if api.startswith("cu") and not api.startswith("cuda") else "cuda_runtime")
+        self.gpu(kernel, kernel_ts, kernel_dur, corr=corr, stream=stream, device=device, cat=cat, **args)
+        self.flow(corr, launch_ts, kernel_ts, stream=stream, device=device, tid=tid)
+        return corr
+
+    def memcpy(self, kind: str, launch_ts: float, copy_ts: float, copy_dur: float, *, nbytes: int = 4,
+               api: str = "cudaMemcpyAsync", launch_dur: float = 5.0, stream: int = 7) -> int:
+        """kind like 'DtoH (Device -> Pageable)' or 'HtoD (Pinned -> Device)'."""
+        return self.launch(f"Memcpy {kind}", launch_ts, copy_ts, copy_dur, launch_dur=launch_dur, api=api, stream=stream,
+                           cat="gpu_memcpy", bytes=nbytes)
+
+    def graph_launch(self, launch_ts: float, first_kernel_ts: float, kernels: list[tuple[str, float]], *,
+                     gap: float = 0.0, launch_dur: float = 10.0, api: str = "cudaGraphLaunch", stream: int = 7) -> int:
+        """One graph launch owning many kernels (same correlation), back to back with `gap` between them."""
+        corr = self.runtime(api, launch_ts, launch_dur)
+        t = first_kernel_ts
+        for name, dur in kernels:
+            self.gpu(name, t, dur, corr=corr, stream=stream)
+            t += dur + gap
+        self.flow(corr, launch_ts, first_kernel_ts, stream=stream)
+        return corr
+
+    def cuda_sync(self, kind: str, ts: float, dur: float, *, corr: int, stream: int = 7) -> None:
+        self.events.append({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": GPU_PID, "tid": stream, "ts": ts, "dur": dur,
+                            "args": {"cuda_sync_kind": kind, "stream": stream, "correlation": corr, "device": 0, "context": 1}})
+
+    def memory(self, ts: float, nbytes: int, *, allocated: int, reserved: int, addr: int = 1 << 40, device: int = 0) -> None:
+        self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": HOST_PID,
+                            "tid": HOST_TID, "ts": ts, "args": {"Total Reserved": reserved, "Total Allocated": allocated,
+                                                              "Bytes": nbytes, "Addr": addr, "Device Id": device, "Device Type": 1}})
+
+    @contextlib.contextmanager
+    def span(self, name: str, ts: float, dur: float, **kw: Any) -> Iterator[dict[str, Any]]:
+        yield self.annotation(name, ts, dur, **kw)
+
+    # ---- output -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        meta = [
+            {"name": "process_name", "ph": "M", "ts": 0, "pid": HOST_PID, "tid": 0, "args": {"name": "python3"}},
+            {"name": "thread_name", "ph": "M", "ts": 0, "pid": HOST_PID, "tid": HOST_TID, "args": {"name": "thread 4242 (python3)"}},
+            {"name": "process_name", "ph": "M", "ts": 0, "pid": GPU_PID, "tid": 0, "args": {"name": "python3"}},
+        ]
+        out: dict[str, Any] = {"schemaVersion": 1}
+        if self.gpu_name:
+            out["deviceProperties"] = [{"id": 0, "name": self.gpu_name, "totalGlobalMem": 85_000_000_000, "computeMajor": 9,
+                                        "computeMinor": 0, "numSms": 132}]
+        out.update(self.top)
+        out["traceEvents"] = meta + self.events
+        out["traceName"] = "built-by-tests"
+        return out
+
+    def write(self, path: str | Path, *, gz: bool | None = None) -> Path:
+        path = Path(path)
+        data = json.dumps(self.to_dict()).encode()
+        if gz if gz is not None else path.name.endswith(".gz"):
+            data = gzip.compress(data)
+        path.write_bytes(data)
+        return path
+
+    def load(self, tmp_path: Path, name: str = "built.pt.trace.json"):
+        import tokentrace
+
+        return tokentrace.load(self.write(tmp_path / name))
