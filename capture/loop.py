@@ -8,6 +8,10 @@ makes stage boundaries exact in the trace (the host waits for the stage's last k
 transformers changed the forward signature over versions (`past_key_values` -> `cache`,
 `cache_position` gone in 5.x, `num_logits_to_keep` -> `logits_to_keep`), so the keywords are picked
 from the model's own signature rather than from a version table.
+
+With torch.compile only the decode step runs compiled, as in transformers' generate(): prefill
+shapes change with every prompt length (a recompile each, and CUDA graphs per shape), and running
+prefill eagerly also lets the static cache allocate its buffers outside any graph.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ class DecodeLoop:
         model: Any,
         device: "torch.device",
         *,
-        forward: Callable[..., Any] | None = None,
+        forward: Callable[..., Any] | None = None,  # the (compiled) forward for decode steps
         compile_mode: str = "none",
         static_cache: bool = False,
         temperature: float = 0.0,
@@ -70,7 +74,7 @@ class DecodeLoop:
 
         self.model = model
         self.device = device
-        self.forward = forward or model.forward
+        self.decode_forward = forward or model.forward
         self.static_cache = static_cache
         self.temperature = temperature
         # CUDA-graph replays overwrite their outputs; marking each step tells torch that the previous
@@ -117,7 +121,7 @@ class DecodeLoop:
 
     # -- stages ---------------------------------------------------------------------------------
 
-    def _forward(self, ids: "torch.Tensor", positions: "torch.Tensor", cache: Any) -> "torch.Tensor":
+    def _forward(self, ids: "torch.Tensor", positions: "torch.Tensor", cache: Any, decode: bool) -> "torch.Tensor":
         import torch
 
         kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions.unsqueeze(0), self._cache_kw: cache, "use_cache": True}
@@ -125,9 +129,12 @@ class DecodeLoop:
             kwargs["cache_position"] = positions
         if self._logits_kw:
             kwargs[self._logits_kw] = 1
-        if self._mark_step:
-            torch.compiler.cudagraph_mark_step_begin()
-        out = self.forward(**kwargs)
+        if not decode:
+            out = self.model.forward(**kwargs)
+        else:
+            if self._mark_step:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = self.decode_forward(**kwargs)
         return out.logits[:, -1, :]
 
     def _sample(self, logits: "torch.Tensor") -> "torch.Tensor":
@@ -146,14 +153,14 @@ class DecodeLoop:
     def prefill(self, state: LoopState, timer: "StageTimer | None" = None, annotate: bool = True) -> None:
         prompt_len = state.input_ids.shape[1]
         with _annotation(PREFILL, annotate), (timer.stage(PREFILL) if timer else nullcontext()):
-            logits = self._forward(state.input_ids, state.positions[:prompt_len], state.cache)
+            logits = self._forward(state.input_ids, state.positions[:prompt_len], state.cache, decode=False)
             self._deliver(state, self._sample(logits))
         state.pos = prompt_len
 
     def decode_step(self, state: LoopState, i: int, timer: "StageTimer | None" = None, annotate: bool = True) -> None:
         name = decode_step_name(i)
         with _annotation(name, annotate), (timer.stage(name) if timer else nullcontext()):
-            logits = self._forward(state.next_ids[:, None], state.positions[state.pos : state.pos + 1], state.cache)
+            logits = self._forward(state.next_ids[:, None], state.positions[state.pos : state.pos + 1], state.cache, decode=True)
             self._deliver(state, self._sample(logits))
         state.pos += 1
 

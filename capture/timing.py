@@ -30,8 +30,10 @@ class StageTimer:
         self._wall: dict[str, float] = {}
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        if self.use_events:
+    def stage(self, name: str, host: bool = False) -> Iterator[None]:
+        """Time the block as stage `name`; `host=True` for CPU-only work such as tokenization,
+        which enqueues nothing on the GPU, so only a host clock can see its duration."""
+        if self.use_events and not host:
             import torch
 
             start = torch.cuda.Event(enable_timing=True)
@@ -53,7 +55,9 @@ class StageTimer:
         import torch
 
         torch.cuda.synchronize(self.device)
-        return {name: start.elapsed_time(end) * 1e3 for name, start, end in self._events}
+        out = dict(self._wall)  # host-only stages keep their wall time
+        out.update({name: start.elapsed_time(end) * 1e3 for name, start, end in self._events})
+        return out
 
     @property
     def wall(self) -> dict[str, float]:
@@ -74,7 +78,7 @@ def percentile(values: list[float], q: float) -> float:
 class Timings:
     """One run's stage timings in microseconds: the `timings` dict of the metadata."""
 
-    ttft_us: float
+    ttft_us: float | None
     decode_step_us: list[float]
     tokenize_us: float | None = None
     # "cuda_event" or "perf_counter": which clock measured ttft/decode steps.
@@ -88,7 +92,7 @@ class Timings:
     @property
     def e2e_us(self) -> float:
         """Prefill plus every decode step: the time to produce all tokens (excludes tokenization)."""
-        return self.ttft_us + sum(self.decode_step_us)
+        return (self.ttft_us or 0.0) + sum(self.decode_step_us)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -111,7 +115,7 @@ def tpot_summary(decode_step_us: list[float]) -> dict[str, float | None]:
 def timings_from_stages(stages: dict[str, float], prefill: str, decode_names: list[str], tokenize_us: float | None, clock: str) -> Timings:
     """Pick TTFT and the decode steps (in step order) out of a StageTimer result."""
     return Timings(
-        ttft_us=stages[prefill],
+        ttft_us=stages.get(prefill),
         decode_step_us=[stages[n] for n in decode_names if n in stages],
         tokenize_us=tokenize_us,
         clock=clock,

@@ -55,6 +55,10 @@ class AtomicDir:
         parent = self.out_dir.absolute().parent
         parent.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.tokentrace-tmp-", dir=parent))
+        # mkdtemp makes a private (0700) folder; the output should get the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        self.staging.chmod(0o777 & ~umask)
         return self.staging
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
