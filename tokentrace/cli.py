@@ -88,6 +88,7 @@ def _register_optional() -> None:
         ("tokentrace.reports.cli", "report_cmd"),
         ("tokentrace.analyze.diff_cli", "diff_cmd"),
         ("tokentrace.analyze.check_cli", "check_cmd"),
+        ("tokentrace.analyze.ranks_cli", "ranks_cmd"),
     ):
         try:
             mod = __import__(module, fromlist=[attr])
