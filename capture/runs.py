@@ -86,7 +86,9 @@ def run_manual(
     prof_kw = dict(record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack)
     command = opts.command(prompt_lens=[plan.prompt_len], batches=[plan.batch], compile=[plan.compile])
 
-    with torch.inference_mode():
+    # no_grad rather than inference_mode, as generate() does: inference tensors in a static cache
+    # have tripped torch.compile / CUDA graphs in some torch versions.
+    with torch.no_grad():
         with _no_gc():
             for _ in range(opts.warmup):
                 loop.run(prompt.input_ids, n, annotate=False)
@@ -230,7 +232,7 @@ def run_generate(
     if use_forward:
         model.forward = forward  # generate() calls the module, which calls .forward
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             with _no_gc():
                 for _ in range(opts.warmup):
                     model.generate(ids, **kw)

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Remake the captures in sample_traces/ with tokentrace's capture module (one command).
+
+    python3 sample_traces/make_samples.py              # the GPU samples (needs CUDA), ~3-5 min on an H200
+    python3 sample_traces/make_samples.py --set cpu    # the small CPU sample (tiny-llama), seconds
+    python3 sample_traces/make_samples.py --only gpu_gpt2_eager   # one sample
+
+Run from anywhere; needs torch, transformers and click. It works without installing tokentrace:
+when `tokentrace.capture` is not importable it puts the repository root on sys.path and registers
+the `capture/` folder as `tokentrace.capture` (the mapping pyproject.toml declares). Nothing from
+tokentrace's analysis side (msgspec, pandas) is imported. Each sample is written atomically into
+its own folder (replacing an older copy); a failing sample is reported and the others still run.
+
+Sizes: traces grow with events per decode step (about 4-5k on the GPU for Llama-3.2-1B without
+Python stacks), so the sweeps profile 8 decode steps without stacks or allocator events; one
+small GPT-2 capture keeps every profiler option on (stacks, memory, all three trace kinds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# name -> (set, capture() keyword arguments). Edit here; README.md describes the same list.
+SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpu_llama-3.2-1b_eager": ("gpu", dict(
+        preset="llama-3.2-1b", prompt_lens=[128, 512, 2048], batches=[1], max_new_tokens=9,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+        traces="combined", with_stack=False, profile_memory=False,
+    )),
+    "gpu_gpt2_eager": ("gpu", dict(
+        preset="gpt2", prompt_lens=[128, 512], batches=[1], max_new_tokens=9,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+        traces="combined", with_stack=False, profile_memory=False,
+    )),
+    "gpu_llama-3.2-1b_reduce-overhead": ("gpu", dict(
+        preset="llama-3.2-1b", prompt_lens=[512], batches=[1], max_new_tokens=17,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="reduce-overhead",
+        static_cache=True, traces="combined", with_stack=False, profile_memory=False, warmup=3,
+    )),
+    "gpu_gpt2_full": ("gpu", dict(
+        preset="gpt2", prompt_lens=[128], batches=[1], max_new_tokens=5,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+    )),
+    "cpu_tiny_llama": ("cpu", dict(
+        preset="tiny-llama", prompt_lens=[32, 128], batches=[1], max_new_tokens=9, device="cpu",
+    )),
+}
+
+
+def import_capture() -> Any:
+    """`tokentrace.capture`, installed or straight from this checkout."""
+    try:
+        return importlib.import_module("tokentrace.capture")
+    except ImportError:
+        pass
+    sys.path.insert(0, str(REPO))
+    for name in [m for m in sys.modules if m == "tokentrace" or m.startswith("tokentrace.")]:
+        del sys.modules[name]  # forget a half-finished import so the checkout's package is used
+    import tokentrace  # the lazy top-level package: imports nothing of the analysis side
+
+    spec = importlib.util.spec_from_file_location(
+        "tokentrace.capture", REPO / "capture" / "__init__.py", submodule_search_locations=[str(REPO / "capture")]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tokentrace.capture"] = module
+    tokentrace.capture = module  # type: ignore[attr-defined]
+    spec.loader.exec_module(module)
+    return module
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=["gpu", "cpu", "all"], default="gpu", help="which samples to make (default: gpu)")
+    parser.add_argument("--only", action="append", metavar="NAME", choices=list(SAMPLES), help="make only this sample (repeatable)")
+    parser.add_argument("--out", type=Path, default=Path("sample_traces"), help="parent folder of the samples, relative to the repository root (default: sample_traces)")
+    args = parser.parse_args()
+    # Relative output paths keep this machine's directories out of the commands recorded in the traces.
+    os.chdir(REPO)
+
+    tc = import_capture()
+    names = args.only or [n for n, (kind, _) in SAMPLES.items() if args.set in (kind, "all")]
+    failed: list[str] = []
+    started = time.perf_counter()
+    for name in names:
+        kwargs = SAMPLES[name][1]
+        out = args.out / name
+        print(f"\n== {name} -> {out}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            result = tc.capture(out_dir=out, overwrite=True, progress=True, **kwargs)
+        except Exception as exc:  # report and go on: one broken variant should not cost the others
+            failed.append(name)
+            print(f"FAILED {name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        meta = result.meta["shared"]
+        print(f"{meta['gpu_name'] or 'cpu'}, torch {meta['versions']['torch']}, transformers {meta['versions']['transformers']}")
+        print(result.table())
+        print(f"{folder_size(out) / 1e6:.2f} MB in {time.perf_counter() - t0:.0f} s; remake one run with: {result.runs[0].meta['command']}", flush=True)
+
+    total = sum(folder_size(args.out / n) for n in SAMPLES if (args.out / n).is_dir())
+    print(f"\nall samples in {args.out}: {total / 1e6:.2f} MB; this run took {time.perf_counter() - started:.0f} s")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
