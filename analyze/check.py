@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokentrace.analyze.metrics import BY_KEY, Metric, cause_metric, fmt_value
+from tokentrace.analyze.metrics import BY_KEY, METRICS, Metric, cause_metric_for_key, fmt_value
 from tokentrace.errors import TokentraceError
 
 if sys.version_info >= (3, 11):
@@ -38,11 +38,7 @@ CONFIG_KEYS: tuple[str, ...] = ("baseline", "max_regression")
 def metric_for(name: str) -> Metric | None:
     """The metric a `max_x` / `min_x` threshold name refers to (idle per gap cause included)."""
     key = name.split("_", 1)[1] if name.startswith(("max_", "min_")) else name
-    if key in BY_KEY:
-        return BY_KEY[key]
-    if key.startswith("idle_") and key.endswith("_us") and len(key) > len("idle__us"):
-        return cause_metric(key[len("idle_"):-len("_us")])
-    return None
+    return BY_KEY.get(key) or cause_metric_for_key(key)
 
 
 def normalize_thresholds(raw: dict[str, Any], where: str) -> dict[str, float]:
@@ -55,7 +51,7 @@ def normalize_thresholds(raw: dict[str, Any], where: str) -> dict[str, float]:
         m = metric_for(key)
         if not key.startswith(("max_", "min_")) or m is None or m.unit == "text":
             known = ", ".join(sorted({*(f"max_{k}" for k, mm in BY_KEY.items() if mm.unit != "text"), *ALIASES}))
-            raise TokentraceError(f"{where}: unknown threshold '{name}' (known: {known}, max_idle_<cause>_us, min_<metric>)")
+            raise TokentraceError(f"{where}: unknown threshold '{name}' (known: {known}, max_idle_<cause>_us, max_idle_<cause>_per_step_decode_us, min_<metric>)")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TokentraceError(f"{where}: threshold '{name}' must be a number, not {value!r}")
         out[key] = float(value)
@@ -203,7 +199,10 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
         raise TokentraceError("check: no thresholds given (use options such as --max-tpot-us, or --config FILE.toml)")
     side = side_of(trace)
     notes: list[str] = []
-    items = [_threshold_item(name, limit, side.summary) for name, limit in limits.items()]
+    # Report in the registry's order (prefill, decode, whole trace), whatever order they were given in.
+    order = {m.key: i for i, m in enumerate(METRICS)}
+    names = sorted(limits, key=lambda n: (order.get(metric_for(n).key, len(order)), n))  # type: ignore[union-attr]
+    items = [_threshold_item(name, limits[name], side.summary) for name in names]
     base_label = None
     if baseline is not None:
         base_side = side_of(baseline)

@@ -12,8 +12,9 @@ here once for every consumer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 Summary = dict[str, Any]
 
@@ -102,85 +103,103 @@ def _decode_steps(doc: Summary) -> float | None:
     steps = dig(doc, "phases.decode.steps")
     if steps is not None:
         return _count(steps)
-    return first_number(doc, "phases.decode.count", "phases.decode.n_steps")
+    return first_number(doc, "phases.segments.decode")
 
 
-def _per_step(total_paths: tuple[str, ...], direct_paths: tuple[str, ...]) -> Callable[[Summary], float | None]:
-    """A per-decode-step figure: given directly by the section, or its decode total over the step count."""
+def _decode_steps_table(doc: Summary) -> list[dict[str, Any]]:
+    rows = dig(doc, "phases.decode.per_step")
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _decode_mean(key: str) -> Callable[[Summary], float | None]:
+    """Mean of a per-step field over the decode steps (kernels, launches per step)."""
 
     def read(doc: Summary) -> float | None:
-        direct = first_number(doc, *direct_paths)
-        if direct is not None:
-            return direct
-        total = first_number(doc, *total_paths)
-        steps = _decode_steps(doc)
-        return total / steps if total is not None and steps else None
+        vals = [v for v in (_number(r.get(key)) for r in _decode_steps_table(doc)) if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    return read
+
+
+def _phase_utilization(phase: str) -> Callable[[Summary], float | None]:
+    """GPU busy share of a phase, as the gpu section defines it (busy over each step's GPU span)."""
+
+    def read(doc: Summary) -> float | None:
+        util = first_number(doc, f"gpu.by_phase.{phase}.utilization")
+        if util is not None:
+            return util
+        rows = _decode_steps_table(doc) if phase == "decode" else _prefills(doc)
+        busy = [_number(r.get("gpu_busy_us")) for r in rows]
+        span = [_number(r.get("gpu_span_us")) for r in rows]
+        b = sum(v for v in busy if v is not None)
+        sp = sum(v for v in span if v is not None)
+        return b / sp if sp > 0 else None
 
     return read
 
 
 def _decode_idle_share(doc: Summary) -> float | None:
-    share = first_number(doc, "phases.decode.gpu_idle_share", "phases.decode.idle_share")
-    if share is not None:
-        return share
-    util = first_number(doc, "phases.decode.gpu_utilization", "phases.decode.utilization")
-    if util is not None:
-        return 1.0 - util
-    busy = first_number(doc, "phases.decode.gpu_busy_us")
-    idle = first_number(doc, "phases.decode.gpu_idle_us")
-    if busy is not None and idle is not None and busy + idle > 0:
-        return idle / (busy + idle)
-    return None
+    util = _phase_utilization("decode")(doc)
+    return None if util is None else 1.0 - util
 
 
-def _backend(doc: Summary) -> str | None:
+def _backend(section: str) -> Callable[[Summary], str | None]:
     """Attention backends that ran, as one sorted label ("flash", "flash, math"); None when unknown."""
-    names: set[str] = set()
-    for key in ("backends", "backend"):
-        v = dig(doc, f"attention.{key}")
-        if isinstance(v, str):
-            names.add(v)
-        elif isinstance(v, dict):
-            names.update(str(k) for k in v)
+
+    def read(doc: Summary) -> str | None:
+        names: set[str] = set()
+        v = dig(doc, f"{section}.backends")
+        if isinstance(v, dict):
+            names.update(str(k) for k, n in v.items() if n)
         elif isinstance(v, list):
             names.update(str(x) for x in v if isinstance(x, str))
-    for group in ("fits", "calls", "groups"):
-        items = dig(doc, f"attention.{group}")
-        if isinstance(items, list):
-            names.update(str(i["backend"]) for i in items if isinstance(i, dict) and i.get("backend"))
-    return ", ".join(sorted(names)) if names else None
+        elif isinstance(v, str):
+            names.add(v)
+        return ", ".join(sorted(names)) if names else None
+
+    return read
 
 
 METRICS: tuple[Metric, ...] = (
     Metric("ttft_us", "prefill", "TTFT", "us", "lower", _ttft),
     Metric("prefill_gpu_busy_us", "prefill", "GPU busy", "us", "lower", _prefill_sum("gpu_busy_us")),
+    Metric("gpu_utilization_prefill", "prefill", "GPU utilisation", "share", "higher", _phase_utilization("prefill")),
     Metric("prefill_kernels", "prefill", "kernels", "count", "lower", _prefill_sum("kernels")),
-    Metric("tpot_p50_us", "decode", "TPOT p50", "us", "lower", _paths("phases.decode.tpot_us.p50")),
-    Metric("tpot_p90_us", "decode", "TPOT p90", "us", "lower", _paths("phases.decode.tpot_us.p90")),
-    Metric("tpot_mean_us", "decode", "TPOT mean", "us", "lower", _paths("phases.decode.tpot_us.mean")),
-    Metric("tpot_max_us", "decode", "TPOT max", "us", "lower", _paths("phases.decode.tpot_us.max")),
+    Metric("prefill_launches", "prefill", "launches", "count", "lower", _prefill_sum("launches")),
+    Metric("gaps_per_step_prefill_us", "prefill", "idle in gaps per step", "us", "lower",
+           _paths("gaps.by_phase.prefill.per_step_us")),
+    Metric("attention_backend_prefill", "prefill", "attention backend", "text", "none", _backend("attention.by_phase.prefill")),
+    Metric("tpot_p50_us", "decode", "TPOT p50", "us", "lower", _paths("phases.decode.tpot_us.p50", "phases.tpot_us.p50")),
+    Metric("tpot_p90_us", "decode", "TPOT p90", "us", "lower", _paths("phases.decode.tpot_us.p90", "phases.tpot_us.p90")),
+    Metric("tpot_mean_us", "decode", "TPOT mean", "us", "lower", _paths("phases.decode.tpot_us.mean", "phases.tpot_us.mean")),
+    Metric("tpot_max_us", "decode", "TPOT max", "us", "lower", _paths("phases.decode.tpot_us.max", "phases.tpot_us.max")),
+    Metric("tpot_slope_us_per_token", "decode", "TPOT growth per token", "us", "lower",
+           _paths("phases.decode.tpot_slope_us_per_token")),
     Metric("decode_steps", "decode", "decode steps", "count", "none", _decode_steps),
+    Metric("decode_gpu_busy_per_step_us", "decode", "GPU busy per step", "us", "lower", _paths("phases.decode.gpu_busy_us.mean")),
+    Metric("gpu_utilization_decode", "decode", "GPU utilisation", "share", "higher", _phase_utilization("decode")),
     Metric("idle_share_decode", "decode", "GPU idle share", "share", "lower", _decode_idle_share),
-    Metric("cpu_bound_share_decode", "decode", "CPU-bound share of step time", "share", "lower",
+    Metric("cpu_bound_share_decode", "decode", "CPU share of the critical path", "share", "lower",
            _paths("phases.decode.bound.cpu_share")),
-    Metric("kernels_per_step_decode", "decode", "kernels per step", "count", "lower",
-           _per_step(("phases.decode.kernels",), ("phases.decode.kernels_per_step",))),
-    Metric("launches_per_step_decode", "decode", "launches per step", "count", "lower",
-           _per_step(("phases.decode.launches",), ("phases.decode.launches_per_step",))),
-    Metric("syncs_per_token", "decode", "syncs per token", "count", "lower",
-           _paths("syncs.per_token.count", "syncs.per_token", "syncs.syncs_per_token", "phases.decode.syncs_per_token")),
-    Metric("sync_blocked_per_token_us", "decode", "sync blocked time per token", "us", "lower",
-           _paths("syncs.per_token.blocked_us", "syncs.blocked_per_token_us", "phases.decode.sync_blocked_per_token_us")),
+    Metric("gaps_per_step_decode_us", "decode", "idle in gaps per step", "us", "lower",
+           _paths("gaps.by_phase.decode.per_step_us")),
+    Metric("kernels_per_step_decode", "decode", "kernels per step", "count", "lower", _decode_mean("kernels")),
+    Metric("launches_per_step_decode", "decode", "launches per step", "count", "lower", _decode_mean("launches")),
+    Metric("syncs_per_token", "decode", "syncs per token", "count", "lower", _paths("syncs.per_token.syncs_per_token")),
+    Metric("sync_blocked_per_token_us", "decode", "host blocked in syncs per token", "us", "lower",
+           _paths("syncs.per_token.blocked_us_per_token")),
+    Metric("attention_backend_decode", "decode", "attention backend", "text", "none", _backend("attention.by_phase.decode")),
     Metric("gpu_utilization", "all", "GPU utilisation", "share", "higher", _paths("gpu.utilization")),
     Metric("gpu_busy_us", "all", "GPU busy", "us", "lower", _paths("gpu.busy_us")),
     Metric("gpu_idle_us", "all", "GPU idle", "us", "lower", _paths("gpu.idle_us")),
     Metric("gaps", "all", "idle gaps", "count", "lower", _paths("gaps.count")),
-    Metric("gap_total_us", "all", "idle in gaps", "us", "lower", _paths("gaps.total_us", "gaps.idle_us")),
+    Metric("gap_total_us", "all", "idle in gaps", "us", "lower", _paths("gaps.total_us")),
     Metric("launches", "all", "launch calls", "count", "lower", _paths("launches.count", "launches.launches")),
     Metric("syncs", "all", "sync points", "count", "lower", _paths("syncs.count")),
     Metric("sync_blocked_us", "all", "host blocked in syncs", "us", "lower", _paths("syncs.blocked_us")),
+    Metric("attention_gpu_us", "all", "attention GPU time", "us", "lower", _paths("attention.gpu_total_us")),
+    Metric("attention_backend", "all", "attention backend", "text", "none", _backend("attention")),
     Metric("duration_us", "all", "trace span", "us", "none", _paths("trace.duration_us")),
-    Metric("attention_backend", "all", "attention backend", "text", "none", _backend),
 )
 
 BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
@@ -193,45 +212,59 @@ def _cause_total(v: Any) -> float | None:
     return _number(v)
 
 
-def idle_by_cause(doc: Summary) -> dict[str, float]:
-    """Idle time in gaps per cause (us), from the gaps section; {} when absent."""
-    by = dig(doc, "gaps.by_cause")
+def idle_by_cause(doc: Summary, phase: str = "all") -> dict[str, float]:
+    """Idle time in gaps per cause (us): the whole trace's, or per step of a phase; {} when absent."""
+    by = dig(doc, "gaps.by_cause" if phase == "all" else f"gaps.by_phase.{phase}.by_cause")
+    steps = 1.0 if phase == "all" else first_number(doc, f"gaps.by_phase.{phase}.segments")
+    if not isinstance(by, dict) or not steps:
+        return {}
     out: dict[str, float] = {}
-    if isinstance(by, dict):
-        for cause, v in by.items():
-            t = _cause_total(v)
-            if t is not None:
-                out[str(cause)] = t
-    elif isinstance(by, list):
-        for item in by:
-            if isinstance(item, dict) and item.get("cause") is not None:
-                t = _cause_total(item)
-                if t is not None:
-                    out[str(item["cause"])] = t
+    for cause, v in by.items():
+        t = _cause_total(v)
+        if t is not None:
+            out[str(cause)] = t / steps
     return out
 
 
-def cause_metric(cause: str) -> Metric:
+def cause_key(cause: str, phase: str = "all") -> str:
+    return f"idle_{cause}_us" if phase == "all" else f"idle_{cause}_per_step_{phase}_us"
+
+
+_CAUSE_KEY = re.compile(r"^idle_(?P<cause>\w+?)(?:_per_step_(?P<phase>prefill|decode))?_us$")
+
+
+def cause_metric(cause: str, phase: str = "all") -> Metric:
     """The metric for idle time of one gap cause (causes are open-ended, so these are made on demand)."""
-    return Metric(f"idle_{cause}_us", "all", f"idle: {cause}", "us", "lower", lambda doc: idle_by_cause(doc).get(cause))
+    label = f"idle: {cause}" if phase == "all" else f"idle per step: {cause}"
+    return Metric(cause_key(cause, phase), phase, label, "us", "lower", lambda doc: idle_by_cause(doc, phase).get(cause))
 
 
-def headline(doc: Summary, extra: Iterable[Metric] = ()) -> dict[str, Any]:
+def cause_metric_for_key(key: str) -> Metric | None:
+    """The idle-by-cause metric a key names (idle_launch_bound_us, idle_sync_per_step_decode_us), else None."""
+    m = _CAUSE_KEY.match(key)
+    if m is None or key in BY_KEY:
+        return None
+    return cause_metric(m["cause"], m["phase"] or "all")
+
+
+def _cause_metrics(*docs: Summary) -> list[Metric]:
+    return [cause_metric(c, phase) for phase in ("prefill", "decode", "all")
+            for c in sorted({c for d in docs for c in idle_by_cause(d, phase)})]
+
+
+def headline(doc: Summary) -> dict[str, Any]:
     """{metric key: value} for every metric present in the summary (absent ones are left out)."""
     out: dict[str, Any] = {}
-    for m in (*METRICS, *extra):
+    for m in metrics_for(doc):
         v = m.read(doc)
         if v is not None:
             out[m.key] = v
-    for cause, v in idle_by_cause(doc).items():
-        out[cause_metric(cause).key] = v
     return out
 
 
 def metrics_for(*docs: Summary) -> list[Metric]:
-    """The registry plus one idle metric per gap cause seen in any of the summaries."""
-    causes = sorted({c for d in docs for c in idle_by_cause(d)})
-    return [*METRICS, *(cause_metric(c) for c in causes)]
+    """The registry plus one idle metric per gap cause (and phase) seen in any of the summaries."""
+    return [*METRICS, *_cause_metrics(*docs)]
 
 
 def is_summary(doc: Any) -> bool:

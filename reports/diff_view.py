@@ -41,13 +41,16 @@ def metric_groups(metrics: pd.DataFrame) -> list[dict[str, Any]]:
             continue
         out = []
         for r in rows.to_dict("records"):
+            if r["base"] == 0 and r["test"] == 0:
+                continue  # nothing of this kind in either run (a CPU trace's GPU busy): noise in a report
             unit = r["unit"]
             delta = r["delta"]
             # A share's change reads in percentage points, not as a percent of a percent.
-            delta_s = (f"{delta * 100:+.1f} pt" if unit == "share" else _signed(delta, unit)) if delta is not None else ""
+            delta_s = "" if delta is None else f"{delta * 100:+.1f} pt" if unit == "share" else _signed(delta, unit)
             out.append({"label": r["label"], "base": fmt_value(r["base"], unit), "test": fmt_value(r["test"], unit),
                         "delta": delta_s, "pct": "" if unit == "share" else _pct(r["delta_pct"]), "verdict": r["verdict"]})
-        groups.append({"phase": phase, "title": PHASE_TITLES[phase], "rows": out})
+        if out:
+            groups.append({"phase": phase, "title": PHASE_TITLES[phase], "rows": out})
     return groups
 
 

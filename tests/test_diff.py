@@ -12,7 +12,7 @@ from conftest import REAL_TRACES, real_trace_params
 from tracebuilder import TraceBuilder
 
 from tokentrace.analyze.diff import diff, match_items, normalize_name, side_of
-from tokentrace.analyze.metrics import BY_KEY, headline
+from tokentrace.analyze.metrics import headline
 from tokentrace.cli import main
 
 STEP_US = 200.0
@@ -120,23 +120,34 @@ def summary(**sections):
     return {"schema_version": 1, "tool": {"name": "tokentrace"}, **sections}
 
 
+def decode_steps(n, kernels):
+    return [{"index": i, "kernels": kernels, "launches": kernels} for i in range(n)]
+
+
 def test_metric_verdicts_from_summaries():
-    base = summary(phases={"prefill": [{"ttft_us": 1000.0}], "decode": {"steps": 10, "tpot_us": {"p50": 200.0}, "kernels": 500}},
-                   gpu={"utilization": 0.5}, gaps={"by_cause": {"launch_bound": {"total_us": 300.0}}},
-                   attention={"fits": [{"backend": "math"}]})
-    test = summary(phases={"prefill": [{"ttft_us": 1500.0}], "decode": {"steps": 10, "tpot_us": {"p50": 150.0}, "kernels": 200}},
-                   gpu={"utilization": 0.5049}, gaps={"by_cause": {"launch_bound": {"total_us": 100.0}}},
-                   attention={"fits": [{"backend": "flash"}]})
+    base = summary(phases={"ttft_us": 1000.0, "decode": {"steps": 10, "tpot_us": {"p50": 200.0}, "per_step": decode_steps(10, 50)}},
+                   gpu={"utilization": 0.5, "by_phase": {"decode": {"utilization": 0.25}}},
+                   gaps={"by_cause": {"launch_bound": {"count": 3, "total_us": 300.0}},
+                         "by_phase": {"decode": {"segments": 10, "by_cause": {"launch_bound": 200.0}}}},
+                   attention={"backends": {"math": 4}})
+    test = summary(phases={"ttft_us": 1500.0, "decode": {"steps": 10, "tpot_us": {"p50": 150.0}, "per_step": decode_steps(10, 20)}},
+                   gpu={"utilization": 0.5049, "by_phase": {"decode": {"utilization": 0.75}}},
+                   gaps={"by_cause": {"launch_bound": {"count": 1, "total_us": 100.0}},
+                         "by_phase": {"decode": {"segments": 10, "by_cause": {"launch_bound": 50.0}}}},
+                   attention={"backends": {"flash": 4, "math": 0}})
     d = diff(base, test)
     m = d.metrics.set_index("key")
     assert m.loc["ttft_us", "verdict"] == "worse" and m.loc["ttft_us", "delta"] == pytest.approx(500.0)
     assert m.loc["ttft_us", "delta_pct"] == pytest.approx(50.0)
     assert m.loc["tpot_p50_us", "verdict"] == "better"
-    assert m.loc["kernels_per_step_decode", "base"] == pytest.approx(50.0)
-    assert m.loc["kernels_per_step_decode", "test"] == pytest.approx(20.0)
+    assert (m.loc["kernels_per_step_decode", "base"], m.loc["kernels_per_step_decode", "test"]) == (50, 20)
+    assert m.loc["idle_share_decode", "base"] == pytest.approx(0.75) and m.loc["idle_share_decode", "verdict"] == "better"
     assert m.loc["gpu_utilization", "verdict"] == "same"  # under 1%: noise, not better
     assert m.loc["idle_launch_bound_us", "delta"] == pytest.approx(-200.0)
     assert m.loc["idle_launch_bound_us", "verdict"] == "better"
+    assert m.loc["idle_launch_bound_per_step_decode_us", "base"] == pytest.approx(20.0)
+    assert m.loc["idle_launch_bound_per_step_decode_us", "test"] == pytest.approx(5.0)
+    # A backend that ran zero times did not run.
     assert (m.loc["attention_backend", "base"], m.loc["attention_backend", "test"]) == ("math", "flash")
     assert m.loc["attention_backend", "verdict"] == "changed"
     assert m.loc["decode_steps", "verdict"] == "same"
@@ -215,11 +226,11 @@ def test_diff_unrelated_real_traces(path):
 
 def test_headline_reads_every_registered_metric_safely():
     # Odd section shapes (lists where dicts are expected, strings, None) never raise.
-    odd = summary(phases={"prefill": "x", "decode": [1, 2]}, gpu=None, gaps={"by_cause": [{"cause": "sync", "total_us": 4}]},
-                  syncs={"per_token": {"count": 2}}, attention={"backends": {"flash": 3}})
+    odd = summary(phases={"prefill": "x", "decode": [1, 2], "ttft_us": "fast"}, gpu=None,
+                  gaps={"by_cause": {"sync": 4, "odd": "x"}, "by_phase": {"decode": {"segments": 0, "by_cause": {"sync": 1}}}},
+                  syncs={"per_token": {"syncs_per_token": 2}}, attention={"backends": ["flash"]})
     h = headline(odd)
-    assert h["idle_sync_us"] == 4 and h["syncs_per_token"] == 2 and h["attention_backend"] == "flash"
-    assert set(h) <= set(BY_KEY) | {"idle_sync_us"}
+    assert h == {"idle_sync_us": 4, "syncs_per_token": 2, "attention_backend": "flash"}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="capture needs torch and transformers")
