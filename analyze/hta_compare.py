@@ -1,0 +1,86 @@
+"""Cross-check of tokentrace's GPU busy/idle numbers against Holistic Trace Analysis (HTA).
+
+Owns the one call into HTA (the optional `hta` extra, pip package HolisticTraceAnalysis, imported
+lazily so tokentrace never needs it) and the lines `tokentrace analyze --hta` prints. HTA's
+temporal breakdown merges every GPU row that has a stream (kernels, memcpy, memset, and also
+Kineto's cuda_sync rows) from the first one's start to the last one's end; tokentrace leaves
+cuda_sync rows out because they are waits, not work, so the two can differ by the length of a
+trailing sync row. The test suite holds the difference to 1% of the span on the shared traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from typing import Any
+
+from tokentrace.errors import TokentraceError
+
+HINT = "HolisticTraceAnalysis is not installed; pip install 'tokentrace[hta]' (or pip install HolisticTraceAnalysis)"
+
+
+def _import_hta() -> Any:
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError as exc:
+        raise TokentraceError(f"{HINT} ({exc})") from None
+    return TraceAnalysis
+
+
+def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
+    """HTA's idle/busy numbers (us) for one trace file: span_us, busy_us, idle_us, compute_us,
+    non_compute_us. Raises TokentraceError when HTA is missing or cannot read the file."""
+    TraceAnalysis = _import_hta()
+    path = os.fspath(path)
+    quiet = io.StringIO()
+    hta_log = logging.getLogger("hta")
+    level = hta_log.level
+    try:
+        hta_log.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            warnings.simplefilter("ignore")
+            # The whole trace: HTA drops the last ProfilerStep unless told otherwise.
+            ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(os.path.abspath(path)),
+                               include_last_profiler_step=True)
+            df = ta.get_temporal_breakdown(visualize=False)
+    except TokentraceError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - HTA asserts and indexes freely on traces it does not expect
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TokentraceError(f"{path}: HTA could not analyse it ({type(exc).__name__}: {str(exc)[:120]})") from None
+    finally:
+        hta_log.setLevel(level)
+    r = df.iloc[0]
+    span = float(r["kernel_time(us)"])
+    idle = float(r["idle_time(us)"])
+    return {"span_us": span, "busy_us": span - idle, "idle_us": idle,
+            "compute_us": float(r["compute_time(us)"]), "non_compute_us": float(r["non_compute_time(us)"])}
+
+
+def hta_lines(analysis: Any) -> list[str]:
+    """Our GPU span/busy/idle beside HTA's temporal breakdown, as printable lines."""
+    ours = analysis.results.get("gpu")
+    if ours is None:
+        return ["HTA comparison: tokentrace's gpu section is missing (see the warnings above)"]
+    path = analysis.trace.path
+    try:
+        theirs = hta_temporal_breakdown(path)
+    except TokentraceError as exc:
+        if HINT in str(exc):
+            raise
+        return [f"HTA comparison: {exc}"]
+    rows = [("span", ours.span_us, theirs["span_us"]), ("busy", ours.busy_us, theirs["busy_us"]),
+            ("idle", ours.idle_us, theirs["idle_us"])]
+    span = max(ours.span_us, theirs["span_us"], 1e-9)
+    out = ["GPU time (us)       tokentrace            HTA     diff (% of span)"]
+    for name, a, b in rows:
+        out.append(f"{name:<12}{a:>18,.1f}{b:>15,.1f}{100.0 * abs(a - b) / span:>14.3f}")
+    util_a = ours.utilization
+    util_b = theirs["busy_us"] / theirs["span_us"] if theirs["span_us"] else None
+    fmt = lambda u: "n/a" if u is None else f"{100.0 * u:.2f}%"  # noqa: E731
+    out.append(f"{'utilization':<12}{fmt(util_a):>18}{fmt(util_b):>15}")
+    return out
