@@ -166,7 +166,14 @@ def run_capture(opts: CaptureOptions, progress: bool = True) -> CaptureResult:
                 folder = staging / plan.name
                 folder.mkdir()
                 prompt = make_prompt(plan.batch, plan.prompt_len, vocab, tokenizer, opts.seed)
-                outputs.append(run_one(model, forwards[plan.compile], prompt, plan, opts, base, dev, folder))
+                try:
+                    outputs.append(run_one(model, forwards[plan.compile], prompt, plan, opts, base, dev, folder))
+                except torch.cuda.OutOfMemoryError:
+                    # Too big a shape for this GPU is a choice of input: say which run, drop the rest.
+                    raise TokentraceError(
+                        f"{plan.name}: CUDA out of memory at batch {plan.batch} x prompt {plan.prompt_len}; "
+                        "use a smaller --batch or --prompt-lens"
+                    ) from None
                 gc.collect()  # drop the run's KV cache before the next (larger) shape allocates its own
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()

@@ -46,4 +46,4 @@ def export_trace(prof: Any, folder: Path, kind: str, meta: dict[str, Any]) -> Pa
     """Write `prof`'s trace as `folder/<kind>.pt.trace.json.gz` with `meta` as its "tokentrace" key."""
     raw = folder / f".{kind}.raw.json"
     prof.export_chrome_trace(str(raw))
-    return finalize_trace(raw, folder / trace_file_name(kind), meta)
+    return finalize_trace(raw, folder / trace_file_name(kind), meta, expect_gpu=meta.get("device") == "cuda")

@@ -76,7 +76,12 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Timings:
-    """One run's stage timings in microseconds: the `timings` dict of the metadata."""
+    """One run's stage timings in microseconds: the `timings` dict of the metadata.
+
+    `ttft_us` is the prefill stage: the prompt's forward, sampling, and the first token on the
+    host; tokenization is separate (`tokenize_us`, None when prompts are token ids), so the
+    end-to-end time to first token is their sum. TPOT statistics are over the decode steps.
+    """
 
     ttft_us: float | None
     decode_step_us: list[float]

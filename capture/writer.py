@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,12 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse an output path that is a file, or a non-empty folder without `overwrite`."""
     if out_dir.exists() and not out_dir.is_dir():
         raise TokentraceError(f"{out_dir}: exists and is not a folder")
+    # The staging folder is made beside the output, so the nearest existing ancestor must be writable.
+    ancestor = out_dir.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise TokentraceError(f"{out_dir}: cannot write there ({ancestor} is not a writable folder)")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not overwrite:
             raise TokentraceError(f"{out_dir}: folder exists and is not empty (pass --overwrite to replace it)")
@@ -89,9 +96,22 @@ class AtomicDir:
             self.staging.rename(out)
 
 
-def finalize_trace(raw: Path, dest: Path, meta: dict[str, Any]) -> Path:
-    """Insert `meta` as the top-level "tokentrace" key of the Chrome trace `raw`, gzip it to `dest`, delete `raw`."""
+# How Kineto spells a GPU kernel event's category (with and without its usual space).
+_KERNEL_CATEGORY = (b'"cat": "kernel"', b'"cat":"kernel"')
+
+
+def finalize_trace(raw: Path, dest: Path, meta: dict[str, Any], expect_gpu: bool = False) -> Path:
+    """Insert `meta` as the top-level "tokentrace" key of the Chrome trace `raw`, gzip it to `dest`, delete `raw`.
+
+    With `expect_gpu`, a trace without a single kernel gets a warning (on stderr and in
+    meta["warnings"]): CUPTI failing to start (no permission, a driver mismatch) is otherwise
+    silent and leaves a CPU-only trace that would be analysed as if the GPU were idle.
+    """
     data = raw.read_bytes()
+    if expect_gpu and not any(c in data for c in _KERNEL_CATEGORY):
+        problem = "no GPU kernels in the trace: CUDA activity was not recorded (is CUPTI usable here?)"
+        meta = {**meta, "warnings": [*meta.get("warnings", []), problem]}
+        print(f"tokentrace: warning: {dest.parent.name}/{dest.name}: {problem}", file=sys.stderr)
     start = data.find(b"{")
     if start < 0:
         raise TokentraceError(f"{raw}: the profiler wrote no JSON object")

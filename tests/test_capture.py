@@ -277,3 +277,23 @@ def test_presets_cover_the_real_architectures() -> None:
         s = config_summary(build_config(tc.PRESETS[name]))
         assert (s["num_layers"], s["num_heads"], s["num_kv_heads"], s["hidden_size"], s["vocab_size"], s["max_position_embeddings"]) == (layers, heads, kv, hidden, vocab, ctx)
     assert config_summary(build_config(tc.PRESETS["llama-3.2-1b"]))["head_dim"] == 64
+
+
+def test_finalize_trace_inserts_metadata_and_flags_missing_gpu_activity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    from tokentrace.capture.writer import finalize_trace
+
+    raw = tmp_path / "raw.json"
+    raw.write_text('{\n  "schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2}]}')
+    out = finalize_trace(raw, tmp_path / "t.pt.trace.json.gz", {"kind": "combined", "device": "cuda"}, expect_gpu=True)
+    data = json.loads(gzip.decompress(out.read_bytes()))
+    assert data["schemaVersion"] == 1 and len(data["traceEvents"]) == 1
+    assert data["tokentrace"]["kind"] == "combined"
+    assert "no GPU kernels" in data["tokentrace"]["warnings"][0]
+    assert "no GPU kernels" in capsys.readouterr().err
+    assert not raw.exists()
+
+    raw.write_text("{}")  # an empty object gets no dangling comma
+    out = finalize_trace(raw, tmp_path / "e.json.gz", {"kind": "user"})
+    assert json.loads(gzip.decompress(out.read_bytes())) == {"tokentrace": {"kind": "user"}}
