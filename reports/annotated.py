@@ -1,0 +1,183 @@
+"""The annotated trace: a copy of the original trace with tokentrace's results as an extra process.
+
+Owns writing that copy. The original file is read again and copied byte for byte; our events are
+spliced in at the start of `traceEvents` under a process of their own (pid one above the trace's
+largest, process_name "tokentrace", sorted first), with one track each for phase spans, GPU idle
+gaps per device, host-device syncs, and one per finding. Perfetto and chrome://tracing open it
+like the original. Times are the original file's microseconds, written exactly from the loader's
+integer nanoseconds (Decimal), so epoch-scale timestamps keep their nanoseconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tokentrace.analyze.files import read_bytes
+from tokentrace.analyze.repair import repair
+from tokentrace.errors import TraceError
+
+PROCESS_NAME = "tokentrace"
+# Track ids inside our process, in display order.
+TID_PHASES = 1
+TID_SYNCS = 2
+TID_GAPS = 100  # + device index
+TID_FINDINGS = 1000  # + finding rank
+# Findings given a track of their own; beyond this the HTML report lists them.
+MAX_FINDING_TRACKS = 50
+
+_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+def _us(ns: int | float) -> Decimal:
+    """Nanoseconds as exact decimal microseconds (the trace file's unit)."""
+    return Decimal(int(ns)) / 1000
+
+
+def _meta(pid: int, tid: int, name: str, value: Any) -> dict[str, Any]:
+    key = "name" if name.endswith("_name") else "sort_index"
+    return {"ph": "M", "pid": pid, "tid": tid, "name": name, "args": {key: value}}
+
+
+def _span(pid: int, tid: int, name: str, start_ns: int, end_ns: int, cat: str, args: dict[str, Any]) -> dict[str, Any]:
+    clean = {k: _plain(v) for k, v in args.items() if _plain(v) is not None}
+    if end_ns > start_ns:
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(start_ns), "dur": _us(end_ns - start_ns), "args": clean}
+    return {"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": _us(start_ns), "args": clean}
+
+
+def _plain(v: Any) -> Any:
+    """JSON-safe value: numpy scalars to Python, NaN to None."""
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return None if not np.isfinite(v) else round(float(v), 3)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if v is None or isinstance(v, (str, int, bool, dict)):
+        return v
+    return str(v)
+
+
+def track_events(analysis: Any, pid: int) -> list[dict[str, Any]]:
+    """Our events: metadata naming the process and tracks, then phases, gaps, syncs and findings."""
+    trace = analysis.trace
+    results = getattr(analysis, "results", {}) or {}
+    t0 = int(trace.span_ns[0])
+    out = [_meta(pid, 0, "process_name", PROCESS_NAME), _meta(pid, 0, "process_sort_index", -1)]
+    body: list[dict[str, Any]] = []
+    tracks: dict[int, str] = {}
+
+    seg = getattr(results.get("phases"), "segments", None)
+    table = getattr(seg, "table", None)
+    if isinstance(table, pd.DataFrame) and not table.empty:
+        tracks[TID_PHASES] = "phases"
+        for r in table.to_dict("records"):
+            name = f"{r['phase']} {r['index']}" if r["phase"] in ("prefill", "decode", "step") else str(r["name"])
+            body.append(_span(pid, TID_PHASES, name, int(r["start"]), int(r["end"]), "tokentrace.phase",
+                              {"phase": r["phase"], "index": r["index"], "marker": r["name"], "method": getattr(seg, "method", None)}))
+
+    for ev in _gap_events(results.get("gaps"), pid, t0, tracks):
+        body.append(ev)
+    for ev in _sync_events(results.get("syncs"), pid, t0, tracks):
+        body.append(ev)
+
+    for i, f in enumerate(analysis.findings[:MAX_FINDING_TRACKS]):
+        if not f.time_range_us:
+            continue
+        tid = TID_FINDINGS + i
+        tracks[tid] = f"finding {i + 1}: {f.title[:80]}"
+        a, b = f.time_range_us
+        body.append(_span(pid, tid, f.title, t0 + int(round(a * 1000)), t0 + int(round(b * 1000)), f"tokentrace.finding.{f.category}",
+                          {"id": f.id, "severity": f.severity, "cost_total_us": f.cost_total_us, "est_savings_us": f.est_savings_us,
+                           "phase": f.phase, "step": f.step, "op": f.op, "detail": f.detail, "recommendation": f.recommendation}))
+    for tid, name in sorted(tracks.items()):
+        out.append(_meta(pid, tid, "thread_name", name))
+        out.append(_meta(pid, tid, "thread_sort_index", tid))
+    return out + body
+
+
+def _gap_events(res: Any, pid: int, t0: int, tracks: dict[int, str]) -> Iterator[dict[str, Any]]:
+    df = getattr(res, "table", None)
+    if not isinstance(df, pd.DataFrame) or df.empty or not {"start", "end"} <= set(df.columns):
+        return
+    dev = df["device"].to_numpy(np.int64) if "device" in df.columns else np.zeros(len(df), np.int64)
+    cause = df["cause"].astype(str).to_numpy() if "cause" in df.columns else np.full(len(df), "idle")
+    starts, ends = df["start"].to_numpy(np.int64), df["end"].to_numpy(np.int64)
+    extra = [c for c in ("cause", "detail", "phase", "step", "stream", "launch_api", "next_op", "region") if c in df.columns]
+    cols = {c: df[c].to_numpy(dtype=object) for c in extra}
+    for i in range(len(df)):
+        tid = TID_GAPS + max(int(dev[i]), 0)
+        tracks.setdefault(tid, f"GPU {dev[i]} idle gaps")
+        yield _span(pid, tid, f"idle: {cause[i]}", int(starts[i]), int(ends[i]), "tokentrace.gap", {c: cols[c][i] for c in extra})
+
+
+def _sync_events(res: Any, pid: int, t0: int, tracks: dict[int, str]) -> Iterator[dict[str, Any]]:
+    df = getattr(res, "items", None)
+    if not isinstance(df, pd.DataFrame) or df.empty or "start_us" not in df.columns:
+        return
+    tracks[TID_SYNCS] = "host-device syncs"
+    start = t0 + np.rint(df["start_us"].to_numpy(float) * 1000).astype(np.int64)
+    dur_col = "duration_us" if "duration_us" in df.columns else "blocked_us"
+    dur = np.rint(np.nan_to_num(df[dur_col].to_numpy(float)) * 1000).astype(np.int64)
+    extra = [c for c in ("kind", "blocked_us", "op", "phase", "step", "waited_for", "stack") if c in df.columns]
+    cols = {c: df[c].to_numpy(dtype=object) for c in extra}
+    api = df["api"].astype(str).to_numpy() if "api" in df.columns else np.full(len(df), "sync")
+    for i in range(len(df)):
+        yield _span(pid, TID_SYNCS, f"sync: {api[i]}", int(start[i]), int(start[i] + dur[i]), "tokentrace.sync",
+                    {c: cols[c][i] for c in extra})
+
+
+def _splice(events_json: bytes, array: bytes) -> bytes:
+    """A JSON array with our events first and the original events after them, untouched."""
+    body = array.strip()
+    if not body.startswith(b"["):
+        raise ValueError("traceEvents is not an array")
+    rest = body[1:].lstrip()
+    inner = events_json.strip()[1:-1]
+    if not inner:
+        return body
+    return b"[" + inner + (b"]" if rest.startswith(b"]") else b"," + rest)
+
+
+def annotated_bytes(analysis: Any) -> bytes:
+    """The original trace's JSON with tokentrace's process spliced into traceEvents."""
+    trace = analysis.trace
+    path = Path(trace.path)
+    warnings: list[str] = []
+    data = read_bytes(path, warnings)
+    pids = trace.events["pid"].to_numpy(np.int64)
+    pid = int(pids.max()) + 1 if len(pids) else 1
+    ours = _encoder.encode(track_events(analysis, max(pid, 1)))
+    for attempt in (0, 1):
+        try:
+            if data.lstrip()[:1] == b"[":
+                return _splice(ours, data)
+            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+            if "traceEvents" not in top:
+                raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
+            parts = [_encoder.encode(k) + b":" + (_splice(ours, bytes(v)) if k == "traceEvents" else bytes(v)) for k, v in top.items()]
+            return b"{" + b",".join(parts) + b"}"
+        except (msgspec.DecodeError, ValueError):
+            if attempt:
+                raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
+            # The loader repaired this file; the copy is of the repaired JSON (its warnings said what changed).
+            data = repair(data, str(path), warnings)
+    raise AssertionError("unreachable")
+
+
+def write_annotated(analysis: Any, path: str | os.PathLike) -> None:
+    """Write the annotated copy atomically; gzip it when the name ends in .gz."""
+    from tokentrace.io import write_output
+
+    out = annotated_bytes(analysis)
+    if str(path).endswith(".gz"):
+        out = gzip.compress(out, compresslevel=6)
+    write_output(path, out)

@@ -1,0 +1,72 @@
+"""Built traces for the report tests: a small LLM generation (prefill + decode steps) with known parts.
+
+Every name that reaches a report (kernel, op, annotation, Python frame, call stack, GPU name,
+capture metadata, file name) is a parameter, so the XSS test can fill them all with markup.
+Times in microseconds; each step launches two kernels with a host gap between them, runs one
+op that syncs (a DtoH copy and a stream synchronisation), and allocates memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracebuilder import TraceBuilder
+
+PREFILL_US = 400.0
+STEP_US = 400.0
+STEP_PITCH_US = 500.0
+SYNC_BLOCK_US = 40.0
+
+
+@dataclass
+class Names:
+    kernel: str = "ampere_bf16_gemv_kernel"
+    kernel2: str = "vectorized_elementwise_kernel"
+    op: str = "aten::linear"
+    sync_op: str = "aten::item"
+    frame: str = "model.py(42): forward"
+    annotation: str = "sampling"
+    gpu: str = "NVIDIA H100 80GB HBM3"
+    model: str = "tiny-llama"
+    file: str = "generate.pt.trace.json"
+
+
+def llm_trace(tmp_path: Path, *, steps: int = 4, names: Names | None = None, memory: bool = True) -> Path:
+    """Write the trace and return its path."""
+    n = names or Names()
+    b = TraceBuilder(gpu_name=n.gpu)
+    b.top["tokentrace"] = {"model": n.model, "prompt_len": 32, "batch": 1, "dtype": "bfloat16",
+                           "command": ["tokentrace", "capture", "--model", n.model, "--prompt-lens", "32"]}
+    alloc = 1 << 30
+
+    def forward(t: float, q_len: int, kernel_us: float, label: str, dur: float) -> None:
+        nonlocal alloc
+        b.annotation(label, t, dur)
+        b.python(n.frame, t, dur, pyid=1)
+        b.annotation(n.annotation, t + 1, 5)
+        b.cpu_op("aten::embedding", t + 2, 6, input_dims=[[32000, 64], [1, q_len]])
+        b.cpu_op(n.op, t + 10, 40, input_dims=[[1, q_len, 64], [64, 64]], **{"Call stack": f"{n.frame};layers.py(7): {n.op}"})
+        b.launch(n.kernel, t + 15, t + 22, kernel_us)
+        # Host work without launches: the GPU idles until the next launch (a launch-bound gap).
+        b.cpu_op(n.op, t + 150, 20, input_dims=[[1, q_len, 64], [64, 64]])
+        b.launch(n.kernel2, t + 155, t + 162, 20.0)
+        b.cpu_op(n.sync_op, t + 250, 70, **{"Call stack": f"{n.frame};sample.py(3): {n.sync_op}"})
+        b.memcpy("DtoH (Device -> Pinned)", t + 255, t + 262, 4.0)
+        b.runtime("cudaStreamSynchronize", t + 262, SYNC_BLOCK_US)
+        if memory:
+            alloc += 2 << 20
+            b.memory(t + 20, 2 << 20, allocated=alloc, reserved=2 << 30)
+
+    forward(100.0, 32, 110.0, "tokentrace/prefill", PREFILL_US)
+    for i in range(steps):
+        forward(600.0 + i * STEP_PITCH_US, 1, 60.0, f"tokentrace/decode_step[{i}]", STEP_US)
+    return b.write(tmp_path / n.file)
+
+
+def cpu_only_trace(tmp_path: Path, name: str = "cpu.pt.trace.json") -> Path:
+    """Host ops only: no GPU, no memory events, no phases."""
+    b = TraceBuilder(gpu_name=None)
+    for i in range(5):
+        b.cpu_op("aten::add", 10.0 + i * 20, 10)
+    return b.write(tmp_path / name)
