@@ -112,9 +112,13 @@ class Profile:
 
         self._device = _device(self._device_arg, self.model)
         self._staging = self._atomic.__enter__()
-        self._timer = StageTimer(self._device)
-        self._prof = make_profiler(self._device, **self._prof_kw)
-        self._prof.__enter__()
+        try:
+            self._timer = StageTimer(self._device)
+            self._prof = make_profiler(self._device, **self._prof_kw)
+            self._prof.__enter__()
+        except BaseException as err:  # no profiler, no output: remove the staging folder again
+            self._atomic.__exit__(type(err), err, err.__traceback__)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

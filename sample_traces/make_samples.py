@@ -4,6 +4,7 @@
     python3 sample_traces/make_samples.py              # the GPU samples (needs CUDA), ~3-5 min on an H200
     python3 sample_traces/make_samples.py --set cpu    # the small CPU sample (tiny-llama), seconds
     python3 sample_traces/make_samples.py --only gpu_gpt2_eager   # one sample
+    python3 sample_traces/make_samples.py --copy-to "$OUT"        # also copy results out of a remote job
 
 Run from anywhere; needs torch, transformers and click. It works without installing tokentrace:
 when `tokentrace.capture` is not importable it puts the repository root on sys.path and registers
@@ -22,15 +23,18 @@ import argparse
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-# name -> (set, capture() keyword arguments). Edit here; README.md describes the same list.
+# name -> (set, capture() keyword arguments), made in this order (torch.compile, the riskiest and
+# slowest, last). Edit here; README.md describes the same list.
 SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
     "gpu_llama-3.2-1b_eager": ("gpu", dict(
         preset="llama-3.2-1b", prompt_lens=[128, 512, 2048], batches=[1], max_new_tokens=9,
@@ -42,14 +46,14 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
         traces="combined", with_stack=False, profile_memory=False,
     )),
+    "gpu_gpt2_full": ("gpu", dict(
+        preset="gpt2", prompt_lens=[128], batches=[1], max_new_tokens=5,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+    )),
     "gpu_llama-3.2-1b_reduce-overhead": ("gpu", dict(
         preset="llama-3.2-1b", prompt_lens=[512], batches=[1], max_new_tokens=17,
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="reduce-overhead",
         static_cache=True, traces="combined", with_stack=False, profile_memory=False, warmup=3,
-    )),
-    "gpu_gpt2_full": ("gpu", dict(
-        preset="gpt2", prompt_lens=[128], batches=[1], max_new_tokens=5,
-        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
     )),
     "cpu_tiny_llama": ("cpu", dict(
         preset="tiny-llama", prompt_lens=[32, 128], batches=[1], max_new_tokens=9, device="cpu",
@@ -88,6 +92,7 @@ def main() -> int:
     parser.add_argument("--set", choices=["gpu", "cpu", "all"], default="gpu", help="which samples to make (default: gpu)")
     parser.add_argument("--only", action="append", metavar="NAME", choices=list(SAMPLES), help="make only this sample (repeatable)")
     parser.add_argument("--out", type=Path, default=Path("sample_traces"), help="parent folder of the samples, relative to the repository root (default: sample_traces)")
+    parser.add_argument("--copy-to", type=Path, metavar="DIR", help="also copy each finished sample folder (and summary.txt) into DIR, e.g. a remote job's output folder")
     args = parser.parse_args()
     # Relative output paths keep this machine's directories out of the commands recorded in the traces.
     os.chdir(REPO)
@@ -95,6 +100,7 @@ def main() -> int:
     tc = import_capture()
     names = args.only or [n for n, (kind, _) in SAMPLES.items() if args.set in (kind, "all")]
     failed: list[str] = []
+    summary: list[str] = []
     started = time.perf_counter()
     for name in names:
         kwargs = SAMPLES[name][1]
@@ -105,19 +111,31 @@ def main() -> int:
             result = tc.capture(out_dir=out, overwrite=True, progress=True, **kwargs)
         except Exception as exc:  # report and go on: one broken variant should not cost the others
             failed.append(name)
-            print(f"FAILED {name}: {type(exc).__name__}: {exc}", flush=True)
+            trace = traceback.format_exc().splitlines()
+            print("\n".join(trace[-25:]), flush=True)
+            summary.append(f"== {name}: FAILED {type(exc).__name__}: {exc}")
             continue
         meta = result.meta["shared"]
-        print(f"{meta['gpu_name'] or 'cpu'}, torch {meta['versions']['torch']}, transformers {meta['versions']['transformers']}")
-        print(result.table())
-        print(f"{folder_size(out) / 1e6:.2f} MB in {time.perf_counter() - t0:.0f} s; remake one run with: {result.runs[0].meta['command']}", flush=True)
+        lines = [
+            f"== {name}: {meta['gpu_name'] or 'cpu'}, torch {meta['versions']['torch']}, "
+            f"transformers {meta['versions']['transformers']}, CUDA {meta['versions']['cuda']}",
+            result.table(),
+            f"{folder_size(out) / 1e6:.2f} MB in {time.perf_counter() - t0:.0f} s; one run: {result.runs[0].meta['command']}",
+        ]
+        print("\n".join(lines), flush=True)
+        summary.extend(lines)
+        if args.copy_to:
+            shutil.copytree(out, args.copy_to / name, dirs_exist_ok=True)
 
     total = sum(folder_size(args.out / n) for n in SAMPLES if (args.out / n).is_dir())
-    print(f"\nall samples in {args.out}: {total / 1e6:.2f} MB; this run took {time.perf_counter() - started:.0f} s")
+    summary.append(f"all samples in {args.out}: {total / 1e6:.2f} MB; this run took {time.perf_counter() - started:.0f} s")
     if failed:
-        print(f"failed: {', '.join(failed)}")
-        return 1
-    return 0
+        summary.append(f"failed: {', '.join(failed)}")
+    # The summary again at the end, so it survives in a truncated log tail.
+    print("\n\n" + "\n".join(summary), flush=True)
+    if args.copy_to:
+        (args.copy_to / "summary.txt").write_text("\n".join(summary) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
