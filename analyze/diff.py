@@ -83,7 +83,9 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
         with opener(path, "rb") as fh:
             head = fh.read(SNIFF_BYTES)
     except (OSError, EOFError):

@@ -71,6 +71,19 @@ def _paths(*paths: str) -> Callable[[Summary], float | None]:
     return lambda doc: first_number(doc, *paths)
 
 
+def _first(*readers: Callable[[Summary], Any]) -> Callable[[Summary], Any]:
+    """The first reader that finds a value (a figure two sections both give, the preferred first)."""
+
+    def read(doc: Summary) -> Any:
+        for r in readers:
+            v = r(doc)
+            if v is not None:
+                return v
+        return None
+
+    return read
+
+
 def _prefills(doc: Summary) -> list[dict[str, Any]]:
     pre = dig(doc, "phases.prefill")
     if isinstance(pre, dict):  # a single prefill written as an object
@@ -184,7 +197,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("gaps_per_step_decode_us", "decode", "idle in gaps per step", "us", "lower",
            _paths("gaps.by_phase.decode.per_step_us")),
     Metric("kernels_per_step_decode", "decode", "kernels per step", "count", "lower", _decode_mean("kernels")),
-    Metric("launches_per_step_decode", "decode", "launches per step", "count", "lower", _decode_mean("launches")),
+    Metric("launches_per_step_decode", "decode", "launches per step", "count", "lower",
+           _first(_decode_mean("launches"), _paths("launches.by_phase.decode.launches_per_step"))),
+    Metric("launch_api_per_step_decode_us", "decode", "launch API time per step", "us", "lower",
+           _paths("launches.by_phase.decode.launch_api_us_per_step")),
     Metric("syncs_per_token", "decode", "syncs per token", "count", "lower", _paths("syncs.per_token.syncs_per_token")),
     Metric("sync_blocked_per_token_us", "decode", "host blocked in syncs per token", "us", "lower",
            _paths("syncs.per_token.blocked_us_per_token")),
@@ -194,7 +210,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("gpu_idle_us", "all", "GPU idle", "us", "lower", _paths("gpu.idle_us")),
     Metric("gaps", "all", "idle gaps", "count", "lower", _paths("gaps.count")),
     Metric("gap_total_us", "all", "idle in gaps", "us", "lower", _paths("gaps.total_us")),
-    Metric("launches", "all", "launch calls", "count", "lower", _paths("launches.count", "launches.launches")),
+    Metric("launches", "all", "launch calls", "count", "lower", _paths("launches.count")),
+    Metric("launch_api_us", "all", "launch API time", "us", "lower", _paths("launches.api_total_us")),
+    Metric("graph_launches", "all", "graph launches", "count", "none", _paths("launches.graphs.launches")),
+    Metric("small_kernel_share", "all", "share of small kernels", "share", "lower", _paths("launches.small_kernels.share")),
     Metric("syncs", "all", "sync points", "count", "lower", _paths("syncs.count")),
     Metric("sync_blocked_us", "all", "host blocked in syncs", "us", "lower", _paths("syncs.blocked_us")),
     Metric("attention_gpu_us", "all", "attention GPU time", "us", "lower", _paths("attention.gpu_total_us")),

@@ -7,6 +7,11 @@ import json
 import click
 
 
+def _step_label(row) -> str:  # noqa: ANN001 - a per_step row
+    # Training segments have phase "step": "step 3", not "step step 3".
+    return f"step {int(row['index'])}" if row["phase"] == "step" else f"{row['phase']} step {int(row['index'])}"
+
+
 def _table(result) -> str:  # noqa: ANN001 - RanksResult, imported lazily
     from tokentrace.reports import format as fmt
 
@@ -25,7 +30,7 @@ def _table(result) -> str:  # noqa: ANN001 - RanksResult, imported lazily
         lines.append(f"slowest rank overall: {result.slowest_rank}; slowest in most steps: rank {int(counts.index[0])} "
                      f"({int(counts.iloc[0])} of {len(ps)} steps)")
         lines.append(f"skew per step: mean {fmt.duration(float(ps['skew_us'].mean()))}, max {fmt.duration(float(worst['skew_us']))} "
-                     f"({worst['phase']} step {int(worst['index'])}, rank {int(worst['slowest_rank'])} vs {int(worst['fastest_rank'])})")
+                     f"({_step_label(worst)}, rank {int(worst['slowest_rank'])} vs {int(worst['fastest_rank'])})")
     for n in result.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

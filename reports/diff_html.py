@@ -13,7 +13,9 @@ def render_diff_html(result: Any, path: str | os.PathLike | None = None, top: in
 
     Kernel and op names come from the trace, so every value goes through Jinja2's autoescape.
     """
-    html = environment().get_template("diff.html.j2").render(**diff_view(result, top=top))
+    from tokentrace.reports.html import CSP  # the main report's policy: nothing may load or run
+
+    html = environment().get_template("diff.html.j2").render(csp=CSP, **diff_view(result, top=top))
     if path is not None:
         from tokentrace.io import write_output
 

@@ -17,18 +17,24 @@ from tokentrace.reports import format as fmt
 PHASE_ORDER = ("prefill", "decode", "all")
 PHASE_TITLES = {"prefill": "Prefill", "decode": "Decode", "all": "Whole trace"}
 KIND_TITLES = {"kernel": "Kernels (GPU time)", "op": "Ops (host time)"}
+# How a verdict reads in a report (the JSON keeps the short machine words).
+VERDICT_TEXT = {"new": "only in test", "missing": "only in base"}
 MATCH_NOTES = {"exact": "", "shape": "other shapes", "renamed": "renamed", "appeared": "new", "disappeared": "gone"}
 
 
+def _absent(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
 def _signed(v: Any, unit: str) -> str:
-    if v is None or (isinstance(v, float) and v != v):
+    if _absent(v):
         return fmt.MISSING
     text = fmt_value(v, unit)
     return text if text.startswith("-") or v == 0 else "+" + text
 
 
 def _pct(v: Any) -> str:
-    if v is None or (isinstance(v, float) and v != v):
+    if _absent(v):
         return ""
     return f"{v:+.1f}%"
 
@@ -46,9 +52,10 @@ def metric_groups(metrics: pd.DataFrame) -> list[dict[str, Any]]:
             unit = r["unit"]
             delta = r["delta"]
             # A share's change reads in percentage points, not as a percent of a percent.
-            delta_s = "" if delta is None else f"{delta * 100:+.1f} pt" if unit == "share" else _signed(delta, unit)
+            delta_s = "" if _absent(delta) else f"{delta * 100:+.1f} pt" if unit == "share" else _signed(delta, unit)
             out.append({"label": r["label"], "base": fmt_value(r["base"], unit), "test": fmt_value(r["test"], unit),
-                        "delta": delta_s, "pct": "" if unit == "share" else _pct(r["delta_pct"]), "verdict": r["verdict"]})
+                        "delta": delta_s, "pct": "" if unit == "share" else _pct(r["delta_pct"]), "verdict": r["verdict"],
+                        "verdict_text": VERDICT_TEXT.get(r["verdict"], r["verdict"])})
         if out:
             groups.append({"phase": phase, "title": PHASE_TITLES[phase], "rows": out})
     return groups
@@ -81,6 +88,8 @@ def diff_view(result: Any, top: int = 20) -> dict[str, Any]:
     has_items = result.base.kernels is not None and result.test.kernels is not None
     kinds = []
     for kind in ("kernel", "op"):
+        if not len(result.kernels if kind == "kernel" else result.ops):
+            continue  # e.g. no GPU activity in either trace: no kernel section at all
         # Appeared and disappeared rows rank among worse and better (marked new / gone); here they
         # are only counted, so no row is shown twice.
         sections = [("Worse", item_rows(result.worse(kind), top)), ("Better", item_rows(result.better(kind), top))]

@@ -152,6 +152,11 @@ def test_metric_verdicts_from_summaries():
     assert m.loc["attention_backend", "verdict"] == "changed"
     assert m.loc["decode_steps", "verdict"] == "same"
     assert d.kernels.empty and any("JSON summary" in n for n in d.notes)
+    md = d.to_markdown()
+    assert "| TTFT | 1 ms | 1.5 ms | +500 us | +50.0% | **worse** |" in md
+    assert "| attention backend | math | flash |  |  | changed |" in md
+    assert "| GPU idle share | 75.0% | 25.0% | -50.0 pt |  | **better** |" in md
+    assert "nan" not in md and "## Kernels" not in md  # no kernel tables from summaries
 
 
 def test_missing_sections_are_tolerated():
