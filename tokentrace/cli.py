@@ -89,6 +89,7 @@ def _register_optional() -> None:
         ("tokentrace.analyze.diff_cli", "diff_cmd"),
         ("tokentrace.analyze.check_cli", "check_cmd"),
         ("tokentrace.analyze.ranks_cli", "ranks_cmd"),
+        ("tokentrace.analyze.scaling_cli", "scaling_cmd"),
     ):
         try:
             mod = __import__(module, fromlist=[attr])

@@ -1,0 +1,288 @@
+"""Attention detector: recognition, shapes, backends, scaling fits with known laws, sweeps, findings."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from conftest import real_trace_params, shared_trace
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analyze import attention
+from tokentrace.analyze.analysis import Context, Options
+from tokentrace.analyze.scaling import fit_sweep, power_law
+from tokentrace.analyze.segments import Segments
+
+FLASH_KERNEL = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)"
+GEMM_KERNEL = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"
+SOFTMAX_KERNEL = "void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, 10, false>"
+BF16 = "c10::BFloat16"
+
+
+class Clock:
+    """Host and GPU time cursors so built calls never overlap."""
+
+    def __init__(self) -> None:
+        self.host = 100.0
+        self.gpu = 100.0
+
+
+def launch_in(b: TraceBuilder, clk: Clock, t: float, kernel: str, us: float) -> None:
+    k_ts = max(t + 3.0, clk.gpu)
+    b.launch(kernel, t, k_ts, us, launch_dur=2.0)
+    clk.gpu = k_ts + us + 1.0
+
+
+def sdpa(b: TraceBuilder, clk: Clock, *, q: int, kv: int, us: float, batch: int = 2, heads: int = 8, kv_heads: int | None = None,
+         d: int = 64, backend: str = "flash") -> None:
+    """aten::scaled_dot_product_attention as PyTorch records it: the public op, the backend's op, its kernels."""
+    kv_heads = kv_heads or heads
+    t = clk.host
+    qd, kd = [batch, heads, q, d], [batch, kv_heads, kv, d]
+    dims = [qd, kd, kd, [], [], [], [], []]
+    types = [BF16, BF16, BF16, "", "Scalar", "Scalar", "Scalar", "Scalar"]
+    concrete = ["", "", "", "", "0.", "True", "", "False"]
+    b.cpu_op("aten::scaled_dot_product_attention", t, 40, input_dims=dims, input_type=types, concrete=concrete)
+    if backend == "flash":
+        b.cpu_op("aten::_scaled_dot_product_flash_attention", t + 1, 38, input_dims=[qd, kd, kd, [], [], [], []],
+                 input_type=[BF16] * 3 + ["Scalar"] * 4, concrete=["", "", "", "0.", "True", "False", ""])
+        launch_in(b, clk, t + 2, FLASH_KERNEL, us)
+    else:  # the math fallback: matmul, softmax, matmul inside _scaled_dot_product_attention_math
+        b.cpu_op("aten::_scaled_dot_product_attention_math", t + 1, 38, input_dims=[qd, kd, kd, [], [], [], []],
+                 input_type=[BF16] * 3 + ["", "Scalar", "Scalar", ""])
+        b.cpu_op("aten::matmul", t + 2, 10, input_dims=[qd, [batch, heads, d, kv]], input_type=[BF16, BF16])
+        launch_in(b, clk, t + 3, GEMM_KERNEL, us * 0.4)
+        b.cpu_op("aten::_softmax", t + 13, 10, input_dims=[[batch, heads, q, kv], [], []], input_type=[BF16, "Scalar", "Scalar"])
+        launch_in(b, clk, t + 14, SOFTMAX_KERNEL, us * 0.2)
+        b.cpu_op("aten::matmul", t + 25, 10, input_dims=[[batch, heads, q, kv], kd], input_type=[BF16, BF16])
+        launch_in(b, clk, t + 26, GEMM_KERNEL, us * 0.4)
+    clk.host = t + 50
+
+
+def build_law(tmp_path, *, prefill_lens=(), decode_kv=(), cost=lambda x: x, backend="flash", name="law.json") -> tokentrace.Trace:
+    b = TraceBuilder()
+    clk = Clock()
+    for s in prefill_lens:
+        sdpa(b, clk, q=s, kv=s, us=cost(s), backend=backend)
+    for kv in decode_kv:
+        sdpa(b, clk, q=1, kv=kv, us=cost(kv), backend=backend)
+    return b.load(tmp_path, name)
+
+
+def fit_of(res: attention.Attention, phase: str) -> dict:
+    fits = [f for f in res.fits if f["phase"] == phase]
+    assert len(fits) == 1, res.fits
+    return fits[0]
+
+
+# ---- recognition and shapes ------------------------------------------------------------------
+
+
+def test_sdpa_call_shapes_backend_and_gpu_time(tmp_path):
+    b = TraceBuilder()
+    clk = Clock()
+    sdpa(b, clk, q=300, kv=300, us=123.0, batch=4, heads=32, kv_heads=8, d=128)
+    res = attention.run(b.load(tmp_path))
+    assert len(res.calls) == 1
+    c = res.calls.iloc[0]
+    assert (c["op"], c["backend"], c["source"]) == ("aten::scaled_dot_product_attention", "flash", "op")
+    assert (c["batch"], c["heads"], c["kv_heads"], c["q_len"], c["kv_len"], c["head_dim"]) == (4, 32, 8, 300, 300, 128)
+    assert c["dtype"] == "bf16" and c["causal"] is True and c["phase"] == "prefill"
+    assert c["gpu_us"] == pytest.approx(123.0)
+    assert c["kernel"] == FLASH_KERNEL
+    doc = res.to_json()
+    json.dumps(doc)
+    assert doc["calls"] == 1 and doc["backends"] == {"flash": 1}
+    assert doc["groups"][0]["q_len"] == 300 and doc["groups"][0]["backend"] == "flash"
+
+
+def test_math_fallback_is_found_and_flagged(tmp_path):
+    tr = build_law(tmp_path, prefill_lens=(256,), backend="math", cost=lambda s: 500.0)
+    res = attention.run(tr)
+    assert list(res.calls["backend"]) == ["math"]
+    assert res.calls["gpu_us"].iloc[0] == pytest.approx(500.0)  # all three kernels of the math path
+    ids = [f.id for f in res.findings]
+    assert "attention_math_fallback" in ids
+    f = next(f for f in res.findings if f.id == "attention_math_fallback")
+    assert f.cost_total_us == pytest.approx(500.0) and 0 < f.est_savings_us <= f.cost_total_us
+
+
+def test_flash_trace_has_no_fallback_finding(tmp_path):
+    res = attention.run(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), cost=lambda s: 1e-4 * s * s))
+    assert set(res.calls["backend"]) == {"flash"}
+    assert not res.findings  # quadratic FLOPs on a flash kernel are expected, not a problem
+
+
+def test_sdpa_without_named_variant_and_only_gemm_kernels_is_math(tmp_path):
+    b = TraceBuilder()
+    clk = Clock()
+    b.cpu_op("aten::scaled_dot_product_attention", 100, 30, input_dims=[[1, 4, 64, 32]] * 3 + [[], [], [], [], []],
+             input_type=[BF16] * 3 + [""] * 5)
+    b.cpu_op("aten::bmm", 101, 10, input_dims=[[4, 64, 32], [4, 32, 64]], input_type=[BF16, BF16])
+    launch_in(b, clk, 102, GEMM_KERNEL, 20)
+    res = attention.run(b.load(tmp_path))
+    assert list(res.calls["backend"]) == ["math"]
+
+
+def test_kernel_backend_names():
+    assert attention.kernel_backend(FLASH_KERNEL) == "flash"
+    assert attention.kernel_backend("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "efficient"
+    assert attention.kernel_backend("void paged_attention_v2_kernel<__nv_bfloat16>") == "paged"
+    assert attention.kernel_backend("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>") == "flashinfer"
+    assert attention.kernel_backend("create_flashinfer_kv_indices_triton") is None
+    assert attention.kernel_backend("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "cudnn"
+    assert attention.kernel_backend(GEMM_KERNEL) is None and attention.kernel_backend(SOFTMAX_KERNEL) is None
+
+
+def test_kernel_only_calls_merge_consecutive_attention_kernels(tmp_path):
+    # Graph replay: no host ops; each layer runs a paged-attention kernel and its reduce kernel.
+    b = TraceBuilder()
+    kernels = []
+    for _ in range(3):
+        kernels += [("gemm_qkv", 5.0), ("paged_attention_ll4mi_QKV_kernel", 7.0), ("paged_attention_ll4mi_reduce_kernel", 2.0),
+                    ("gemm_o", 5.0)]
+    b.graph_launch(100, 110, kernels)
+    res = attention.run(b.load(tmp_path))
+    assert len(res.calls) == 3
+    assert set(res.calls["source"]) == {"kernel"} and set(res.calls["backend"]) == {"paged"}
+    assert list(res.calls["gpu_us"]) == pytest.approx([9.0, 9.0, 9.0])
+
+
+def test_eager_attention_by_shapes_and_by_module(tmp_path):
+    b = TraceBuilder()
+    clk = Clock()
+    # With shapes that chain (q@k^T -> softmax -> @v), no module information.
+    b.cpu_op("aten::matmul", 100, 10, input_dims=[[1, 8, 64, 32], [1, 8, 32, 64]], input_type=[BF16, BF16])
+    launch_in(b, clk, 101, GEMM_KERNEL, 10)
+    b.cpu_op("aten::softmax", 112, 10, input_dims=[[1, 8, 64, 64], [], []], input_type=[BF16, "Scalar", ""])
+    launch_in(b, clk, 113, SOFTMAX_KERNEL, 4)
+    b.cpu_op("aten::matmul", 124, 10, input_dims=[[1, 8, 64, 64], [1, 8, 64, 32]], input_type=[BF16, BF16])
+    launch_in(b, clk, 125, GEMM_KERNEL, 10)
+    # 2-D chain (a classifier head, say): not attention without module evidence.
+    b.cpu_op("aten::matmul", 200, 10, input_dims=[[4, 16], [16, 10]], input_type=[BF16, BF16])
+    b.cpu_op("aten::softmax", 212, 10, input_dims=[[4, 10], [], []])
+    b.cpu_op("aten::matmul", 224, 10, input_dims=[[4, 10], [10, 3]])
+    # Inside an attention module: found even though the shapes are not recorded.
+    b.python("nn.Module: LlamaAttention_0", 300, 50)
+    b.cpu_op("aten::matmul", 301, 10)
+    b.cpu_op("aten::_softmax", 312, 10)
+    b.cpu_op("aten::matmul", 324, 10)
+    res = attention.run(b.load(tmp_path))
+    calls = res.calls
+    assert list(calls["source"]) == ["eager", "eager"]
+    first = calls.iloc[0]
+    assert (first["batch"], first["heads"], first["q_len"], first["kv_len"], first["head_dim"]) == (1, 8, 64, 64, 32)
+    assert first["gpu_us"] == pytest.approx(24.0) and first["gpu_kernels"] == 3
+    assert calls.iloc[1]["module"] == "LlamaAttention_0"
+    assert "attention_eager" in [f.id for f in res.findings]
+
+
+# ---- scaling laws ------------------------------------------------------------------------------
+
+
+def test_prefill_fit_recovers_quadratic_law(tmp_path):
+    lens = (128, 256, 384, 512, 768, 1024, 2048)
+    res = attention.run(build_law(tmp_path, prefill_lens=lens, cost=lambda s: 2e-4 * s * s))
+    f = fit_of(res, "prefill")
+    assert abs(f["exponent"] - 2.0) < 0.1
+    assert f["x"] == "q_len" and [p[0] for p in f["points"]] == list(lens)
+    assert f["exponent_stderr"] is not None and f["exponent_stderr"] < 0.05
+    assert f["backend"] == "flash" and f["op"] == "aten::scaled_dot_product_attention"
+
+
+def test_decode_fit_recovers_linear_law_in_kv_length(tmp_path):
+    kv = range(200, 240)
+    res = attention.run(build_law(tmp_path, prefill_lens=(200,), decode_kv=kv, cost=lambda x: 0.05 * x))
+    f = fit_of(res, "decode")
+    assert abs(f["exponent"] - 1.0) < 0.1
+    assert f["x"] == "kv_len" and len(f["points"]) == 40 and f["calls"] == 40
+    assert (res.calls["phase"] == "decode").sum() == 40
+
+
+def test_quadratic_prefill_on_math_path_is_flagged(tmp_path):
+    res = attention.run(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), backend="math", cost=lambda s: 1e-3 * s * s))
+    f = fit_of(res, "prefill")
+    assert abs(f["exponent"] - 2.0) < 0.1 and f["backend"] == "math"
+    quad = [x for x in res.findings if x.id == "attention_quadratic_prefill"]
+    assert len(quad) == 1 and quad[0].phase == "prefill"
+    assert quad[0].cost_total_us == pytest.approx(1e-3 * (128**2 + 256**2 + 512**2 + 1024**2), rel=1e-6)
+
+
+def test_segments_decide_the_phase_when_present(tmp_path):
+    tr = build_law(tmp_path, prefill_lens=(4, 4, 4))  # q_len 4: prefill by length, but the segments say decode
+    ev = tr.events
+    seg = Segments(pd.DataFrame({"seg": [0], "phase": ["decode"], "index": [0], "name": ["tokentrace/decode_step[0]"],
+                                 "start": [int(ev["ts"].min())], "end": [int(ev["end"].max()) + 1]}), method="annotations")
+    calls = attention.find_calls(tr, seg)
+    assert set(calls["phase"]) == {"decode"}
+    assert set(attention.find_calls(tr)["phase"]) == {"prefill"}
+
+
+def test_power_law_reports_points_and_needs_three_lengths():
+    fit = power_law([10, 10, 20, 40], [1.0, 3.0, 8.0, 32.0])  # median 2 at x=10
+    assert fit is not None and fit.points == [(10.0, 2.0), (20.0, 8.0), (40.0, 32.0)]
+    assert fit.exponent == pytest.approx(2.0) and fit.exponent_stderr == pytest.approx(0.0, abs=1e-9)
+    assert power_law([10, 20], [1.0, 4.0]) is None
+
+
+def test_fit_sweep_across_capture_folders_and_cli(tmp_path):
+    lens = (128, 256, 512, 1024)
+    for s in lens:
+        b = TraceBuilder()
+        b.top["tokentrace"] = {"schema": 1, "kind": "prefill", "prompt_len": s, "batch": 2}
+        clk = Clock()
+        for _ in range(3):  # three layers per trace
+            sdpa(b, clk, q=s, kv=s, us=3e-4 * s * s)
+        run_dir = tmp_path / "sweep" / f"tiny_p{s}_b2"
+        run_dir.mkdir(parents=True)
+        b.write(run_dir / "prefill.pt.trace.json.gz")
+        (run_dir / "run.json").write_text("{}")
+    sweep = fit_sweep(tmp_path / "sweep")
+    assert len(sweep.traces) == 4 and sorted(sweep.traces["prompt_len"]) == list(lens)
+    assert len(sweep.fits) == 1
+    f = sweep.fits[0]
+    assert abs(f["exponent"] - 2.0) < 0.1 and f["batch"] == 2 and f["traces"] == 4
+    assert [p[0] for p in f["points"]] == list(lens)
+
+    from tokentrace.cli import main
+
+    out = CliRunner().invoke(main, ["scaling", str(tmp_path / "sweep"), "--json", "-"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert abs(doc["fits"][0]["exponent"] - 2.0) < 0.1
+    text = CliRunner().invoke(main, ["scaling", str(tmp_path / "sweep")])
+    assert text.exit_code == 0 and "S^2.0" in text.output
+    bad = CliRunner().invoke(main, ["scaling", str(tmp_path / "absent")])
+    assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+# ---- real traces -------------------------------------------------------------------------------
+
+
+def test_qwen_forward_attention_calls_shapes_and_flash_backend():
+    tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
+    calls = attention.find_calls(tr)
+    ops = calls[calls["source"] == "op"]
+    assert len(ops) == 24  # one per layer
+    assert set(ops["op"]) == {"aten::scaled_dot_product_attention"}
+    assert set(ops["backend"]) == {"flash"}
+    assert set(ops["kernel"].str.contains("flash_fwd_kernel")) == {True}
+    shapes = ops[["batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"]].drop_duplicates()
+    assert shapes.to_numpy().tolist() == [[16, 16, 16, 559, 559, 64]]
+    assert set(ops["phase"]) == {"prefill"} and (ops["gpu_us"] > 50).all()
+    # Flash kernels whose host side was cut off by the profiler window still count, as kernel-only calls.
+    assert set(calls.loc[calls["source"] == "kernel", "backend"]) == {"flash"}
+
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_do_not_crash(path):
+    tr = tokentrace.load(path)
+    ctx = Context(Options())
+    res = attention.run(tr, ctx)
+    json.dumps(res.to_json())
+    assert len(res.calls) == res.to_json()["calls"]
+    assert np.isfinite(res.calls["gpu_us"].to_numpy(float)).all()

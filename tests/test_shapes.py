@@ -1,0 +1,117 @@
+"""Shapes detector: ops and kernels by input shapes and phase, with GPU time attributed up the op tree."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import real_trace_params, shared_trace
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analyze import shapes
+from tokentrace.analyze.analysis import Context, Options
+from tokentrace.analyze.segments import Segments
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+ADD = "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16> >"
+BF16 = "c10::BFloat16"
+
+
+def linear(b: TraceBuilder, t: float, tokens: int, *, gemm_us: float, add_us: float, gpu_t: float) -> None:
+    """aten::linear -> aten::matmul -> aten::mm (GEMM kernel), then aten::add (bias kernel) inside the linear."""
+    b.cpu_op("aten::linear", t, 60, input_dims=[[1, tokens, 64], [128, 64], [128]], input_type=[BF16] * 3)
+    b.cpu_op("aten::matmul", t + 1, 30, input_dims=[[1, tokens, 64], [64, 128]], input_type=[BF16] * 2)
+    b.cpu_op("aten::mm", t + 2, 25, input_dims=[[tokens, 64], [64, 128]], input_type=[BF16] * 2)
+    b.launch(GEMM, t + 3, gpu_t, gemm_us)
+    b.cpu_op("aten::add", t + 40, 15, input_dims=[[1, tokens, 128], [128]], input_type=[BF16] * 2)
+    b.launch(ADD, t + 41, gpu_t + gemm_us + 1, add_us)
+
+
+def build(tmp_path) -> tuple[tokentrace.Trace, Segments]:
+    b = TraceBuilder()
+    linear(b, 100, 16, gemm_us=40, add_us=3, gpu_t=110)  # prefill
+    linear(b, 300, 1, gemm_us=10, add_us=2, gpu_t=310)  # decode step 0
+    linear(b, 500, 1, gemm_us=12, add_us=2, gpu_t=510)  # decode step 1
+    b.gpu("orphan_kernel_without_launch", 700, 5, corr=999_999)
+    tr = b.load(tmp_path)
+    seg = Segments(pd.DataFrame({"seg": [0, 1, 2], "phase": ["prefill", "decode", "decode"], "index": [0, 0, 1],
+                                 "name": ["p", "d0", "d1"], "start": [90_000, 290_000, 490_000],
+                                 "end": [200_000, 400_000, 600_000]}), method="annotations")
+    return tr, seg
+
+
+def ctx_with(seg: Segments) -> Context:
+    ctx = Context(Options())
+    ctx.results["phases"] = type("P", (), {"segments": seg})()
+    return ctx
+
+
+def test_ops_grouped_by_shape_and_phase_with_inclusive_gpu_time(tmp_path):
+    tr, seg = build(tmp_path)
+    res = shapes.run(tr, ctx_with(seg))
+    ops = res.ops.set_index(["name", "phase"])
+    lin_p = ops.loc[("aten::linear", "prefill")]
+    assert lin_p["calls"] == 1 and lin_p["input_dims"] == [[1, 16, 64], [128, 64], [128]]
+    assert lin_p["gpu_total_us"] == pytest.approx(43.0) and lin_p["gpu_self_us"] == 0.0 and lin_p["kernels"] == 2
+    assert lin_p["top_kernel"] == GEMM and lin_p["top_kernel_us"] == pytest.approx(40.0)
+    lin_d = ops.loc[("aten::linear", "decode")]  # two decode calls of one shape: one group
+    assert lin_d["calls"] == 2 and lin_d["gpu_total_us"] == pytest.approx(26.0) and lin_d["gpu_mean_us"] == pytest.approx(13.0)
+    mm_d = ops.loc[("aten::mm", "decode")]
+    assert mm_d["gpu_self_us"] == pytest.approx(22.0) and mm_d["gpu_total_us"] == pytest.approx(22.0)
+    assert res.unattributed_gpu_count == 1 and res.unattributed_gpu_us == pytest.approx(5.0)
+    assert res.gpu_total_us == pytest.approx(43 + 12 + 14 + 5)
+
+
+def test_kernels_joined_to_innermost_and_top_level_op(tmp_path):
+    tr, seg = build(tmp_path)
+    res = shapes.run(tr, ctx_with(seg))
+    k = res.kernels
+    gemm_d = k[(k["name"] == GEMM) & (k["phase"] == "decode")].iloc[0]
+    assert (gemm_d["op"], gemm_d["top_op"], gemm_d["op_input_dims"]) == ("aten::mm", "aten::linear", "[[1,64],[64,128]]")
+    assert gemm_d["calls"] == 2 and gemm_d["gpu_total_us"] == pytest.approx(22.0) and gemm_d["gpu_max_us"] == pytest.approx(12.0)
+    add_p = k[(k["name"] == ADD) & (k["phase"] == "prefill")].iloc[0]
+    assert (add_p["op"], add_p["top_op"]) == ("aten::add", "aten::linear")
+    doc = res.to_json()
+    json.dumps(doc)
+    assert doc["kernel_groups"] == len(k) and doc["ops"][0]["name"] == "aten::linear"
+
+
+def test_without_segments_everything_is_one_phase(tmp_path):
+    tr, _ = build(tmp_path)
+    res = shapes.run(tr)
+    assert set(res.ops["phase"]) == {shapes.NO_PHASE}
+    lin = res.ops[res.ops["name"] == "aten::linear"]
+    assert sorted(lin["calls"]) == [1, 2]  # still split by input shape
+
+
+def test_climb_helpers():
+    parent = np.array([-1, 0, 1, 2, -1])
+    target = np.array([True, False, True, False, False])
+    start = np.array([3, 1, 4, -1])
+    assert shapes.climb_to(parent, start, target).tolist() == [2, 0, -1, -1]
+    assert shapes.outermost(parent, start, target).tolist() == [0, 0, -1, -1]
+    assert shapes.root_of(parent, start).tolist() == [0, 0, 4, -1]
+
+
+def test_qwen_attribution_conserves_gpu_time():
+    tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
+    res = shapes.run(tr)
+    att = res.attribution
+    roots = tr.cpu_ops.index[tr.cpu_ops["parent"] < 0].to_numpy()
+    linked = tr.gpu[tr.gpu["op"] >= 0]["dur"].sum()
+    # Every linked kernel counts once at its top-level op.
+    assert att.total_ns[roots].sum() == pytest.approx(linked)
+    sdpa = res.ops[res.ops["name"] == "aten::scaled_dot_product_attention"].iloc[0]
+    assert sdpa["calls"] == 24 and sdpa["input_dims"][0] == [16, 16, 559, 64]
+    assert "flash_fwd_kernel" in sdpa["top_kernel"]
+
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_do_not_crash(path):
+    res = shapes.run(tokentrace.load(path), Context(Options()))
+    doc = res.to_json()
+    json.dumps(doc)
+    assert doc["gpu_total_us"] >= doc["unattributed_gpu_us"] >= 0
