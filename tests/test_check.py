@@ -98,6 +98,9 @@ def test_regression_against_a_saved_json_summary(tmp_path):
     assert "TTFT vs baseline: 1.2 ms vs 900 us, +33.3% > +10% (max_regression)" in res.output
     assert "FAIL" not in "".join(line for line in res.output.splitlines() if "TPOT" in line)  # TPOT did not move
     assert run(slower, "--baseline", saved, "--max-regression", 50).exit_code == 0
+    # A saved summary can be the checked run itself, too (CI that keeps only the JSON).
+    res = run(saved, "--max-ttft-us", 899)
+    assert res.exit_code == 1 and "TTFT (prefill): 900 us > 899 us" in res.output
 
 
 def test_json_output(trace, tmp_path):

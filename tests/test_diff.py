@@ -252,3 +252,18 @@ def test_slow_capture_diff_eager_vs_reduce_overhead(tmp_path):
     assert "Torch-Compiled Region" in {normalize_name(n) for n in d.appeared("op")["name"]}
     assert "aten::scaled_dot_product_attention" in set(d.disappeared("op")["name"])
     assert d.to_json()["base"]["label"].endswith("combined.pt.trace.json.gz")
+    # Both runs carry the capture's annotations: TTFT and TPOT compare, over the same 3 decode steps.
+    m = d.metrics.set_index("key")
+    assert m.loc["decode_steps", "base"] == m.loc["decode_steps", "test"] == 3
+    assert m.loc["ttft_us", "base"] > 0 and m.loc["ttft_us", "test"] > 0
+    assert m.loc["tpot_p50_us", "verdict"] in ("better", "worse", "same")
+
+
+def test_a_run_against_itself_has_no_changes(tmp_path):
+    import tokentrace
+
+    a = tokentrace.analyze(two_runs(tmp_path)[0])
+    d = diff(a, a)
+    assert set(d.kernels["match"]) == {"exact"} and set(d.ops["match"]) == {"exact"}
+    assert d.worse().empty and d.better().empty
+    assert set(d.metrics["verdict"]) == {"same"}
