@@ -27,7 +27,9 @@ MANUAL = ("combined", "prefill", "decode")
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tc.CaptureResult:
     out = tmp_path_factory.mktemp("sweep") / "out"
-    return tc.capture(preset="tiny-llama", prompt_lens=[8, 16], batches=[1, 2], max_new_tokens=NEW, out_dir=out, device="cpu", warmup=1, progress=False)
+    # Python stacks off here to keep the sweep quick; the local-model test below runs the defaults.
+    return tc.capture(preset="tiny-llama", prompt_lens=[8, 16], batches=[1, 2], max_new_tokens=NEW, out_dir=out,
+                      device="cpu", warmup=1, with_stack=False, progress=False)
 
 
 def test_sweep_writes_one_folder_per_run(sweep: tc.CaptureResult) -> None:
@@ -132,12 +134,15 @@ def _save_local_model(folder: Path) -> Path:
 def test_local_model_folder_with_tokenizer_times_tokenization(tmp_path: Path) -> None:
     model_dir = _save_local_model(tmp_path / "my-model")
     result = tc.capture(model=str(model_dir), prompt_lens=8, batches=1, max_new_tokens=NEW, out_dir=tmp_path / "out",
-                        device="cpu", traces="combined", with_stack=False, warmup=1, progress=False)
+                        device="cpu", warmup=1, progress=False)  # every profiler option at its default
     (run,) = result.runs
+    check_run_folder(run.path, kinds=MANUAL, prompt_len=8, batch=1, max_new_tokens=NEW)
     assert run.name == "my-model_p8_b1"
     assert run.timings.tokenize_us is not None and run.timings.tokenize_us > 0
     trace = read_trace(run.traces["combined"])
     assert trace["tokentrace"]["model"] == str(model_dir) and trace["tokentrace"]["preset"] is None
+    assert trace["tokentrace"]["profiler"] == {"record_shapes": True, "profile_memory": True, "with_stack": True}
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])  # stacks were recorded
     names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
     assert names[0] == "tokentrace/tokenize"
     check_phase_annotations(trace, prefill=True, steps=NEW - 1)
