@@ -191,7 +191,7 @@ def _roll(df: pd.DataFrame, key: str, side: str) -> pd.DataFrame:
     agg: dict[str, Any] = {f"{side}_count": (f"{side}_count", "sum"), f"{side}_us": (f"{side}_us", "sum"),
                            f"{side}_gpu_us": (f"{side}_gpu_us", "sum"),
                            f"{side}_names": ("name", lambda s: " | ".join(dict.fromkeys(s))),
-                           f"{side}_shapes": ("shape", lambda s: _shapes_label(s))}
+                           f"{side}_shapes": ("shape", _shapes_label)}
     return df.groupby(key, sort=False).agg(**agg).reset_index()
 
 
@@ -224,8 +224,9 @@ def match_items(base: pd.DataFrame | None, test: pd.DataFrame | None, kind: str)
     rt = m[m["_merge"] == "right_only"][["name", "shape", "test_count", "test_us", "test_gpu_us"]]
 
     # Pass 2: same name, other shapes; pass 3: same name once compiler numbering is stripped.
+    lb = lb.assign(norm=[normalize_name(n) for n in lb["name"]])
+    rt = rt.assign(norm=[normalize_name(n) for n in rt["name"]])
     for key, label in (("name", "shape"), ("norm", "renamed")):
-        lb, rt = lb.assign(norm=[normalize_name(n) for n in lb["name"]]), rt.assign(norm=[normalize_name(n) for n in rt["name"]])
         both = set(lb[key]) & set(rt[key])
         if both:
             rb = _roll(lb[lb[key].isin(both)], key, "base")

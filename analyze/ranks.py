@@ -108,7 +108,7 @@ def _rank_row(r: dict[str, Any]) -> dict[str, Any]:
 def combine(results: list[dict[str, Any]]) -> RanksResult:
     """Join per-rank results (from analyze_rank, run anywhere) into the cross-rank tables."""
     notes: list[str] = []
-    ok = [r for r in results if not r.get("error")]
+    ok = [dict(r) for r in results if not r.get("error")]  # copies: ranks may be renumbered below
     for r in results:
         if r.get("error"):
             notes.append(f"{r['path']}: not analysed ({r['error']})")
