@@ -116,6 +116,16 @@ class TraceBuilder:
         self.events.append({"ph": "X", "cat": "cuda_sync", "name": kind, "pid": GPU_PID, "tid": stream, "ts": ts, "dur": dur,
                             "args": {"cuda_sync_kind": kind, "stream": stream, "correlation": corr, "device": 0, "context": 1}})
 
+    def sync_call(self, api: str, ts: float, dur: float, *, kineto: str | None = None, stream: int = 7,
+                  tid: int = HOST_TID) -> int:
+        """A blocking runtime call (cudaStreamSynchronize, hipDeviceSynchronize, ...) and, when
+        `kineto` names one ('Stream Sync', 'Context Sync', ...), the cuda_sync activity Kineto
+        records for it (same correlation, same time range)."""
+        corr = self.runtime(api, ts, dur, tid=tid)
+        if kineto is not None:
+            self.cuda_sync(kineto, ts, dur, corr=corr, stream=stream)
+        return corr
+
     def memory(self, ts: float, nbytes: int, *, allocated: int, reserved: int, addr: int = 1 << 40, device: int = 0) -> None:
         self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": HOST_PID,
                             "tid": HOST_TID, "ts": ts, "args": {"Total Reserved": reserved, "Total Allocated": allocated,
