@@ -39,9 +39,11 @@ from tokentrace.analyze.syncs import (
     SYNC_RETURN_SLACK_NS,
     TRANSFER_KINDS,
     decode_scale,
-    host_context,
+    OUTSIDE,
+    HostLookup,
     jsonable,
     recorded_stack,
+    segment_labels,
     sync_calls,
 )
 from tokentrace.analyze.trace import Trace
@@ -59,7 +61,6 @@ LAUNCH_PATH_MAX_NS = 1_000_000
 # held back by a dependency, not by the launch.
 QUEUED_WAIT_MIN_NS = 50_000
 TOP_GAPS = 20
-OUTSIDE = "outside any annotated region"
 
 
 @dataclass
@@ -209,10 +210,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
     gaps["cause"] = np.where(graph_replay, "graph_replay", cause)
     gaps["detail"] = detail
     gaps["seg"] = seg
-    labels = [segments.label(int(s)) if segments is not None else (None, None) for s in seg]
-    gaps["phase"] = pd.Series([p for p, _ in labels], index=gaps.index, dtype=object)
-    gaps["step"] = pd.Series([s for _, s in labels], index=gaps.index, dtype=object)
-    gaps["region"] = [segments.table["name"].iat[int(s)] if s >= 0 else OUTSIDE for s in seg] if n else []
+    gaps["phase"], gaps["step"], gaps["region"] = segment_labels(segments, seg, gaps.index)
     gaps["prev"] = names[prv] if n else np.zeros(0, object)
     gaps["next"] = names[nxt] if n else np.zeros(0, object)
     op_col = ev["op"].to_numpy()
@@ -323,8 +321,7 @@ def stream_gaps(trace: Trace, min_gap_ns: int) -> pd.DataFrame:
     cols = ["device", "stream", "count", "total_us"]
     if gpu.empty:
         return pd.DataFrame(columns=cols)
-    key = pd.MultiIndex.from_arrays([gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64)])
-    codes, uniq = pd.factorize(key)
+    codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
     g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
     same = g[1:] == g[:-1]
     gap = ms[1:] - me[:-1]
@@ -390,13 +387,14 @@ def _savings(trace: Trace, table: pd.DataFrame, segments: Any) -> dict[str, Any]
 def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
     g = table[~table["graph_replay"]].sort_values("dur_us", ascending=False, kind="stable").head(TOP_GAPS)
     names = trace.events["name"].astype(object).to_numpy()
+    host = HostLookup(trace)
     out = []
     for r in g.itertuples():
         op_row, stack = -1, None
         if r.pid >= 0 or r.tid >= 0:
             # What the host was doing in the middle of the part of the gap it was responsible for.
             mid = int(r.start + max(int(r.host_bound_us * US), 1) // 2)
-            op_row, stack = host_context(trace, int(r.pid), int(r.tid), mid)
+            op_row, stack = host.op_at(int(r.pid), int(r.tid), mid), host.python_stack(int(r.pid), int(r.tid), mid)
         out.append({k: jsonable(v) for k, v in {
             "device": int(r.device), "stream": int(r.stream), "start_us": round(float(r.start_us), 3),
             "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": r.detail, "phase": r.phase,
@@ -433,7 +431,7 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
     evidence_cols = ["start_us", "dur_us", "cause", "detail", "phase", "step", "prev", "next", "next_op"]
 
     def evidence(rows: pd.DataFrame) -> list[dict[str, Any]]:
-        top = rows.sort_values("dur_us", ascending=False).head(5)[evidence_cols]
+        top = rows.loc[rows["dur_us"].nlargest(5).index, evidence_cols]
         return [{k: (round(v, 3) if isinstance(v, float) else jsonable(v)) for k, v in r.items()} for r in top.to_dict("records")]
 
     lb = g[g["cause"] == "launch_bound"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-import pandas as pd
 
 I64 = np.int64
 
@@ -67,13 +66,39 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
         return g.copy(), s.copy(), e.copy()
     order = np.lexsort((s, g))
     g, s, e = g[order], s[order], np.maximum(e[order], s[order])
-    reach = pd.Series(e).groupby(g).cummax().to_numpy(I64)
+    # Running max of ends within each group in one accumulate: express ends relative to the
+    # group's first start and lift each group above everything before it.
+    starts_at = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    group = np.cumsum(np.r_[True, g[1:] != g[:-1]]) - 1
+    base = s[starts_at][group]
+    rel = e - base
+    lift = np.r_[0, np.cumsum(np.maximum.reduceat(rel, starts_at) + 1)[:-1]][group]
+    reach = np.maximum.accumulate(rel + lift) - lift + base
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
     first = np.flatnonzero(new)
     last = np.r_[first[1:] - 1, len(s) - 1]
     return g[first], s[first], reach[last]
+
+
+def group_extents(g: np.ndarray, ms: np.ndarray, me: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For `union_grouped` output: each group's id, first start, last end and covered length."""
+    if len(g) == 0:
+        z = np.empty(0, dtype=I64)
+        return z, z.copy(), z.copy(), z.copy()
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    last = np.r_[first[1:] - 1, len(g) - 1]
+    covered = np.add.reduceat(me - ms, first)
+    return g[first], ms[first], me[last], covered.astype(I64)
+
+
+def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group code of each (a, b) pair (e.g. device, stream) and the distinct pairs, sorted."""
+    if len(a) == 0:
+        return np.empty(0, dtype=I64), np.empty((0, 2), dtype=I64)
+    pairs, codes = np.unique(np.stack([_arr(a), _arr(b)], axis=1), axis=0, return_inverse=True)
+    return codes.reshape(-1).astype(I64), pairs
 
 
 def total(starts: np.ndarray, ends: np.ndarray) -> int:

@@ -11,12 +11,13 @@ Nsight Systems rule table too):
   is linked to it, and ops that force a sync (apis.SYNC_CAUSING_OPS: .item(), nonzero, ...) when
   the trace shows them talking to the GPU without a recorded sync call.
 Each sync gets its blocked time, the GPU work it waited for, the op and stack that caused it, its
-phase and step, and the GPU idle it caused (from the gaps detector). Also owns the small host-side
-lookups other detectors share: the op and Python stack at an instant, and the decode scale.
+phase and step, and the GPU idle it caused (from the gaps detector). Also owns the small lookups other
+detectors share: the op and Python stack at an instant, segment labels, and the decode scale.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ STACK_LOOKUPS = 50
 # The JSON summary lists at most this many items (longest blocked first); the table has all.
 ITEMS_IN_JSON = 500
 PAGEABLE = "Pageable"
+OUTSIDE = "outside any annotated region"  # the region of work outside every segment
 
 # Kinds of sync point; `blocking` kinds stop the host.
 KIND_OF_CUDA_SYNC = {"Context Sync": "device_sync", "Stream Sync": "stream_sync", "Event Sync": "event_sync",
@@ -76,15 +78,28 @@ def _names(trace: Trace) -> np.ndarray:
     return trace.events["name"].astype(object).to_numpy()
 
 
+_CALLS: "weakref.WeakKeyDictionary[Trace, pd.DataFrame]" = weakref.WeakKeyDictionary()
+
+
 def sync_calls(trace: Trace) -> pd.DataFrame:
     """Every sync point as one row: row (event row), api, kind, blocking, ts, end (ns), pid, tid,
-    device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op")."""
+    device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op").
+    Computed once per trace (the gpu, gaps and syncs sections all read it); treat it as read-only."""
+    if trace not in _CALLS:
+        _CALLS[trace] = _sync_calls(trace)
+    return _CALLS[trace]
+
+
+def _sync_calls(trace: Trace) -> pd.DataFrame:
     ev = trace.events
     names = _names(trace)
     rt = trace.runtime
     parts: list[pd.DataFrame] = []
     rows = rt.index.to_numpy(np.int64)
-    kinds = np.array([api_kind(n) for n in names[rows]], dtype=object) if len(rows) else np.empty(0, dtype=object)
+    cats = rt["name"].cat
+    # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
+    by_cat = np.array([api_kind(str(c)) for c in cats.categories] + [None], dtype=object)
+    kinds = by_cat[cats.codes.to_numpy()]
     # Pageable async copies: the activity's name says the host side is pageable memory.
     gpu_dev = pd.Series(dtype=np.int64)
     gpu_stream = pd.Series(dtype=np.int64)
@@ -101,9 +116,9 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
             copy_name = pd.Series(names[mc], index=mcl)
             copy_name = copy_name[~copy_name.index.duplicated()]
     if len(rows) and len(copy_name):
-        cn = copy_name.reindex(rows).to_numpy(dtype=object)
-        pageable = np.array([isinstance(c, str) and PAGEABLE in c for c in cn])
-        is_memcpy = np.isin(names[rows], MEMCPY_APIS)
+        is_pageable = copy_name.map(lambda c: isinstance(c, str) and PAGEABLE in c)
+        pageable = is_pageable.reindex(rows).fillna(False).to_numpy(bool)
+        is_memcpy = rt["name"].isin(MEMCPY_APIS).to_numpy()
         kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
     keep = kinds != None  # noqa: E711
     if keep.any():
@@ -229,28 +244,55 @@ def jsonable(v: Any) -> Any:
 
 # ---- host-side lookups shared with the gap detector ----------------------------------------
 
-def host_context(trace: Trace, pid: int, tid: int, t: int) -> tuple[int, list[str] | None]:
-    """(innermost cpu_op row at instant t on a host thread or -1, Python stack outermost-first or
-    None). O(events of that thread): call it for a handful of instants (top gaps, longest syncs)."""
-    ops = trace.cpu_ops
-    op_row = -1
-    if len(ops):
-        th = ops[(ops["pid"].to_numpy() == pid) & (ops["tid"].to_numpy() == tid)]
-        hit = iv.enclosing(th["ts"].to_numpy(), th["end"].to_numpy(), t)
-        if len(hit):
-            op_row = int(th.index[hit[-1]])
-    return op_row, python_stack(trace, pid, tid, t)
+class HostLookup:
+    """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
+
+    Each thread's ops and frames are selected once; a lookup scans that thread's rows, so it is
+    meant for a handful of instants (top gaps, longest syncs), not for every event."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = (what, pid, tid)
+        if key not in self._cache:
+            df = self.trace.cpu_ops if what == "op" else self.trace.python
+            on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
+            self._cache[key] = (df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on])
+        return self._cache[key]
+
+    def op_at(self, pid: int, tid: int, t: int) -> int:
+        """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
+        ts, end, rows = self._rows("op", pid, tid)
+        hit = iv.enclosing(ts, end, t)
+        return int(rows[hit[-1]]) if len(hit) else -1
+
+    def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
+        """Python frames enclosing instant t on the thread, outermost first; None without any."""
+        ts, end, rows = self._rows("py", pid, tid)
+        hit = iv.enclosing(ts, end, t)
+        if not len(hit):
+            return None
+        names = self.trace.events["name"].astype(object).to_numpy()
+        return [str(n) for n in names[rows[hit]]]
 
 
-def python_stack(trace: Trace, pid: int, tid: int, t: int) -> list[str] | None:
-    py = trace.python
-    if py.empty:
-        return None
-    th = py[(py["pid"].to_numpy() == pid) & (py["tid"].to_numpy() == tid)]
-    hit = iv.enclosing(th["ts"].to_numpy(), th["end"].to_numpy(), t)
-    if not len(hit):
-        return None
-    return [str(n) for n in th["name"].astype(object).to_numpy()[hit]]
+def segment_labels(segments: Any, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Phase, step index and region name of each segment id (-1: None, None, OUTSIDE)."""
+    seg = np.asarray(seg, dtype=np.int64)
+    phase = np.full(len(seg), None, dtype=object)
+    step = np.full(len(seg), None, dtype=object)
+    region = np.full(len(seg), OUTSIDE, dtype=object)
+    if segments is not None and len(segments) and len(seg):
+        t = segments.table.set_index("seg")
+        ok = seg >= 0
+        found = t.reindex(seg[ok])
+        phase[ok] = found["phase"].astype(object).to_numpy()
+        step[ok] = [None if v != v else int(v) for v in found["index"].to_numpy()]
+        region[ok] = found["name"].astype(object).to_numpy()
+    return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
+            pd.Series(region, index=index, dtype=object))
 
 
 def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
@@ -352,9 +394,7 @@ def run(trace: Trace, ctx: Any = None) -> SyncsResult:
         "gpu_busy_us": waited["busy_us"],
         "idle_caused_us": idle,
     })
-    labels = [segments.label(int(s)) if segments is not None else (None, None) for s in seg]
-    items["phase"] = pd.Series([p for p, _ in labels], index=items.index, dtype=object)
-    items["step"] = pd.Series([s for _, s in labels], index=items.index, dtype=object)
+    items["phase"], items["step"], items["region"] = segment_labels(segments, seg, items.index)
     for col in ("op", "copy", "waited_for"):
         items[col] = items[col].astype(object).where(items[col].notna(), None)
     items["stack"] = _stacks(trace, calls, items)
@@ -425,10 +465,11 @@ def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list
     out: list[list[str] | None] = [recorded_stack(trace, int(r)) for r in items["op_row"].to_numpy()]
     if trace.python.empty or not len(items):
         return out
+    host = HostLookup(trace)
     longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]
     for i in longest:
         if out[i] is None and calls["pid"].iat[i] >= 0:
-            out[i] = python_stack(trace, int(calls["pid"].iat[i]), int(calls["tid"].iat[i]), int(calls["ts"].iat[i]))
+            out[i] = host.python_stack(int(calls["pid"].iat[i]), int(calls["tid"].iat[i]), int(calls["ts"].iat[i]))
     return out
 
 

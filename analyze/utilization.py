@@ -142,20 +142,16 @@ def _streams(trace: Trace, t0: int) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     dev = gpu["device"].to_numpy(np.int64)
     stream = gpu["stream"].to_numpy(np.int64)
-    key = pd.MultiIndex.from_arrays([dev, stream])
-    codes, uniq = pd.factorize(key)
-    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
-    per = pd.DataFrame({"g": g, "s": ms, "e": me, "len": me - ms}).groupby("g").agg(s=("s", "min"), e=("e", "max"), busy=("len", "sum"))
+    codes, uniq = iv.pair_codes(dev, stream)
+    idx, s, e, b = iv.group_extents(*iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)))
     counts = np.bincount(codes, minlength=len(uniq))
-    kernels = np.bincount(codes, weights=(gpu["kind"].to_numpy(dtype=object) == "kernel"), minlength=len(uniq))
-    span = (per["e"] - per["s"]).to_numpy()
-    b = per["busy"].to_numpy()
-    idx = per.index.to_numpy()
+    kernels = np.bincount(codes, weights=(gpu["kind"] == "kernel").to_numpy(), minlength=len(uniq))
+    span = e - s
     out = pd.DataFrame({
-        "device": [int(uniq[i][0]) for i in idx],
-        "stream": [int(uniq[i][1]) for i in idx],
-        "start_us": (per["s"].to_numpy() - t0) / US,
-        "end_us": (per["e"].to_numpy() - t0) / US,
+        "device": uniq[idx, 0],
+        "stream": uniq[idx, 1],
+        "start_us": (s - t0) / US,
+        "end_us": (e - t0) / US,
         "span_us": span / US,
         "busy_us": b / US,
         "idle_us": (span - b) / US,
@@ -178,15 +174,14 @@ def _by_phase(trace: Trace, ctx: Any) -> pd.DataFrame:
     ok = seg >= 0
     if not ok.any():
         return pd.DataFrame(columns=cols)
-    g, ms, me = iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok])
-    per = pd.DataFrame({"seg": g, "s": ms, "e": me, "len": me - ms}).groupby("seg").agg(s=("s", "min"), e=("e", "max"), busy=("len", "sum"))
-    phase_of = segs.table.set_index("seg")["phase"]
-    per["phase"] = phase_of.reindex(per.index).to_numpy()
-    per["span"] = per["e"] - per["s"]
-    agg = per.groupby("phase", sort=False).agg(busy=("busy", "sum"), span=("span", "sum")).reset_index()
+    g, s, e, b = iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
+    phase = segs.table.set_index("seg")["phase"].reindex(g).astype(str).to_numpy()
+    names, inv = np.unique(phase, return_inverse=True)
+    busy = np.bincount(inv, weights=b)
+    span = np.bincount(inv, weights=e - s)
     return pd.DataFrame({
-        "phase": agg["phase"].astype(str),
-        "busy_us": agg["busy"] / US,
-        "span_us": agg["span"] / US,
-        "utilization": np.where(agg["span"] > 0, agg["busy"] / agg["span"].clip(lower=1), np.nan),
+        "phase": names,
+        "busy_us": busy / US,
+        "span_us": span / US,
+        "utilization": np.where(span > 0, busy / np.maximum(span, 1), np.nan),
     })

@@ -1,0 +1,220 @@
+"""GPU idle gaps: found per device and stream, given the cause the host shows, and costed."""
+
+from __future__ import annotations
+
+import pytest
+
+import tokentrace
+from conftest import real_trace_params, shared_trace
+from tokentrace.analyze.gaps import OUTSIDE
+
+
+def _gaps(builder, tmp_path, **opts):
+    a = tokentrace.analyze(builder.load(tmp_path), **opts)
+    return a, a.gaps
+
+
+def test_launch_bound_gap_of_exactly_500us(builder, tmp_path):
+    builder.cpu_op("aten::relu", 90, 20)
+    builder.launch("k_a", 95, 100, 100)  # GPU busy [100, 200)
+    # The host is inside the op that launches the next kernel, 495 us after the GPU went idle.
+    builder.cpu_op("aten::mm", 150, 560)
+    builder.launch("k_b", 695, 700, 50, launch_dur=5.0)
+    a, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["count"] == 1 and j["total_us"] == 500.0
+    assert j["by_cause"]["launch_bound"] == {"count": 1, "total_us": 500.0}
+    top = j["top"][0]
+    assert top["cause"] == "launch_bound" and top["dur_us"] == 500.0
+    assert top["cpu_op"] == "aten::mm" and top["next"] == "k_b" and top["prev"] == "k_a"
+    assert top["phase"] is None and top["region"] == OUTSIDE  # no segments in this trace
+    assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 500.0
+    f = [f for f in a.findings if f.id == "launch_bound"][0]
+    assert f.cost_total_us == pytest.approx(500.0) and f.est_savings_us == pytest.approx(500.0)
+    assert "CUDA graph" in f.recommendation
+
+
+def test_gap_while_host_blocked_in_stream_synchronize(builder, tmp_path):
+    builder.launch("k_a", 50, 100, 100)  # [100, 200)
+    builder.cpu_op("aten::item", 55, 150)
+    builder.sync_call("cudaStreamSynchronize", 60, 142)  # returns at 202, just after the GPU drained
+    builder.cpu_op("aten::add", 205, 95)
+    builder.launch("k_b", 290, 300, 10)  # gap [200, 300)
+    a, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["by_cause"]["sync"] == {"count": 1, "total_us": 100.0}
+    assert j["count"] == 1
+    # The syncs section charges that idle to the sync call that caused it.
+    item = [i for i in a.syncs.to_json()["items"] if i["api"] == "cudaStreamSynchronize"][0]
+    assert item["idle_caused_us"] == 100.0 and item["op"] == "aten::item"
+    f = [f for f in a.findings if f.id == "sync_stream_sync"][0]
+    assert f.cost_total_us == pytest.approx(100.0) and ".item()" in f.recommendation
+
+
+def test_gap_while_host_in_cpu_op_without_launching(builder, tmp_path):
+    builder.launch("k_a", 50, 100, 100)  # [100, 200)
+    builder.cpu_op("aten::topk", 150, 750)  # CPU tensor work: launches nothing, ends at 900
+    builder.cpu_op("aten::add", 900, 20)
+    builder.launch("k_b", 905, 910, 10)  # gap [200, 910)
+    a, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["by_cause"]["cpu_busy"] == {"count": 1, "total_us": 710.0}
+    assert j["top"][0]["cpu_op"] == "aten::topk"
+    assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 0.0
+    f = [f for f in a.findings if f.id == "host_busy_gaps"][0]
+    assert f.op == "aten::topk" and f.cost_total_us == pytest.approx(710.0)
+
+
+def test_gap_while_host_in_python_lists_the_stack(builder, tmp_path):
+    builder.python("model.py(1): generate", 0, 1000, pyid=1)
+    builder.python("sampler.py(10): sample", 210, 390, pyid=2, parent=1)
+    builder.launch("k_a", 50, 100, 100)  # [100, 200)
+    builder.launch("k_b", 600, 605, 10)  # gap [200, 605), host in Python, no op
+    _, g = _gaps(builder, tmp_path)
+    top = g.to_json()["top"][0]
+    assert top["cause"] == "cpu_busy" and top["dur_us"] == 405.0
+    assert top["cpu_op"] is None
+    assert top["stack"] == ["model.py(1): generate", "sampler.py(10): sample"]
+
+
+def test_gap_while_host_in_synchronous_copy(builder, tmp_path):
+    builder.launch("k_a", 40, 50, 50)  # [50, 100)
+    builder.cpu_op("aten::copy_", 104, 300)
+    builder.launch("Memcpy HtoD (Pageable -> Device)", 105, 110, 10, api="cudaMemcpy", launch_dur=295.0,
+                   cat="gpu_memcpy")  # [110, 120), host blocked until 400
+    builder.launch("k_b", 405, 410, 10)  # gaps [100, 110) and [120, 410)
+    _, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["by_cause"]["data_transfer"] == {"count": 1, "total_us": 290.0}
+    assert j["count"] == 2 and j["total_us"] == 300.0
+
+
+def test_queued_work_waiting_on_an_event_is_gpu_wait(builder, tmp_path):
+    builder.launch("k_a", 0, 10, 90)  # [10, 100)
+    builder.runtime("cudaStreamWaitEvent", 20, 3)
+    builder.launch("k_b", 30, 700, 10)  # queued at 30, starts at 700: waited 600 us on the event
+    _, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["by_cause"]["gpu_wait"] == {"count": 1, "total_us": 600.0}
+    assert j["by_cause"]["launch_bound"]["count"] == 0
+
+
+def test_short_queued_gap_is_launch_latency(builder, tmp_path):
+    builder.launch("k_a", 0, 10, 90)  # [10, 100)
+    builder.launch("k_b", 30, 106, 10)  # queued long before; starts 6 us after the GPU went idle
+    _, g = _gaps(builder, tmp_path)
+    row = g.table.iloc[0]
+    assert row["cause"] == "launch_bound" and "launch latency" in row["detail"] and row["dur_us"] == pytest.approx(6.0)
+
+
+def test_min_gap_option(builder, tmp_path):
+    builder.launch("k_a", 0, 10, 90)
+    builder.launch("k_b", 99, 102, 10)  # a 2 us gap
+    _, g = _gaps(builder, tmp_path)
+    assert g.to_json()["count"] == 0
+    _, g = _gaps(builder, tmp_path, min_gap_us=1.0)
+    assert g.to_json()["count"] == 1 and g.to_json()["total_us"] == 2.0
+
+
+def test_streams_merged_per_device_but_reported_per_stream(builder, tmp_path):
+    # Two streams take turns: the device never idles, each stream does.
+    builder.launch("a1", 0, 0, 100, stream=7)
+    builder.launch("b1", 1, 100, 100, stream=8)
+    builder.launch("a2", 2, 200, 100, stream=7)
+    builder.launch("b2", 3, 300, 100, stream=8)
+    _, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["count"] == 0
+    per = {s["stream"]: s for s in j["streams"]}
+    assert per[7] == {"device": 0, "stream": 7, "count": 1, "total_us": 100.0}
+    assert per[8] == {"device": 0, "stream": 8, "count": 1, "total_us": 100.0}
+
+
+def test_graph_with_200_kernels_has_no_launch_bound_idle(builder, tmp_path):
+    builder.cpu_op("aten::add", 0, 10)
+    builder.launch("eager", 1, 5, 20)  # [5, 25)
+    # The host replays a graph 40 us later: 200 kernels with 5 us between them on the GPU.
+    builder.graph_launch(60, 70, [(f"node{i}", 4.0) for i in range(200)], gap=5.0)
+    a, g = _gaps(builder, tmp_path)
+    j = g.to_json()
+    assert j["graph_replay"] == {"count": 199, "total_us": 995.0}
+    assert j["count"] == 1  # only the wait before the graph launch
+    assert j["top"][0]["detail"] == "before a graph launch"
+    # Replay idle is neither a gap cause nor a CUDA-graph saving.
+    assert sum(c["count"] for c in j["by_cause"].values()) == 1
+    assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 0.0
+    assert not [f for f in a.findings if f.category == "gaps" and f.est_savings_us > 0]
+
+
+def _decode_trace(builder, steps: int = 5):
+    t = 0.0
+    builder.annotation("tokentrace/prefill", 0, 1)
+    info = []
+    for i in range(steps):
+        r = builder.llm_step(t + 10, q_len=1, kv_len=16 + i, annotation=f"tokentrace/decode_step[{i}]")
+        info.append(r)
+        t = r["host_end"]
+    return info
+
+
+def test_decode_savings_per_step_token_and_request(builder, tmp_path):
+    _decode_trace(builder, steps=5)
+    a, g = _gaps(builder, tmp_path)
+    assert len(a.phases.segments.of_phase("decode")) == 5
+    sav = g.to_json()["savings"]["cuda_graphs"]
+    # Each eager step launches 8 kernels and a copy; every launch finds the GPU idle for 5 us
+    # (10 us of host per op, 5 us kernels): 8 launch-bound gaps of 5 us = 40 us per step.
+    assert sav["scope"] == "decode" and sav["decode_steps"] == 5
+    assert sav["per_step_us"] == 40.0 and sav["per_token_us"] == 40.0
+    assert sav["per_request_us"] == 200.0
+    by_phase = g.to_json()["by_phase"]["decode"]
+    assert by_phase["by_cause"]["launch_bound"] == 200.0
+    f = [f for f in a.findings if f.id == "launch_bound_decode"][0]
+    assert f.cost_per_step_us == pytest.approx(40.0) and f.phase == "decode"
+    steps = {t["step"] for t in g.to_json()["top"]}
+    assert steps <= set(range(5))
+
+
+def test_gap_outside_annotated_steps(builder, tmp_path):
+    builder.annotation("tokentrace/decode_step[0]", 0, 300)
+    builder.cpu_op("aten::add", 10, 20)
+    builder.launch("k0", 11, 15, 235)  # [15, 250)
+    builder.annotation("tokentrace/decode_step[1]", 800, 400)
+    builder.cpu_op("aten::add", 805, 20)
+    builder.launch("k1", 810, 815, 100)  # gap [250, 815): host between steps 300..800
+    a, g = _gaps(builder, tmp_path)
+    row = g.gaps.iloc[0]
+    assert row["cause"] == "outside_region" and row["dur_us"] == pytest.approx(565.0)
+    assert row["phase"] == "decode" and row["step"] == 1
+    assert [f for f in a.findings if f.id == "idle_between_regions"]
+
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_gaps_are_consistent(path):
+    a = tokentrace.analyze(path)
+    j = a.to_json()
+    g = j["gaps"]
+    assert "error" not in g and "error" not in j["gpu"]
+    assert sum(c["total_us"] for c in g["by_cause"].values()) == pytest.approx(g["total_us"], abs=0.01)
+    # Gaps (plus graph-replay idle and the sub-threshold remainder) never exceed the idle time.
+    assert g["total_us"] + g["graph_replay"]["total_us"] <= j["gpu"]["idle_us"] + 0.01
+    for top in g["top"]:
+        assert top["dur_us"] >= g["min_gap_us"]
+
+
+def test_mi300x_graph_replay_is_not_reported_as_idle_per_kernel():
+    a = tokentrace.analyze(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz"))
+    table = a.gaps.table
+    names = a.trace.events["name"].astype(str).to_numpy()
+    launch = a.trace.events["launch"].to_numpy()
+    same_graph = (launch[table["next_row"]] == launch[table["prev_row"]]) & (names[launch[table["next_row"]]] == "hipGraphLaunch")
+    assert same_graph.any()  # the trace does idle inside its replay
+    assert (table.loc[same_graph, "cause"] == "graph_replay").all()
+    real = a.gaps.gaps
+    ln_next, ln_prev = launch[real["next_row"].to_numpy()], launch[real["prev_row"].to_numpy()]
+    assert not ((ln_next == ln_prev) & (names[ln_next] == "hipGraphLaunch")).any()
+    assert a.gaps.to_json()["count"] == len(real) == int((~same_graph).sum())
+    # Launch statistics: one launch-to-start delay for the whole replay, no per-kernel overhead.
+    act = a.launches.activities
+    graph = act[act["graph"]]
+    assert len(graph) > 500 and graph["delay_us"].notna().sum() == 1

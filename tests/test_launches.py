@@ -1,0 +1,106 @@
+"""Launch statistics: API time, launch-to-start delay, small kernels, queue depth, graph launches."""
+
+from __future__ import annotations
+
+import pytest
+
+import tokentrace
+from conftest import real_trace_params
+
+
+def _launches(builder, tmp_path):
+    a = tokentrace.analyze(builder.load(tmp_path))
+    return a, a.launches
+
+
+def test_launch_stats_exact(builder, tmp_path):
+    builder.launch("tiny", 0, 10, 4, launch_dur=5.0)  # shorter than its launch call, small
+    builder.launch("big", 20, 30, 50, launch_dur=5.0)
+    builder.launch("small", 100, 130, 8, launch_dur=20.0)  # shorter than its launch call, small
+    _, res = _launches(builder, tmp_path)
+    j = res.to_json()
+    assert j["count"] == 3 and j["api_total_us"] == 30.0
+    assert j["by_api"]["cudaLaunchKernel"]["count"] == 3
+    assert j["launch_to_start_us"]["max"] == 30.0 and j["launch_to_start_us"]["p50"] == 10.0
+    assert j["shorter_than_launch"] == {"count": 2, "share": round(2 / 3, 4)}
+    assert j["small_kernels"]["count"] == 2 and j["small_kernels"]["share"] == round(2 / 3, 4)
+
+
+def test_queue_depth_per_stream(builder, tmp_path):
+    # Three launches issued back to back while the GPU works through them, then one more after
+    # everything finished: queue depths at launch are 0, 1, 2, then 0.
+    builder.launch("k0", 0, 10, 10)
+    builder.launch("k1", 1, 20, 10)
+    builder.launch("k2", 2, 30, 10)
+    builder.launch("k3", 100, 105, 10)
+    builder.launch("other", 1, 10, 50, stream=8)  # another stream's queue is its own
+    _, res = _launches(builder, tmp_path)
+    depth = res.activities.sort_values("launch_ts")
+    s7 = depth[depth["stream"] == 7]["depth"].tolist()
+    assert s7 == [0, 1, 2, 0]
+    q = res.to_json()["queue_depth"]
+    streams = {s["stream"]: s for s in q["streams"]}
+    assert streams[7]["depth_max"] == 2 and streams[7]["starved_share"] == 0.5
+    assert streams[8]["depth_max"] == 0
+
+
+def test_graph_launch_owns_its_kernels(builder, tmp_path):
+    builder.graph_launch(0, 50, [(f"node{i}", 3.0) for i in range(200)], gap=0.0)
+    _, res = _launches(builder, tmp_path)
+    j = res.to_json()
+    assert j["graphs"]["launches"] == 1 and j["graphs"]["kernels"] == 200
+    assert j["graphs"]["kernels_per_launch"]["max"] == 200
+    assert j["kernels_launched_singly"] == 0
+    # One launch-to-start delay for the replay (its first kernel), not 200 growing ones.
+    assert res.activities["delay_us"].notna().sum() == 1 and j["launch_to_start_us"]["max"] == 50.0
+    assert j["shorter_than_launch"]["count"] == 0
+    assert not res.findings
+
+
+def test_small_kernel_finding_only_when_the_gpu_starves(builder, tmp_path):
+    t = 0.0
+    for i in range(20):  # 4 us kernels, each launched 10 us after the previous: empty queue each time
+        builder.cpu_op("aten::add", t, 10)
+        builder.launch(f"add{i % 2}", t, t + 2, 4, launch_dur=5.0)
+        t += 10
+    a, res = _launches(builder, tmp_path)
+    f = [f for f in res.findings if f.id == "small_kernels"][0]
+    assert f.cost_total_us == pytest.approx(100.0)  # 20 launch calls of 5 us, each longer than its kernel
+    # The GPU idle these launches caused: 19 gaps of 6 us, all launch-bound.
+    assert f.est_savings_us == pytest.approx(100.0)
+    assert a.gaps.to_json()["by_cause"]["launch_bound"]["total_us"] == pytest.approx(114.0)
+    assert {e["kernel"] for e in f.evidence} == {"add0", "add1"}
+
+
+def test_no_small_kernel_finding_when_queue_is_deep(builder, tmp_path):
+    # Host runs far ahead: all 20 launches issued at once, kernels back to back.
+    for i in range(20):
+        builder.launch(f"add{i}", i * 0.5, 100 + 4 * i, 4, launch_dur=0.4)
+    _, res = _launches(builder, tmp_path)
+    assert res.to_json()["queue_depth"]["starved_share"] == 0.05
+    assert not res.findings
+
+
+def test_per_phase_launches(builder, tmp_path):
+    builder.annotation("tokentrace/prefill", 0, 5)
+    t = 10.0
+    for i in range(3):
+        r = builder.llm_step(t, q_len=1, kv_len=8 + i, annotation=f"tokentrace/decode_step[{i}]")
+        t = r["host_end"] + 5
+    _, res = _launches(builder, tmp_path)
+    dec = res.to_json()["by_phase"]["decode"]
+    assert dec["launches_per_step"] == r["launches"]
+    assert dec["launches"] == 3 * r["launches"]
+
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_launch_stats(path):
+    a = tokentrace.analyze(path)
+    j = a.to_json()["launches"]
+    assert "error" not in j
+    rt = a.trace.runtime
+    from tokentrace.analyze.apis import LAUNCH_APIS
+
+    assert j["count"] == int(rt["name"].isin(LAUNCH_APIS).sum())
+    act = a.launches.activities
+    assert (act.loc[act["graph"], "delay_us"].notna().sum()) == j["graphs"]["launches"] or not j["graphs"]["launches"]

@@ -1,0 +1,164 @@
+"""Sync points: every kind detected, blocked time, what they waited for, cause op, per token."""
+
+from __future__ import annotations
+
+import pytest
+
+import tokentrace
+from conftest import real_trace_params, shared_trace
+from tokentrace.analyze.syncs import sync_calls
+
+
+def _syncs(builder, tmp_path):
+    a = tokentrace.analyze(builder.load(tmp_path))
+    return a, a.syncs
+
+
+def test_three_item_syncs_with_known_blocked_time(builder, tmp_path):
+    t = 0.0
+    for blocked in (100.0, 200.0, 300.0):
+        builder.cpu_op("aten::item", t, blocked + 20)
+        builder.cpu_op("aten::_local_scalar_dense", t + 1, blocked + 18)
+        # The copy finishes just before the sync returns: the sync waited for it.
+        builder.memcpy("DtoH (Device -> Pinned)", t + 2, t + blocked + 5, 2, launch_dur=3.0)
+        builder.sync_call("cudaStreamSynchronize", t + 10, blocked, kineto="Stream Sync")
+        t += blocked + 100
+    _, res = _syncs(builder, tmp_path)
+    j = res.to_json()
+    assert j["count"] == 3 and j["blocked_us"] == 600.0
+    assert [i["blocked_us"] for i in j["items"]] == [100.0, 200.0, 300.0]
+    # The outermost op that forces the sync, not the nested _local_scalar_dense.
+    assert {i["op"] for i in j["items"]} == {"aten::item"}
+    assert {i["kind"] for i in j["items"]} == {"stream_sync"}
+    assert {i["waited_for"] for i in j["items"]} == {"Memcpy DtoH (Device -> Pinned)"}
+    assert j["by_kind"]["stream_sync"]["count"] == 3
+    # The Kineto cuda_sync rows belong to those calls: no duplicates.
+    assert all(i["source"] == "api" for i in j["items"])
+
+
+def test_every_kind_is_detected(builder, tmp_path):
+    builder.launch("k", 0, 5, 10)
+    builder.sync_call("cudaDeviceSynchronize", 20, 10)
+    builder.sync_call("cudaEventSynchronize", 40, 11)
+    builder.runtime("cudaStreamWaitEvent", 60, 2)
+    builder.launch("Memcpy DtoH (Device -> Pageable)", 70, 72, 3, api="cudaMemcpy", launch_dur=12.0, cat="gpu_memcpy")
+    builder.launch("Memset (Device)", 90, 92, 3, api="cudaMemset", launch_dur=13.0, cat="gpu_memset")
+    builder.memcpy("DtoH (Device -> Pageable)", 110, 112, 3, launch_dur=14.0)  # async into pageable memory
+    builder.memcpy("HtoD (Pinned -> Device)", 130, 132, 3, launch_dur=2.0)  # pinned async: not a sync
+    builder.sync_call("hipDeviceSynchronize", 150, 15)
+    builder.launch("Memcpy HtoD (Host -> Device)", 170, 172, 3, api="hipMemcpyWithStream", launch_dur=16.0, cat="gpu_memcpy")
+    _, res = _syncs(builder, tmp_path)
+    got = {(i["api"], i["kind"], i["blocked_us"]) for i in res.to_json()["items"]}
+    assert got == {
+        ("cudaDeviceSynchronize", "device_sync", 10.0),
+        ("cudaEventSynchronize", "event_sync", 11.0),
+        ("cudaStreamWaitEvent", "gpu_wait", 0.0),  # GPU-side wait: the host is not blocked
+        ("cudaMemcpy", "memcpy_sync", 12.0),
+        ("cudaMemset", "memset_sync", 13.0),
+        ("cudaMemcpyAsync", "memcpy_pageable", 14.0),
+        ("hipDeviceSynchronize", "device_sync", 15.0),
+        ("hipMemcpyWithStream", "memcpy_sync", 16.0),
+    }
+    j = res.to_json()
+    assert j["count"] == 8 and j["blocking"] == 7 and j["blocked_us"] == 91.0
+
+
+def test_pageable_memcpy_flagged_with_pinned_memory_advice(builder, tmp_path):
+    builder.launch("k", 0, 5, 10)
+    builder.cpu_op("aten::copy_", 19, 40)
+    builder.memcpy("HtoD (Pageable -> Device)", 20, 30, 5, launch_dur=30.0)
+    builder.launch("k2", 55, 60, 10)
+    a, res = _syncs(builder, tmp_path)
+    item = res.to_json()["items"][0]
+    assert item["kind"] == "memcpy_pageable" and item["copy"] == "Memcpy HtoD (Pageable -> Device)"
+    assert item["op"] == "aten::copy_"
+    f = [f for f in a.findings if f.id == "sync_memcpy_pageable"][0]
+    assert "pin_memory" in f.recommendation and "non_blocking" in f.recommendation
+    assert a.gpu.nsys_rules["cuda_memcpy_async"]["count"] == 1
+
+
+def test_kineto_cuda_sync_without_runtime_call(builder, tmp_path):
+    builder.launch("k", 0, 5, 10)
+    builder.cuda_sync("Context Sync", 30, 25, corr=999999)  # its runtime call was not recorded
+    _, res = _syncs(builder, tmp_path)
+    item = res.to_json()["items"][0]
+    assert item["source"] == "cuda_sync" and item["kind"] == "device_sync" and item["blocked_us"] == 25.0
+
+
+def test_sync_causing_op_without_recorded_sync(builder, tmp_path):
+    builder.cpu_op("aten::nonzero", 0, 80)
+    builder.launch("nonzero_kernel", 1, 5, 10)
+    _, res = _syncs(builder, tmp_path)
+    j = res.to_json()
+    assert j["count"] == 1
+    item = j["items"][0]
+    assert item["kind"] == "op" and item["op"] == "aten::nonzero" and item["blocked_us"] == 80.0
+    # A sync-causing op on a CPU tensor (no runtime call inside) is not a sync.
+    builder.cpu_op("aten::item", 200, 5)
+    _, res = _syncs(builder, tmp_path)
+    assert res.to_json()["count"] == 1
+
+
+def test_waited_for_names_the_kernel_that_released_the_host(builder, tmp_path):
+    builder.launch("gemm", 0, 5, 300)
+    builder.launch("softmax", 1, 305, 50)
+    builder.sync_call("cudaDeviceSynchronize", 10, 346)  # returns at 356, 1 us after softmax ends
+    _, res = _syncs(builder, tmp_path)
+    item = res.to_json()["items"][0]
+    assert item["waited_for"] == "softmax" and item["waited_activities"] == 2
+    assert item["gpu_busy_us"] == pytest.approx(345.0)
+    f = res.findings[0]
+    assert f.id == "sync_device_sync" and "synchronize()" in f.recommendation
+
+
+def test_syncs_per_decode_token(builder, tmp_path):
+    builder.annotation("tokentrace/prefill", 0, 5)
+    t = 10.0
+    steps = []
+    for i in range(4):
+        r = builder.llm_step(t, q_len=1, kv_len=8 + i, batch=2, annotation=f"tokentrace/decode_step[{i}]")
+        steps.append(r)
+        t = r["host_end"]
+    a, res = _syncs(builder, tmp_path)
+    pt = res.to_json()["per_token"]
+    assert pt["decode_steps"] == 4
+    # Each step: the token's cudaMemcpyAsync into pageable memory (1 us) + cudaStreamSynchronize.
+    assert pt["syncs_per_step"] == 2.0
+    assert pt["blocked_us_per_step"] == pytest.approx(1.0 + steps[0]["sync_blocked"])
+    # Sync gaps between steps: the next step's first kernel waits for the host to leave the sync.
+    assert pt["idle_caused_us_per_step"] > 0
+    assert a.gaps.to_json()["by_cause"]["sync"]["count"] == 3
+
+
+def test_sync_calls_frame_is_the_single_definition(builder, tmp_path):
+    builder.sync_call("cudaStreamSynchronize", 0, 10)
+    builder.runtime("cudaEventRecord", 20, 1)
+    calls = sync_calls(builder.load(tmp_path))
+    assert calls["api"].tolist() == ["cudaStreamSynchronize"]
+    assert calls["blocking"].tolist() == [True]
+
+
+def test_alexnet_cuda_sync_events():
+    a = tokentrace.analyze(shared_trace("alexnet_cuda_sync_events.json.gz"))
+    trace = a.trace
+    assert len(trace.cuda_sync) > 0
+    items = a.syncs.items
+    names = trace.events["name"].astype(str)
+    n_stream_sync = int((names == "cudaStreamSynchronize").sum())
+    assert n_stream_sync > 0
+    assert int((items["kind"] == "stream_sync").sum()) == n_stream_sync
+    # Every Stream Sync row Kineto recorded is one of those calls, counted once.
+    kineto = trace.cuda_sync[trace.cuda_sync["name"] == "Stream Sync"]
+    assert set(kineto["launch"]) <= set(items.loc[items["kind"] == "stream_sync", "row"])
+    assert int((items["kind"] == "memcpy_pageable").sum()) == int(
+        trace.gpu["name"].astype(str).str.contains("Pageable").sum())
+
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_syncs(path):
+    a = tokentrace.analyze(path)
+    j = a.to_json()["syncs"]
+    assert "error" not in j
+    assert j["blocked_us"] == pytest.approx(sum(v["blocked_us"] for v in j["by_kind"].values()), abs=0.01)
+    for item in j["items"]:
+        assert item["blocked_us"] >= 0 and item["kind"]
