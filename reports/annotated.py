@@ -61,7 +61,11 @@ def _plain(v: Any) -> Any:
         return None if not np.isfinite(v) else round(float(v), 3)
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
-    if v is None or isinstance(v, (str, int, bool, dict)):
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    if isinstance(v, str):
+        return str(v)  # numpy.str_ -> str
+    if v is None or isinstance(v, (int, dict)):
         return v
     return str(v)
 

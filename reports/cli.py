@@ -60,7 +60,8 @@ def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us
 
     kind = _format_for(output, fmt) if output != "-" else (fmt or "markdown")
     kwargs: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
-    loaded = tokentrace.load_all(*traces)
+    # Command-line order; a directory's traces (ranks, steps) in load_all's order within it.
+    loaded = [t for arg in traces for t in tokentrace.load_all(arg)]
     analyses = []
     for i, trace in enumerate(loaded, 1):
         _progress(f"analysing {i}/{len(loaded)}: {trace.path}")

@@ -48,7 +48,10 @@ PHASE_COLORS = {"prefill": "#d97706", "decode": "#2563eb", "step": "#7c3aed", "o
 PART_PALETTE = ("#f59e0b", "#10b981", "#ef4444", "#6b7280")
 BUSY_COLOR = "#10b981"
 SYNC_COLOR = "#dc2626"
-LABEL_CHARS = 40
+# Fixed margins in inches instead of constrained layout, which costs a third of the drawing time;
+# the right margin holds the legend, whose labels are cut to LABEL_CHARS to fit it.
+MARGIN_IN = {"left": 0.8, "right": 2.4, "bottom": 0.5, "top": 0.3}
+LABEL_CHARS = 34
 
 _FORBIDDEN_TAGS = {"script", "foreignobject", "iframe", "object", "embed", "image", "use-external"}
 _REF_ATTRS = {"href", "src"}
@@ -67,7 +70,7 @@ def to_svg(fig: Figure, salt: str) -> str:
     """The figure as an <svg> element (no XML prolog, no metadata), checked by sanitize_svg."""
     buf = io.StringIO()
     with matplotlib.rc_context({**RC, "svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
@@ -129,7 +132,10 @@ def _finish(fig: Figure, ax: Any, salt: str, xlabel: str, ylabel: str) -> str:
 
 def _fig(height: float) -> Figure:
     with matplotlib.rc_context(RC):
-        return Figure(figsize=(WIDTH_IN, height), layout="constrained")
+        fig = Figure(figsize=(WIDTH_IN, height))
+    m = MARGIN_IN
+    fig.subplots_adjust(left=m["left"] / WIDTH_IN, right=1 - m["right"] / WIDTH_IN, bottom=m["bottom"] / height, top=1 - m["top"] / height)
+    return fig
 
 
 def timeline(data: dict[str, Any], salt: str = "timeline") -> str:
@@ -170,9 +176,13 @@ def decode_steps(data: dict[str, Any], salt: str = "decode") -> str:
         parts = {k: np.asarray(v, float) / scale for k, v in (data.get("parts") or {}).items()}
         if parts:
             bottom = np.zeros(len(x))
+            steps_in_a_row = len(x) > 1 and bool(np.all(np.diff(x) == 1))
             for i, (name, vals) in enumerate(parts.items()):
-                vals = np.asarray(vals, float)
-                ax.bar(x, vals, bottom=bottom, width=1.0, color=PART_PALETTE[min(i, 3)], label=name, linewidth=0)
+                color = PART_PALETTE[min(i, 3)]
+                if steps_in_a_row:  # one patch per part instead of one rectangle per step
+                    ax.stairs(bottom + vals, np.r_[x - 0.5, x[-1] + 0.5], baseline=bottom, fill=True, color=color, label=name)
+                else:
+                    ax.bar(x, vals, bottom=bottom, width=1.0, color=color, label=name, linewidth=0)
                 bottom = bottom + vals
             ax.plot(x, total, color="#111827", linewidth=0.8, label="step time")
         else:
@@ -192,7 +202,8 @@ def gap_histogram(data: dict[str, Any], salt: str = "gaps") -> str:
         ax = fig.add_subplot()
         lo, hi = float(d.min()), float(d.max())
         bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else np.array([lo * 0.9, lo * 1.1])
-        ax.hist(d, bins=bins, color="#6366f1")
+        counts, edges = np.histogram(d, bins=bins)
+        ax.stairs(counts, edges, fill=True, color="#6366f1")  # one patch, not one per bin
         _log(ax, "x")
         ax.set_title(f"{len(d)} gaps ({data.get('source', 'all gaps')})", loc="left")
         return _finish(fig, ax, salt, "gap length (us)", "gaps")

@@ -81,9 +81,11 @@ def _trace_block(v: rv.TraceView, with_headline: bool) -> list[str]:
             lines.append(f"\n{len(v.findings) - TOP_FINDINGS} more in the HTML report.")
     else:
         lines.append("No findings: no detector reported a problem in this trace.")
-    missing = [f"{s.key} ({md_escape(s.message)})" for s in v.sections if s.status != "ok"]
-    if missing:
-        lines += ["", "Not in this analysis: " + "; ".join(missing)]
+    for status, intro in (("empty", "Not in this trace"), ("absent", "Not analysed"), ("error", "Failed")):
+        # Empty sections are named only (the HTML report says why); failures carry their reason.
+        items = [s.key if status == "empty" else f"{s.key} ({md_escape(s.message)})" for s in v.sections if s.status == status]
+        if items:
+            lines += ["", f"{intro}: " + "; ".join(items)]
     if v.warnings:
         lines += ["", "Loader warnings: " + "; ".join(md_escape(w) for w in v.warnings)]
     lines += ["", "Reproduce:", "", _code_block("\n".join(v.reproduce)), ""]

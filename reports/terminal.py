@@ -21,7 +21,7 @@ SEVERITY_COLORS = {"high": "red", "medium": "yellow", "low": "cyan", "info": "wh
 
 def _clean(text: Any) -> str:
     """One line without control characters: a name from the trace must not move the cursor or recolour the terminal."""
-    return "".join(ch if ch.isprintable() else "?" for ch in " ".join(str(text).split()))
+    return "".join(ch if ch.isprintable() else " " if ch in "\t\n\r" else "?" for ch in str(text))
 
 
 def render_terminal(analysis: Any, color: bool = False) -> str:

@@ -83,7 +83,7 @@ class Metric:
 class Section:
     key: str
     title: str
-    status: str = "ok"  # ok | absent | error
+    status: str = "ok"  # ok | empty (the trace lacks the data) | absent (not analysed) | error
     message: str = ""  # one line when the section has nothing to draw
     facts: list[tuple[str, str]] = field(default_factory=list)
     tables: list[tuple[str, Table]] = field(default_factory=list)
@@ -127,6 +127,34 @@ def section_state(doc: dict[str, Any], key: str) -> tuple[str, str]:
         if sec.get("available") is False or sec.get("status") == "absent":
             return "absent", str(sec.get("reason") or sec.get("message") or f"This trace has no data for {key}.")
     return "ok", ""
+
+
+GPU_ACTIVITY_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def lacks(key: str, doc: dict[str, Any]) -> str | None:
+    """One line saying why a section has nothing to show for this trace, or None when it has."""
+    sec = doc.get(key) if isinstance(doc.get(key), dict) else {}
+    kinds = dig(doc, "trace.kinds") or {}
+    if key in ("gpu", "gaps", "roofline") and not any(kinds.get(k) for k in GPU_ACTIVITY_KINDS):
+        return "This trace has no GPU activity (no kernels, copies or memsets were recorded): nothing to show."
+    if key == "phases" and sec.get("method") == "none":
+        return "No prefill, decode or profiler steps found (no tokentrace annotations, ProfilerStep# ranges or forward passes)."
+    if key == "gaps" and sec.get("count") == 0:
+        return f"No GPU idle gaps of at least {fmt.number(sec.get('min_gap_us'))} us in this trace."
+    if key == "launches" and sec.get("count") == 0:
+        return "No kernel launch calls in this trace."
+    if key == "syncs" and sec.get("count") == 0:
+        return "No host-device sync points in this trace."
+    if key == "attention" and sec.get("calls") == 0:
+        return "No attention ops in this trace (none of the known attention ops or kernels ran)."
+    if key == "roofline" and "ops" in sec and not sec.get("ops") and not sec.get("phases"):
+        return "No matmul or attention ops with recorded shapes and dtypes (record_shapes=True) to place on a roofline."
+    if key == "memory" and sec.get("events") == 0:
+        return "The trace has no memory events (profile with profile_memory=True)."
+    if key == "shapes" and sec.get("op_groups") == 0:
+        return "No ops in this trace."
+    return None
 
 
 # ---- generic description of a section ----------------------------------------------------
@@ -234,7 +262,11 @@ def build(analysis: Any) -> TraceView:
             except Exception:  # noqa: BLE001 - a summary helper must not take the report down
                 s.summary_lines = []
         if status == "ok":
-            BUILDERS.get(key, _generic)(s, doc, res, trace, t0_ns)
+            lacking = lacks(key, doc)
+            if lacking:
+                s.status, s.message = "empty", lacking
+            else:
+                BUILDERS.get(key, _generic)(s, doc, res, trace, t0_ns)
         sections.append(s)
     timeline, note = _timeline(doc, results, trace, t0_ns)
     return TraceView(
@@ -307,7 +339,7 @@ def _header(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if kinds:
         out.append(("events", ", ".join(f"{k} {fmt.number(v)}" for k, v in kinds.items() if k != "metadata")))
     method, _ = pick(doc, "phases.method")
-    if method:
+    if method and method != "none":
         conf, _ = pick(doc, "phases.confidence")
         out.append(("phases from", f"{method}" + (f" ({conf} confidence)" if conf else "")))
     for key, val in cap.items():
@@ -442,8 +474,6 @@ def _syncs(s: Section, doc: dict[str, Any], res: Any, trace: Any, t0_ns: int) ->
         s.tables = [("sync points, longest blocked first", records_table(ordered))]
     _, rest = describe(sec, skip=("items",))
     s.tables += rest
-    if not items:
-        s.message = "No host-device sync points in this trace."
 
 
 def _attention(s: Section, doc: dict[str, Any], res: Any, trace: Any, t0_ns: int) -> None:
