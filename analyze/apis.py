@@ -138,6 +138,7 @@ SYNC_MEMCPY_APIS: tuple[str, ...] = (
     "hipMemcpyDtoH",
     "hipMemcpyHtoD",
     "hipMemcpy2D",
+    "hipMemcpyWithStream",  # PyTorch's blocking copy_ on ROCm: returns after the copy completes
 )
 SYNC_MEMSET_APIS: tuple[str, ...] = ("cudaMemset", "cudaMemset2D", "hipMemset", "hipMemsetD8", "hipMemsetD32")
 # Operators that force a device-to-host sync to produce a host value.
@@ -152,6 +153,12 @@ SYNC_CAUSING_OPS: tuple[str, ...] = (
     "aten::_unique2",
     "aten::equal",
 )
+
+# The op that opens a language model's forward pass: the token-embedding lookup, Input Dims[1] =
+# (batch, tokens per sequence).
+EMBEDDING_OPS: tuple[str, ...] = ("aten::embedding",)
+# Ops and annotations that only a training step runs (no forward-only inference has them).
+TRAINING_OP_MARKERS: tuple[str, ...] = ("autograd::engine::evaluate_function", "## backward ##", "Optimizer.step", "Optimizer.zero_grad")
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 

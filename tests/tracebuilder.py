@@ -131,6 +131,67 @@ class TraceBuilder:
                             "tid": HOST_TID, "ts": ts, "args": {"Total Reserved": reserved, "Total Allocated": allocated,
                                                               "Bytes": nbytes, "Addr": addr, "Device Id": device, "Device Type": 1}})
 
+    # ---- LLM inference ---------------------------------------------------------------
+    def llm_step(self, t0: float, *, q_len: int, kv_len: int | None = None, batch: int = 1, layers: int = 2,
+                 cpu_per_op: float = 10.0, kernel_us: float = 5.0, attn_kernel_us: float | None = None,
+                 launch_us: float = 1.0, launch_latency: float = 2.0, copy_us: float = 2.0, sync_return: float = 1.0,
+                 tail_us: float = 2.0, gpu_free_at: float = 0.0, annotation: str | None = None, stream: int = 7,
+                 heads: int = 4, head_dim: int = 16, vocab: int = 1000, hidden: int = 64) -> dict[str, float]:
+        """One generation step of a decoder LLM, the way eager PyTorch records it: a forward pass
+        (aten::embedding of (batch, q_len) tokens, then per layer aten::linear,
+        aten::scaled_dot_product_attention with a (batch, heads, q_len, head_dim) query over kv_len
+        keys, aten::linear), aten::argmax, and the token's copy to the host (aten::_to_copy holding
+        cudaMemcpyAsync DtoH + cudaStreamSynchronize), then `tail_us` of host work (aten::select).
+
+        Host: op i occupies [t0 + i*cpu_per_op, +cpu_per_op) and launches its kernel at its start
+        (launch call `launch_us` long). GPU: a kernel starts at max(launch + launch_latency, the
+        previous kernel's end, gpu_free_at) and runs kernel_us (attention: attn_kernel_us). The sync
+        returns sync_return after the copy ends. `annotation` wraps the whole step (None: none).
+
+        Returns the step's known answers (us): start, host_end, token_ready (the sync's end),
+        gpu_first, gpu_end (copy end), gpu_busy, kernels, launches, sync_blocked.
+        """
+        kv_len = q_len if kv_len is None else kv_len
+        attn_kernel_us = kernel_us if attn_kernel_us is None else attn_kernel_us
+        assert launch_us < cpu_per_op, "a launch call must fit inside its op"
+        q = [batch, heads, q_len, head_dim]
+        kv = [batch, heads, kv_len, head_dim]
+        ops: list[tuple[str, list, float, str]] = [("aten::embedding", [[vocab, hidden], [batch, q_len], [], [], []], kernel_us,
+                                                    "void at::native::indexSelectLargeIndex<float>")]
+        for _ in range(layers):
+            ops.append(("aten::linear", [[batch, q_len, hidden], [3 * hidden, hidden], []], kernel_us, "ampere_sgemm_64x32_tn"))
+            ops.append(("aten::scaled_dot_product_attention", [q, kv, kv, [], [], [], [], []], attn_kernel_us,
+                        "flash_fwd_kernel"))
+            ops.append(("aten::linear", [[batch, q_len, hidden], [hidden, hidden], []], kernel_us, "ampere_sgemm_64x32_tn"))
+        ops.append(("aten::argmax", [[batch, vocab], [], []], kernel_us, "void at::native::reduce_kernel<512, 1>"))
+        gpu_free = gpu_free_at
+        gpu_first = None
+        busy = 0.0
+        h = t0
+        for name, dims, dur, kernel in ops:
+            self.cpu_op(name, h, cpu_per_op, input_dims=dims)
+            k_ts = max(h + launch_latency, gpu_free)
+            self.launch(kernel, h, k_ts, dur, launch_dur=launch_us, stream=stream)
+            gpu_first = k_ts if gpu_first is None else gpu_first
+            gpu_free = k_ts + dur
+            busy += dur
+            h += cpu_per_op
+        copy_ts = max(h + launch_latency, gpu_free)
+        copy_end = copy_ts + copy_us
+        sync_ts = h + launch_us
+        sync_end = max(sync_ts + 1.0, copy_end + sync_return)
+        self.cpu_op("aten::_to_copy", h, sync_end - h, input_dims=[[batch], [], [], [], [], [], []])
+        self.memcpy("DtoH (Device -> Pageable)", h, copy_ts, copy_us, nbytes=8 * batch, launch_dur=launch_us, stream=stream)
+        self.runtime("cudaStreamSynchronize", sync_ts, sync_end - sync_ts)
+        self.cpu_op("aten::select", sync_end, tail_us, input_dims=[[batch], [], []])
+        host_end = sync_end + tail_us
+        if annotation is not None:
+            self.annotation(annotation, t0, host_end - t0)
+        return {
+            "start": t0, "host_end": host_end, "token_ready": sync_end, "gpu_first": gpu_first, "gpu_end": copy_end,
+            "gpu_busy": busy + copy_us, "kernels": len(ops), "launches": len(ops) + 1, "sync_blocked": sync_end - sync_ts,
+        }
+
     @contextlib.contextmanager
     def span(self, name: str, ts: float, dur: float, **kw: Any) -> Iterator[dict[str, Any]]:
         yield self.annotation(name, ts, dur, **kw)

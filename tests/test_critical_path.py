@@ -1,0 +1,98 @@
+"""Critical path of a step: hand-built dependency graphs with known longest paths, and steps from traces."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pandas as pd
+import pytest
+from tracebuilder import TraceBuilder
+
+from tokentrace.analyze import critical_path as cp
+from tokentrace.analyze import phases
+
+
+def host(*calls: tuple[int, int, int, bool]) -> pd.DataFrame:
+    """(row, ts, end, blocking) per host call."""
+    return pd.DataFrame(calls, columns=["row", "ts", "end", "blocking"])
+
+
+def gpu(*acts: tuple[int, int, int, int]) -> pd.DataFrame:
+    """(ts, end, stream, launch row) per GPU activity; the launch call's start is looked up by row."""
+    return pd.DataFrame(acts, columns=["ts", "end", "stream", "launch"])
+
+
+def with_launch_ts(g: pd.DataFrame, h: pd.DataFrame) -> pd.DataFrame:
+    ts_of = dict(zip(h["row"], h["ts"]))
+    g = g.copy()
+    g["launch_ts"] = [ts_of.get(r, t) for r, t in zip(g["launch"], g["ts"])]
+    return g
+
+
+def test_gpu_chain_is_the_critical_path():
+    # Two launches at 0 and 10, kernels 2..50 and 50..90 back to back, a sync from 20 to 100,
+    # host work until 105. Longest path: kernel A (48) -> kernel B (40) -> sync end -> 5 us of host.
+    h = host((1, 0, 1, False), (2, 10, 11, False), (3, 20, 100, True))
+    g = with_launch_ts(gpu((2, 50, 7, 1), (50, 90, 7, 2)), h)
+    G = cp.step_graph(h, g, start=0, host_end=105)
+    assert nx.is_directed_acyclic_graph(G)
+    p = cp.longest_path(G)
+    assert (p.cpu_ns, p.gpu_ns) == (5, 88)
+    assert p.cpu_share == pytest.approx(5 / 93)
+
+
+def test_host_chain_is_the_critical_path_when_launches_are_slow():
+    # Launches 100 apart, 5-unit kernels: the GPU idles between them; the host chain (300) wins.
+    h = host((1, 0, 2, False), (2, 100, 102, False), (3, 200, 202, False), (4, 300, 306, True))
+    g = with_launch_ts(gpu((3, 8, 7, 1), (103, 108, 7, 2), (203, 208, 7, 3)), h)
+    p = cp.longest_path(cp.step_graph(h, g, start=0, host_end=310))
+    assert (p.cpu_ns, p.gpu_ns) == (304, 0)
+    assert cp.verdict(p.cpu_share) == "cpu-bound"
+
+
+def test_blocking_copy_launched_by_the_waiting_call_stays_acyclic():
+    # cudaMemcpy DtoH both launches the copy and waits for it: start -> copy -> end, no cycle.
+    h = host((1, 0, 1, False), (2, 5, 60, True))
+    g = with_launch_ts(gpu((2, 50, 7, 1), (50, 58, 7, 2)), h)
+    G = cp.step_graph(h, g, start=0, host_end=62)
+    assert nx.is_directed_acyclic_graph(G)
+    p = cp.longest_path(G)
+    assert (p.cpu_ns, p.gpu_ns) == (2, 56)  # kernel 48 + copy 8 on the GPU, 2 of host after the sync
+
+
+def test_verdict_thresholds():
+    assert cp.verdict(cp.BOUND_SHARE) == "cpu-bound"
+    assert cp.verdict(0.5) == "mixed"
+    assert cp.verdict(1 - cp.BOUND_SHARE) == "gpu-bound"
+    assert cp.verdict(None) is None
+
+
+def test_work_carried_in_from_an_earlier_step_counts(tmp_path):
+    # Step 0 launches a 497 us kernel and returns; step 1 launches a 5 us kernel that queues
+    # behind it and syncs. Step 1's critical path runs through the carried-in kernel from step 1's
+    # start (30) to its end (500), then its own kernel: 475 us of GPU, 2 us of host after the sync.
+    b = TraceBuilder()
+    b.annotation("tokentrace/decode_step[0]", 0.0, 20.0)
+    b.launch("long", 1.0, 3.0, 497.0)
+    b.annotation("tokentrace/decode_step[1]", 30.0, 478.0)
+    b.launch("short", 31.0, 500.0, 5.0)
+    b.runtime("cudaStreamSynchronize", 40.0, 466.0)
+    res = phases.run(b.load(tmp_path), None)
+    s1 = res.decode.iloc[1]
+    assert s1["cp_gpu_us"] == pytest.approx(475.0)
+    assert s1["cp_cpu_us"] == pytest.approx(2.0)
+    assert s1["bound"] == "gpu-bound"
+    # Its own GPU work is only the short kernel.
+    assert s1["gpu_busy_us"] == pytest.approx(5.0)
+
+
+def test_steps_beyond_the_cap_are_sampled(tmp_path, monkeypatch):
+    monkeypatch.setattr(cp, "MAX_GRAPH_STEPS", 4)
+    b = TraceBuilder()
+    t = 0.0
+    for k in range(10):
+        r = b.llm_step(t, q_len=1, kv_len=10 + k, annotation=f"tokentrace/decode_step[{k}]")
+        t = r["host_end"] + 5
+    res = phases.run(b.load(tmp_path), None)
+    analysed = res.decode["bound"].notna()
+    assert analysed.sum() == 4 and analysed.iloc[0] and analysed.iloc[-1]
+    assert res.to_json()["decode"]["bound"]["steps_analysed"] == 4

@@ -1,0 +1,334 @@
+"""Phases: segmentation, TTFT and TPOT with known answers, what bounds decode, and real traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import real_trace_params, shared_trace
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analyze import phases
+
+PROMPTS = (16, 64, 128, 512)
+DECODE_PER_REQUEST = 64  # 4 x 64 = 256 decode steps
+GAP = 3.0  # host time between one step's end and the next step's start (us)
+KERNEL = 10.0  # every non-attention kernel (us)
+CPU_PER_OP = 4.0  # host time per op: the host launches faster than the GPU runs (GPU-bound)
+TAIL = 2.0
+LAT = 2.0
+COPY = 2.0
+RET = 1.0
+N_KERNELS = 8  # embedding + 2 layers x (linear, attention, linear) + argmax
+
+
+def attn_us(q_len: int, kv_len: int) -> float:
+    """Attention kernel time: prefill grows with the prompt, decode by 0.25 us per cached token."""
+    return 10.0 + kv_len / 4.0 if q_len == 1 else 20.0 + q_len / 4.0
+
+
+def step_ready_after_start(q_len: int, kv_len: int) -> float:
+    """GPU-bound step: first kernel LAT after the start, kernels back to back, then the copy, then
+    the sync returns RET after it."""
+    return LAT + 6 * KERNEL + 2 * attn_us(q_len, kv_len) + COPY + RET
+
+
+def build_generation(annotated: bool) -> tuple[TraceBuilder, dict]:
+    """Four requests: a prefill of each prompt length, then 64 decode steps each."""
+    b = TraceBuilder()
+    t = 100.0
+    expect: dict = {"ttft": [], "tpot": [], "kv": [], "prefill_start": [], "gpu_busy": [], "sync_blocked": []}
+    for prompt in PROMPTS:
+        r = b.llm_step(t, q_len=prompt, kv_len=prompt, batch=2, cpu_per_op=CPU_PER_OP, kernel_us=KERNEL,
+                       attn_kernel_us=attn_us(prompt, prompt), launch_latency=LAT, copy_us=COPY, sync_return=RET,
+                       tail_us=TAIL, annotation="tokentrace/prefill" if annotated else None)
+        assert r["token_ready"] - t == step_ready_after_start(prompt, prompt)
+        expect["ttft"].append(step_ready_after_start(prompt, prompt))
+        expect["prefill_start"].append(t)
+        t = r["host_end"] + GAP
+        for k in range(DECODE_PER_REQUEST):
+            kv = prompt + k + 1
+            r = b.llm_step(t, q_len=1, kv_len=kv, batch=2, cpu_per_op=CPU_PER_OP, kernel_us=KERNEL,
+                           attn_kernel_us=attn_us(1, kv), launch_latency=LAT, copy_us=COPY, sync_return=RET,
+                           tail_us=TAIL, annotation=f"tokentrace/decode_step[{k}]" if annotated else None)
+            # Token to token: the previous step's tail and the gap, then this step up to its token.
+            expect["tpot"].append(TAIL + GAP + step_ready_after_start(1, kv))
+            expect["kv"].append(kv)
+            expect["gpu_busy"].append(6 * KERNEL + 2 * attn_us(1, kv) + COPY)
+            expect["sync_blocked"].append(r["token_ready"] - (t + N_KERNELS * CPU_PER_OP + 1.0))
+            t = r["host_end"] + GAP
+    return b, expect
+
+
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "inferred"])
+def test_four_prefills_and_256_decode_steps(tmp_path, annotated):
+    b, expect = build_generation(annotated)
+    res = phases.run(b.load(tmp_path), None)
+    assert res.method == ("annotations" if annotated else "inferred")
+    assert res.confidence == ("exact" if annotated else "medium")
+
+    pre = res.prefill
+    assert pre["prompt_len"].tolist() == list(PROMPTS)
+    assert pre["batch"].tolist() == [2, 2, 2, 2]
+    assert pre["ttft_us"].to_numpy() == pytest.approx(expect["ttft"], abs=1e-6)
+    assert pre["kernels"].tolist() == [N_KERNELS] * 4
+    assert pre["launches"].tolist() == [N_KERNELS + 1] * 4
+    # start_us is relative to the trace's first event, the first prefill's embedding at t=100.
+    assert pre["start_us"].to_numpy() == pytest.approx(np.array(expect["prefill_start"]) - 100.0, abs=1e-6)
+
+    dec = res.decode
+    assert len(dec) == 256
+    assert dec["tpot_us"].to_numpy() == pytest.approx(expect["tpot"], abs=1e-6)
+    assert dec["gpu_busy_us"].to_numpy() == pytest.approx(expect["gpu_busy"], abs=1e-6)
+    assert dec["sync_blocked_us"].to_numpy() == pytest.approx(expect["sync_blocked"], abs=1e-6)
+    assert dec["kv_len"].tolist() == expect["kv"]
+    assert dec["request"].tolist() == [r for r in range(4) for _ in range(DECODE_PER_REQUEST)]
+    assert set(dec["token_source"]) == {"dtoh_sync"}
+
+    j = res.to_json()
+    tp = np.array(expect["tpot"])
+    assert j["decode"]["steps"] == 256
+    assert j["decode"]["tpot_us"] == {"p50": round(float(np.percentile(tp, 50)), 3), "p90": round(float(np.percentile(tp, 90)), 3),
+                                      "mean": round(float(tp.mean()), 3), "max": round(float(tp.max()), 3)}
+    # Two attention kernels per step, each 0.25 us longer per cached token.
+    assert j["decode"]["tpot_slope_us_per_token"] == pytest.approx(0.5, abs=1e-6)
+    assert j["decode"]["tpot_slope_basis"] == "kv_token"
+    assert j["ttft_us"] == pytest.approx(expect["ttft"][0], abs=1e-3)
+    assert j["tpot_us"] == j["decode"]["tpot_us"]
+    assert [p["prompt_len"] for p in j["prefill"]] == list(PROMPTS)
+    assert j["decode"]["bound"]["verdict"] == "gpu-bound"
+    lines = res.summary_lines()
+    assert lines[0].startswith("TTFT") and f"{expect['ttft'][0] / 1000:.2f} ms" in lines[0]
+    assert lines[1].startswith("TPOT") and "256 decode steps" in lines[1] and "gpu-bound" in lines[1]
+
+
+def test_annotated_and_inferred_agree(tmp_path):
+    a = phases.run(build_generation(True)[0].load(tmp_path, "a.json"), None).steps
+    i = phases.run(build_generation(False)[0].load(tmp_path, "i.json"), None).steps
+    cols = ["phase", "ttft_us", "tpot_us", "step_us", "cpu_span_us", "gpu_span_us", "gpu_busy_us", "gpu_idle_us",
+            "kernels", "launches", "sync_blocked_us", "batch", "q_len", "kv_len"]
+    assert a[cols].equals(i[cols])
+
+
+def decode_loop(tmp_path, *, cpu_per_op: float, kernel_us: float, steps: int = 32):
+    b = TraceBuilder()
+    t = 50.0
+    b.llm_step(t, q_len=32, cpu_per_op=cpu_per_op, kernel_us=kernel_us, annotation="tokentrace/prefill")
+    t = b.events[-1]["ts"] + b.events[-1]["dur"] + GAP
+    for k in range(steps):
+        r = b.llm_step(t, q_len=1, kv_len=33 + k, cpu_per_op=cpu_per_op, kernel_us=kernel_us,
+                       annotation=f"tokentrace/decode_step[{k}]")
+        t = r["host_end"] + GAP
+    return phases.run(b.load(tmp_path), None)
+
+
+def test_cpu_slower_than_gpu_is_cpu_bound(tmp_path):
+    # The host needs 20 us per op, each kernel runs 3 us: the GPU waits for every launch.
+    res = decode_loop(tmp_path, cpu_per_op=20.0, kernel_us=3.0)
+    bound = res.to_json()["decode"]["bound"]
+    assert bound["verdict"] == "cpu-bound"
+    assert bound["cpu_share"] > 0.9
+    assert set(res.decode["bound"].dropna()) == {"cpu-bound"}
+    assert [f.id for f in res.findings] == ["decode_cpu_bound"]
+
+
+def test_gpu_slower_than_cpu_is_gpu_bound(tmp_path):
+    # The host launches every 2 us, each kernel runs 30 us: launches queue up ahead of the GPU.
+    res = decode_loop(tmp_path, cpu_per_op=2.0, kernel_us=30.0)
+    bound = res.to_json()["decode"]["bound"]
+    assert bound["verdict"] == "gpu-bound"
+    assert bound["gpu_share"] > 0.9
+    assert res.findings == []
+
+
+def test_prefill_only_has_no_decode(tmp_path):
+    b = TraceBuilder()
+    r = b.llm_step(10.0, q_len=100, annotation="tokentrace/prefill")
+    res = phases.run(b.load(tmp_path), None)
+    j = res.to_json()
+    assert len(j["prefill"]) == 1 and j["decode"] is None and j["tpot_us"] is None
+    assert j["ttft_us"] == pytest.approx(r["token_ready"] - r["start"], abs=1e-3)
+    assert res.summary_lines()[1] == "TPOT  no decode steps in this trace"
+
+
+def test_single_decode_step_is_timed_from_its_own_start(tmp_path):
+    b = TraceBuilder()
+    r = b.llm_step(10.0, q_len=1, kv_len=200, batch=8)
+    res = phases.run(b.load(tmp_path), None)
+    j = res.to_json()
+    assert j["method"] == "inferred" and j["prefill"] == []
+    d = j["decode"]
+    assert d["steps"] == 1 and d["tpot_intervals"] == 0 and d["tpot_slope_us_per_token"] is None
+    assert d["per_step"][0]["batch"] == 8 and d["per_step"][0]["kv_len"] == 200
+    assert d["tpot_us"]["p50"] == pytest.approx(r["token_ready"] - r["start"], abs=1e-3)
+    assert any("no earlier token" in n for n in j["notes"])
+
+
+def test_cpu_only_capture_uses_annotation_end(tmp_path):
+    # A CPU capture has no GPU rows: the token is ready when the step's annotation ends.
+    b = TraceBuilder(gpu_name=None)
+    b.annotation("tokentrace/tokenize", 0.0, 40.0)
+    b.annotation("tokentrace/prefill", 50.0, 500.0)
+    b.cpu_op("aten::embedding", 52.0, 10.0, input_dims=[[1000, 64], [1, 7], [], [], []])
+    for k in range(3):
+        b.annotation(f"tokentrace/decode_step[{k}]", 600.0 + 100 * k, 80.0 + 5 * k)
+        b.cpu_op("aten::embedding", 601.0 + 100 * k, 10.0, input_dims=[[1000, 64], [1, 1], [], [], []])
+    res = phases.run(b.load(tmp_path), None)
+    j = res.to_json()
+    assert j["method"] == "annotations" and j["tokenize_us"] == 40.0
+    assert j["segments"] == {"decode": 3, "prefill": 1, "other": 1}
+    assert j["prefill"][0]["ttft_us"] == pytest.approx(550.0 - 52.0)
+    assert j["prefill"][0]["prompt_len"] == 7
+    per = j["decode"]["per_step"]
+    assert [p["tpot_us"] for p in per] == pytest.approx([680.0 - 550.0, 785.0 - 680.0, 890.0 - 785.0])
+    assert {p["token_source"] for p in per} == {"host_end"}
+    assert j["decode"]["bound"] is None  # nothing on a GPU to weigh the host against
+
+
+def test_training_steps_are_not_phases(tmp_path):
+    b = TraceBuilder()
+    for i, t in enumerate((0.0, 1000.0)):
+        b.annotation(f"ProfilerStep#{i}", t, 900.0)
+        b.cpu_op("aten::embedding", t + 10, 5.0, input_dims=[[1000, 64], [4, 128], [], [], []])
+        b.launch("indexSelect", t + 11, t + 15, 5.0)
+        b.cpu_op("autograd::engine::evaluate_function: EmbeddingBackward0", t + 400, 20.0)
+        b.launch("embedding_backward", t + 401, t + 405, 50.0)
+    res = phases.run(b.load(tmp_path), None)
+    j = res.to_json()
+    assert j["method"] == "profiler_steps"
+    assert j["prefill"] == [] and j["decode"] is None and j["ttft_us"] is None
+    assert j["other_steps"]["count"] == 2
+    assert list(res.segments.table["phase"]) == ["step", "step"]
+
+
+def test_profiler_step_holding_generate_is_split_into_forwards(tmp_path):
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#2", 0.0, 5000.0)
+    t = 10.0
+    for q, kv in ((20, 20), (1, 21), (1, 22)):
+        r = b.llm_step(t, q_len=q, kv_len=kv)
+        t = r["host_end"] + 5.0
+    res = phases.run(b.load(tmp_path), None)
+    assert res.method == "inferred"
+    assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode"]
+    # The last forward ends with its own host work, not with the profiler step.
+    assert res.segments.table["end"].iloc[-1] == int(r["host_end"] * 1000)
+
+
+def test_mid_forward_readback_is_not_the_token(tmp_path):
+    # A DtoH copy in the middle of a forward (a mask read back) is followed by more kernels: the
+    # token is ready when the last kernel ends, not when that copy does.
+    b = TraceBuilder()
+    b.annotation("tokentrace/prefill", 0.0, 100.0)
+    b.cpu_op("aten::embedding", 1.0, 5.0, input_dims=[[1000, 64], [1, 9], [], [], []])
+    b.launch("k0", 1.0, 3.0, 5.0)
+    b.memcpy("DtoH (Device -> Pinned)", 10.0, 12.0, 1.0)
+    b.runtime("cudaStreamSynchronize", 11.0, 3.0)
+    b.launch("k1", 20.0, 22.0, 100.0)
+    res = phases.run(b.load(tmp_path), None)
+    p = res.to_json()["prefill"][0]
+    assert p["token_source"] == "gpu_end"
+    assert p["ttft_us"] == pytest.approx(122.0 - 1.0)
+
+
+def test_segments_locate_gpu_work_by_launch(tmp_path):
+    b, _ = build_generation(True)
+    trace = b.load(tmp_path)
+    res = phases.run(trace, None)
+    k = trace.kernels
+    seg = res.segments.locate_rows(trace, k.index)
+    assert (seg >= 0).all()
+    # Every segment owns exactly its 8 kernels, even those running after its host range ended.
+    assert np.bincount(seg).tolist() == [N_KERNELS] * len(res.segments)
+
+
+def test_empty_trace_reports_absent(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::add", 0.0, 5.0)
+    res = phases.run(b.load(tmp_path), None)
+    j = res.to_json()
+    assert j["method"] == "none" and j["prefill"] == [] and j["decode"] is None and j["other_steps"] is None
+    assert res.segments.table.empty and list(res.segments.table.columns)[:6] == ["seg", "phase", "index", "name", "start", "end"]
+
+
+# ---- real traces ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", real_trace_params())
+def test_real_traces_analyse(path):
+    res = phases.run(tokentrace.load(path), None)
+    j = res.to_json()
+    assert j["method"] in ("annotations", "framework_markers", "profiler_steps", "inferred", "none")
+    assert len(res.summary_lines()) == 2
+    for p in j["prefill"]:
+        assert p["ttft_us"] > 0
+    if j["decode"]:
+        assert j["decode"]["tpot_us"]["p50"] > 0
+
+
+def test_h100_forward_is_a_prefill():
+    res = phases.run(tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz")), None)
+    j = res.to_json()
+    assert j["method"] == "profiler_steps" and j["decode"] is None
+    (p,) = j["prefill"]
+    assert (p["name"], p["prompt_len"], p["batch"]) == ("ProfilerStep#6", 559, 16)
+    # The early DtoH copy is a mid-forward read-back; the token is ready at the last kernel's end.
+    assert p["token_source"] == "gpu_end"
+    assert 30_000 < p["ttft_us"] < 60_000 and p["kernels"] > 1000
+
+
+def test_mi300x_sglang_is_one_decode_step():
+    res = phases.run(tokentrace.load(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz")), None)
+    j = res.to_json()
+    assert j["method"] == "framework_markers" and j["prefill"] == []
+    assert j["decode"]["steps"] == 1
+    step = j["decode"]["per_step"][0]
+    assert step["name"] == "step[DECODE bs=32]" and step["batch"] == 32
+    assert step["kernels"] > 500  # the graph replay's kernels belong to the step that launched it
+
+
+def test_training_traces_have_no_phases():
+    for name in ("v100_resnet50_train_2021_legacy.pt.trace.json.gz", "mi250_rocm_toy_train.json.gz"):
+        j = phases.run(tokentrace.load(shared_trace(name)), None).to_json()
+        assert j["prefill"] == [] and j["decode"] is None and j["other_steps"]["count"] >= 2
+
+
+# ---- captures from the capture module ------------------------------------------------------------
+
+# Trace-read times vs the capture's own perf_counter timings of the same (profiled) run. They
+# differ by what lies between the annotation's edges and the timer's (record_function enter/exit
+# under the profiler, tens of microseconds) and, for TPOT, by the host gap between steps; 5% or
+# 1 ms, whichever is larger, also absorbs scheduling noise on a busy 2-core machine.
+CAPTURE_REL_TOL = 0.05
+CAPTURE_ABS_TOL_US = 1000.0
+
+
+@pytest.fixture(scope="module")
+def tiny_capture(tmp_path_factory):
+    tc = pytest.importorskip("tokentrace.capture")
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("cap") / "run"
+    result = tc.capture(preset="tiny-llama", prompt_lens=[16], batches=[1], max_new_tokens=5, out_dir=out, device="cpu",
+                        warmup=1, traces=("combined",), progress=False)
+    return tokentrace.load(result.runs[0].traces["combined"])
+
+
+def _close(measured: float, reference: float) -> bool:
+    return abs(measured - reference) <= max(CAPTURE_REL_TOL * reference, CAPTURE_ABS_TOL_US)
+
+
+def test_capture_timings_agree_with_the_trace(tiny_capture):
+    trace = tiny_capture
+    timings = trace.capture.get("timings_profiled") or trace.capture["timings"]
+    res = phases.run(trace, None)
+    j = res.to_json()
+    assert j["method"] == "annotations"
+    assert j["prefill"][0]["prompt_len"] == 16 and j["prefill"][0]["batch"] == 1
+    assert _close(j["ttft_us"], timings["ttft_us"]), (j["ttft_us"], timings["ttft_us"])
+    steps = res.decode["step_us"].tolist()
+    assert len(steps) == len(timings["decode_step_us"]) == 4
+    for got, ref in zip(steps, timings["decode_step_us"]):
+        assert _close(got, ref), (got, ref)
+    ref_mean = float(np.mean(timings["decode_step_us"]))
+    assert _close(j["tpot_us"]["mean"], ref_mean), (j["tpot_us"]["mean"], ref_mean)
+    assert res.decode["kv_len"].tolist() == [17, 18, 19, 20]
