@@ -30,7 +30,7 @@ import pandas as pd
 from tokentrace.analyze.findings import Finding, severity_for
 from tokentrace.analyze.scaling import power_law
 from tokentrace.analyze.segments import Segments
-from tokentrace.analyze.shapes import US, climb_to, outermost, phase_labels, segments_of
+from tokentrace.analyze.shapes import US, climb_to, outermost, phase_labels, segments_of, value_codes
 from tokentrace.analyze.trace import Trace
 
 # ---- vocabulary ------------------------------------------------------------------------------
@@ -99,6 +99,9 @@ DTYPE_NAMES: dict[str, str] = {
 # A prefill exponent at or above this is "quadratic" growth: between linear (memory-bound or
 # launch-bound kernels) and the S^2 of materialised scores, closer to the latter.
 QUADRATIC_EXPONENT = 1.6
+# ... and only when the fit says so with confidence: the exponent minus this many standard errors
+# is still above linear (a fit over a narrow range of lengths says little either way).
+QUADRATIC_CONFIDENCE_SIGMAS = 2.0
 # When the GPU's peaks are unknown, an unfused path is assumed to take at least 2x a fused kernel's
 # time: the low end of the 2-4x FlashAttention-2 (Dao, 2023, fig. 4) reports over PyTorch eager.
 UNFUSED_SPEEDUP_FLOOR = 2.0
@@ -247,35 +250,39 @@ def _op_calls(trace: Trace, kclass: np.ndarray) -> tuple[pd.DataFrame, np.ndarra
     call_of_row = np.full(n, -1, dtype=np.int64)
     call_of_row[att_rows] = call_idx
 
-    # Backend named by the ops: the innermost op that names one (it is the one that ran).
-    op_backend = np.full(n_calls, None, dtype=object)
-    spec_backend = np.array([s[0] for _, s in _OPS_RE], dtype=object)
-    named = att_rows[spec_backend[spec[att_rows]] != None]  # noqa: E711 - elementwise on object array
-    for r in named[np.argsort(ev["ts"].to_numpy()[named], kind="stable")]:
-        op_backend[call_of_row[r]] = spec_backend[spec[r]]
-
-    # Shapes: the outermost op whose dims parse (outer first: rows in start order, longer first).
-    dims = ev["input_dims"].to_numpy()
-    types = ev["input_type"].to_numpy()
-    concrete = ev["concrete_inputs"].to_numpy()
-    shape_cols: dict[str, list] = {k: [None] * n_calls for k in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")}
-    done = np.zeros(n_calls, dtype=bool)
+    # Rows of each call, outer first (start order, longer first): the backend comes from the
+    # innermost op that names one (the variant that ran), the shapes from the outermost op whose
+    # dims parse, causality from the first op that records it.
     order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
-    for r in order:
-        c = call_of_row[r]
-        _, layout, causal_at = _OPS_RE[spec[r]][1]
-        if done[c]:
-            if shape_cols["causal"][c] is None:
-                shape_cols["causal"][c] = _causal(concrete[r], causal_at)
-            continue
-        got = parse_shapes(dims[r], layout)
-        if got["q_len"] is None:
-            continue
-        done[c] = True
-        for k, v in got.items():
+    spec_o = spec[order]
+    table = [s for _, s in _OPS_RE]
+    op_backend_o = np.array([table[i][0] for i in spec_o], dtype=object)
+    per_row = pd.DataFrame({"call": call_of_row[order], "row": order, "backend": op_backend_o})
+    named = per_row[per_row["backend"].notna()].drop_duplicates("call", keep="last")
+    op_backend = np.full(n_calls, None, dtype=object)
+    op_backend[named["call"].to_numpy()] = named["backend"].to_numpy()
+
+    dims = ev["input_dims"].to_numpy()
+    codes = value_codes(dims[order])
+    parsed: dict[tuple[int, int], dict[str, int | None]] = {}
+    for code, sp, r in zip(codes, spec_o, order):  # once per distinct (shapes, op kind)
+        key = (int(code), int(sp))
+        if key not in parsed:
+            parsed[key] = parse_shapes(dims[r], table[sp][1])
+    shapes_o = [parsed[(int(c), int(sp))] for c, sp in zip(codes, spec_o)]
+    per_row["ok"] = [p["q_len"] is not None for p in shapes_o]
+    per_row["i"] = np.arange(len(order))
+    concrete = ev["concrete_inputs"].to_numpy()
+    per_row["causal"] = [_causal(concrete[r], table[sp][2]) for r, sp in zip(order, spec_o)]
+    shape_cols: dict[str, list] = {k: [None] * n_calls for k in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")}
+    types = ev["input_type"].to_numpy()
+    for c, i, r in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i", "row"]].itertuples(index=False):
+        for k, v in shapes_o[i].items():
             shape_cols[k][c] = v
         shape_cols["dtype"][c] = _dtype(types[r])
-        shape_cols["causal"][c] = _causal(concrete[r], causal_at)
+    causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
+    for c, v in zip(causal["call"], causal["causal"]):
+        shape_cols["causal"][c] = bool(v)
 
     g_op = gpu["op"].to_numpy()
     nearest = climb_to(parent, g_op, is_att)
@@ -324,25 +331,33 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, taken: np.ndarray) -> pd.Dat
     })
 
 
-def _attention_modules(trace: Trace) -> pd.DataFrame:
-    """python_function ranges of attention modules: pid, tid, ts, end, module name."""
+def _modules_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Name of the innermost attention module (python_function) around each (thread, time); None outside."""
+    from tokentrace.analyze.links import innermost_containing, nest_parents
+
+    out = np.full(len(ts), None, dtype=object)
     py = trace.python
-    if py.empty:
-        return pd.DataFrame(columns=["pid", "tid", "ts", "end", "module"])
-    cats = py["name"].astype(str)
-    hit = cats.str.extract(ATTENTION_MODULE_RE)
-    mod = hit[0].fillna(hit[1])
-    keep = mod.notna().to_numpy()
-    sel = py[keep]
-    return pd.DataFrame({"pid": sel["pid"].to_numpy(), "tid": sel["tid"].to_numpy(), "ts": sel["ts"].to_numpy(),
-                         "end": sel["end"].to_numpy(), "module": mod[keep].to_numpy()})
-
-
-def _module_at(mods: pd.DataFrame, pid: int, tid: int, ts: int) -> str | None:
-    m = mods[(mods["pid"] == pid) & (mods["tid"] == tid) & (mods["ts"] <= ts) & (mods["end"] > ts)]
-    if m.empty:
-        return None
-    return str(m.sort_values("ts").iloc[-1]["module"])  # innermost: the latest to start
+    if py.empty or not len(ts):
+        return out
+    # The regex runs once per distinct function name, not per event.
+    cats = py["name"].array.categories
+    label = np.array([(lambda m: (m.group(1) or m.group(2)) if m else None)(ATTENTION_MODULE_RE.search(str(c))) for c in cats]
+                     + [None], dtype=object)
+    codes = np.asarray(py["name"].array.codes, dtype=np.int64)
+    mod = label[np.where(codes >= 0, codes, len(cats))]
+    keep = mod != None  # noqa: E711
+    if not keep.any():
+        return out
+    m_pid, m_tid = py["pid"].to_numpy()[keep], py["tid"].to_numpy()[keep]
+    m_ts, m_end, m_name = py["ts"].to_numpy()[keep], py["end"].to_numpy()[keep], mod[keep]
+    for (p, t), qi in pd.Series(np.arange(len(ts))).groupby([pid, tid]).indices.items():
+        sel = np.flatnonzero((m_pid == p) & (m_tid == t))
+        if not len(sel):
+            continue
+        sel = sel[np.lexsort((-m_end[sel], m_ts[sel]))]
+        hit = innermost_containing(m_ts[sel], m_end[sel], nest_parents(m_ts[sel], m_end[sel]), ts[qi])
+        out[qi] = np.where(hit >= 0, m_name[sel][np.maximum(hit, 0)], None)
+    return out
 
 
 def _stack_module(stack: Any) -> str | None:
@@ -378,7 +393,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
 
 
-def _eager_calls(trace: Trace, is_att: np.ndarray) -> pd.DataFrame:
+def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame:
     """matmul -> softmax -> matmul on one thread, outside any attention op."""
     ev = trace.events
     ops = trace.cpu_ops
@@ -411,14 +426,14 @@ def _eager_calls(trace: Trace, is_att: np.ndarray) -> pd.DataFrame:
     dims = ev["input_dims"].to_numpy()
     types = ev["input_type"].to_numpy()
     stacks = ev["stack"].to_numpy()
-    mods = _attention_modules(trace)
+    ts_all, end_all = ev["ts"].to_numpy(), ev["end"].to_numpy()
+    modules = _modules_at(trace, pid[trip], tid[trip], ts_all[rows[trip + 1]])
     recs = []
     used_until = -1
-    for i in trip:
+    for i, module in zip(trip, modules):  # once per candidate triple, not per event
         if i <= used_until:
             continue
         r1, rs, r2 = rows[i], rows[i + 1], rows[i + 2]
-        module = _module_at(mods, int(pid[i]), int(tid[i]), int(ev["ts"].to_numpy()[rs])) if len(mods) else None
         module = module or _stack_module(stacks[rs])
         shp = _eager_shapes(dims[r1], dims[rs], dims[r2])
         if shp is None and module is None:
@@ -426,47 +441,37 @@ def _eager_calls(trace: Trace, is_att: np.ndarray) -> pd.DataFrame:
         shp = shp or {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
         used_until = i + 2
         recs.append({"source": "eager", "op": f"{nm[i]} -> {nm[i + 1]} -> {nm[i + 2]}", "backend": EAGER, "module": module,
-                     **shp, "dtype": _dtype(types[r1]), "causal": None, "ts": int(ev["ts"].to_numpy()[r1]),
-                     "end": int(ev["end"].to_numpy()[r2]), "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
+                     **shp, "dtype": _dtype(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
+                     "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
     if not recs:
         return _empty_calls()
     calls = pd.DataFrame(recs)
-    _eager_gpu(trace, calls)
+    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.gpu, len(calls), kclass)
+    calls["gpu_us"] = per["gpu_ns"] / US
+    calls["gpu_kernels"] = per["count"]
+    calls["kernel"] = per["top"]
+    calls["cpu_us"] = (calls["end"] - calls["ts"]) / US
     return calls.drop(columns=["pid", "tid"])
 
 
-def _eager_gpu(trace: Trace, calls: pd.DataFrame) -> None:
-    """GPU time of the kernels launched on the call's thread between its first matmul and last one."""
+def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
+    """Per GPU row, the eager call (index into calls) whose thread launched it between the call's
+    first matmul and its last one's end; -1 for none. Calls on one thread do not overlap."""
     ev = trace.events
     gpu = trace.gpu
+    out = np.full(len(gpu), -1, dtype=np.int64)
     launch = gpu["launch"].to_numpy()
-    ok = launch >= 0
-    l_rows = launch[ok]
-    lp, lt, lts = ev["pid"].to_numpy()[l_rows], ev["tid"].to_numpy()[l_rows], ev["ts"].to_numpy()[l_rows]
-    dur = gpu["dur"].to_numpy()[ok].astype(float)
-    names = gpu["name"].to_numpy(dtype=object)[ok]
-    gpu_us = np.zeros(len(calls))
-    count = np.zeros(len(calls), dtype=np.int64)
-    top: list[str | None] = [None] * len(calls)
-    cpid, ctid = calls["pid"].to_numpy(), calls["tid"].to_numpy()
+    ok = np.flatnonzero(launch >= 0)
+    lr = launch[ok]
+    lp, lt, lts = ev["pid"].to_numpy()[lr], ev["tid"].to_numpy()[lr], ev["ts"].to_numpy()[lr]
+    c_ts, c_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
     for (p, t), idx in calls.groupby(["pid", "tid"]).indices.items():
+        idx = idx[np.argsort(c_ts[idx], kind="stable")]
         sel = np.flatnonzero((lp == p) & (lt == t))
-        o = sel[np.argsort(lts[sel], kind="stable")]
-        ts_sorted = lts[o]
-        cs = np.r_[0.0, np.cumsum(dur[o])]
-        lo = np.searchsorted(ts_sorted, calls["ts"].to_numpy()[idx], side="left")
-        hi = np.searchsorted(ts_sorted, calls["end"].to_numpy()[idx], side="left")
-        gpu_us[idx] = (cs[hi] - cs[lo]) / US
-        count[idx] = hi - lo
-        for j, a, b in zip(idx, lo, hi):
-            if b > a:
-                s = pd.Series(dur[o[a:b]]).groupby(names[o[a:b]]).sum()
-                top[j] = str(s.idxmax())
-    del cpid, ctid
-    calls["gpu_us"] = gpu_us
-    calls["gpu_kernels"] = count
-    calls["kernel"] = top
-    calls["cpu_us"] = (calls["end"] - calls["ts"]) / US
+        j = np.searchsorted(c_ts[idx], lts[sel], side="right") - 1
+        inside = (j >= 0) & (lts[sel] < c_end[idx][np.maximum(j, 0)])
+        out[ok[sel[inside]]] = idx[j[inside]]
+    return out
 
 
 def find_calls(trace: Trace, segments: Segments | None = None) -> pd.DataFrame:
@@ -479,7 +484,7 @@ def find_calls(trace: Trace, segments: Segments | None = None) -> pd.DataFrame:
         kb = np.array([s[0] for _, s in _KERNELS_RE], dtype=object)
         kclass = np.where(kidx >= 0, kb[np.maximum(kidx, 0)], None)
     op_calls, is_att, call_of_gpu = _op_calls(trace, kclass)
-    parts = [op_calls, _kernel_calls(trace, kclass, call_of_gpu >= 0), _eager_calls(trace, is_att)]
+    parts = [op_calls, _kernel_calls(trace, kclass, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
     parts = [p for p in parts if len(p)]
     if not parts:
         return _empty_calls()
@@ -490,7 +495,8 @@ def find_calls(trace: Trace, segments: Segments | None = None) -> pd.DataFrame:
     q = pd.to_numeric(calls["q_len"], errors="coerce").to_numpy(float)
     by_len = np.where(q > 1, "prefill", np.where(q == 1, "decode", None))
     from_seg = np.isin(seg_phase, ("prefill", "decode"))
-    calls["phase"] = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
+    phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
+    calls["phase"] = [str(p) for p in phase]
     calls["seg"] = seg
     calls["causal"] = pd.Series([v if v is None else bool(v) for v in calls["causal"].astype(object).where(calls["causal"].notna(), None)],
                                 dtype=object)
@@ -514,25 +520,32 @@ def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
 FIT_KEYS = ["op", "backend", "batch", "heads", "kv_heads", "head_dim"]
 
 
-def fit_calls(calls: pd.DataFrame) -> list[dict[str, Any]]:
-    """Power-law fits: prefill time per call vs query length, decode vs KV length."""
+def time_column(trace: Trace) -> str:
+    """The time a call costs: its GPU time, or its host time in a trace without GPU activity (a CPU
+    run, where the op's duration is the work)."""
+    return "gpu_us" if len(trace.gpu) else "cpu_us"
+
+
+def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, Any]]:
+    """Power-law fits: time per call vs query length (prefill) and vs KV length (decode)."""
     fits: list[dict[str, Any]] = []
     if calls.empty:
         return fits
     for phase, xcol in (("prefill", "q_len"), ("decode", "kv_len")):
-        sub = calls[(calls["phase"] == phase) & calls[xcol].notna() & (calls["gpu_us"] > 0)]
+        sub = calls[(calls["phase"] == phase) & calls[xcol].notna() & (calls[time_col] > 0)]
         if phase == "prefill":
             sub = sub[sub["q_len"] > 1]
         if sub.empty:
             continue
         for key, g in sub.groupby(FIT_KEYS, dropna=False, sort=True):
-            fit = power_law(g[xcol].to_numpy(float), g["gpu_us"].to_numpy(float))
+            fit = power_law(g[xcol].to_numpy(float), g[time_col].to_numpy(float))
             if fit is None:
                 continue
             labels = dict(zip(FIT_KEYS, key))
             shape = {k: (None if pd.isna(labels[k]) else int(labels[k])) for k in ("batch", "heads", "kv_heads", "head_dim")}
             fits.append(fit.record(phase=phase, op=labels["op"], backend=labels["backend"], x=xcol, shape=shape,
-                                   calls=int(len(g)), gpu_total_us=round(float(g["gpu_us"].sum()), 3)))
+                                   time=time_col.removesuffix("_us"), calls=int(len(g)),
+                                   total_us=round(float(g[time_col].sum()), 3)))
     return fits
 
 
@@ -556,8 +569,8 @@ def _fused_estimate_us(calls: pd.DataFrame, spec: Any) -> float | None:
     return total
 
 
-def _savings(calls: pd.DataFrame, spec: Any) -> tuple[float, str]:
-    cost = float(calls["gpu_us"].sum())
+def _savings(calls: pd.DataFrame, spec: Any, time_col: str) -> tuple[float, str]:
+    cost = float(calls[time_col].sum())
     est = _fused_estimate_us(calls, spec)
     if est is None:
         return cost * (1 - 1 / UNFUSED_SPEEDUP_FLOOR), f"assuming a fused kernel is at least {UNFUSED_SPEEDUP_FLOOR:g}x faster"
@@ -571,7 +584,7 @@ def _evidence(groups: pd.DataFrame, n: int = 5) -> list[dict[str, Any]]:
     return records(groups[cols].head(n))
 
 
-def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spec: Any) -> list[Finding]:
+def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spec: Any, time_col: str) -> list[Finding]:
     out: list[Finding] = []
     if calls.empty:
         return out
@@ -590,33 +603,37 @@ def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spe
         sel = calls[calls["backend"] == backend]
         if sel.empty:
             continue
-        cost = float(sel["gpu_us"].sum())
-        save, how = _savings(sel, spec)
+        cost = float(sel[time_col].sum())
+        save, how = _savings(sel, spec, time_col)
+        phases = sel["phase"].unique()
         out.append(Finding(
             id=fid, title=f"{len(sel)} attention calls: {what}", category="attention", recommendation=rec,
+            phase=str(phases[0]) if len(phases) == 1 else None,
             cost_total_us=cost, cost_per_step_us=cost / steps if steps else None, est_savings_us=min(save, cost),
             severity=severity_for(cost, span_us), op=str(sel["op"].iloc[0]),
             time_range_us=((float(sel["ts"].min()) - t0) / US, (float(sel["end"].max()) - t0) / US),
-            detail=f"{cost:.0f} us of GPU time in {len(sel)} calls; {how}.", evidence=_evidence(group_calls(sel)),
+            detail=f"{cost:.0f} us of {time_col[:3].upper()} time in {len(sel)} calls; {how}.", evidence=_evidence(group_calls(sel)),
         ))
     for f in fits:
         if f["phase"] != "prefill" or f["exponent"] < QUADRATIC_EXPONENT or f["backend"] not in UNFUSED_BACKENDS + (UNKNOWN,):
             continue
+        if f["exponent_stderr"] is None or f["exponent"] - QUADRATIC_CONFIDENCE_SIGMAS * f["exponent_stderr"] <= 1.0:
+            continue
         sel = calls[(calls["phase"] == "prefill") & (calls["op"] == f["op"]) & (calls["backend"] == f["backend"])]
-        cost = float(sel["gpu_us"].sum())
-        save, how = _savings(sel, spec)
+        cost = float(sel[time_col].sum())
+        save, how = _savings(sel, spec, time_col)
         err = f" +/- {f['exponent_stderr']:.2f}" if f["exponent_stderr"] is not None else ""
         out.append(Finding(
             id="attention_quadratic_prefill",
             title=f"Prefill attention time grows as S^{f['exponent']:.2f} on the {f['backend']} path",
             category="attention", phase="prefill", op=f["op"], cost_total_us=cost, est_savings_us=min(save, cost),
             severity=severity_for(cost, span_us),
-            detail=(f"GPU time per call vs query length fits exponent {f['exponent']:.2f}{err} over "
+            detail=(f"{time_col[:3].upper()} time per call vs query length fits exponent {f['exponent']:.2f}{err} over "
                     f"{len(f['points'])} lengths ({f['points'][0][0]}..{f['points'][-1][0]}); a fused (flash) kernel "
                     f"keeps the S x S scores out of GPU memory; {how}."),
             recommendation="Run a flash kernel for prefill (SDPA with flash eligible, or flash_attention_2); "
                            "its memory traffic grows linearly with S, so long prompts stop paying S^2 bytes.",
-            evidence=[{"x": p[0], "gpu_us": p[1]} for p in f["points"][:10]],
+            evidence=[{"x": p[0], time_col: p[1]} for p in f["points"][:10]],
         ))
     return out
 
@@ -664,10 +681,11 @@ def run(trace: Trace, ctx: Any = None) -> Attention:
 
     calls = find_calls(trace, segments_of(ctx))
     groups = group_calls(calls)
-    fits = fit_calls(calls)
+    time_col = time_column(trace)
+    fits = fit_calls(calls, time_col)
     name, spec = spec_for_trace(trace)
     res = Attention(calls=calls, groups=groups, fits=fits, gpu=name)
-    res.findings = _findings(trace, calls, fits, spec)
+    res.findings = _findings(trace, calls, fits, spec, time_col)
     return res
 
 

@@ -91,7 +91,7 @@ def _kv_cat_shape(dims: Any) -> tuple[int, int, int, tuple] | None:
 
 def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
     """aten::cat calls that append to a cache tensor whose length grows across calls."""
-    cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us"]
+    cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us", "cpu_us"]
     ops = trace.cpu_ops
     if ops.empty:
         return pd.DataFrame(columns=cols)
@@ -111,6 +111,7 @@ def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
                        "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
                        "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
     df["gpu_us"] = attribution(trace, ctx).total_ns[rows] / US
+    df["cpu_us"] = trace.events["dur"].to_numpy()[rows] / US
     # A cache grows: the same tensor shape (but its length) appended to at several, increasing lengths.
     growing = df.groupby("key")["cache_len"].agg(lambda s: s.nunique() >= MIN_GROWTH_STEPS and s.is_monotonic_increasing)
     return df[df["key"].map(growing)].reset_index(drop=True)[cols]
@@ -232,11 +233,14 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
 
 
 def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.DataFrame, pattern: dict[str, Any]) -> Finding:
-    cost = float(kv["gpu_us"].sum()) if len(kv) else float(pattern.get("cat_gpu_us") or 0.0)
+    from tokentrace.analyze.attention import time_column
+
+    time_col = time_column(trace)  # host time of the cat ops in a CPU-only trace
+    cost = float(kv[time_col].sum()) if len(kv) else float(pattern.get("cat_gpu_us") or 0.0)
     if len(kv):
         # A static cache writes only the appended slice: the copy of the old cache_len is what goes.
         frac = kv["cache_len"].to_numpy(float) / (kv["cache_len"] + kv["new_len"]).to_numpy(float)
-        save = float((kv["gpu_us"].to_numpy(float) * frac).sum())
+        save = float((kv[time_col].to_numpy(float) * frac).sum())
     else:
         vol = steps["cat_alloc_bytes"].to_numpy(float)
         slope = pattern.get("cat_alloc_slope_bytes_per_step") or 0.0
@@ -247,7 +251,7 @@ def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.Data
         copied = int(steps["cat_alloc_bytes"].iloc[-1]) if len(steps) else None
     detail = (f"{len(kv) if len(kv) else 'aten::cat'} cache-appending cat calls"
               + (f", cache length {int(kv['cache_len'].min())} -> {int(kv['cache_len'].max())}" if len(kv) else "")
-              + f"; {cost:.0f} us of GPU time copying the cache"
+              + f"; {cost:.0f} us of {time_col[:3].upper()} time copying the cache"
               + (f"; the last step allocated {copied / 2**20:.1f} MiB inside cat" if copied else "")
               + (f"; allocation inside cat grows {pattern['cat_alloc_slope_bytes_per_step'] / 2**10:.1f} KiB per step "
                  f"(r = {pattern['cat_alloc_r']:.2f})" if pattern.get("cat_alloc_r") is not None else "")

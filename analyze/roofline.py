@@ -122,7 +122,7 @@ def gemm_cost(name: str, dims: Any, dtype: str | None) -> tuple[float, float] | 
 
 # ---- the detector --------------------------------------------------------------------------------
 
-TABLE_COLUMNS = ["kind", "name", "input_dims", "dtype", "phase", "calls", "gpu_us", "flops", "bytes", "intensity",
+TABLE_COLUMNS = ["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_us", "flops", "bytes", "intensity",
                  "tflops", "gbs", "peak_tflops", "peak_gbs", "compute_share", "bandwidth_share", "bound"]
 
 
@@ -226,9 +226,10 @@ def _attention_rows(ctx: Any) -> pd.DataFrame:
     def q(v: Any) -> Any:
         return None if pd.isna(v) else int(v)
 
-    g["input_dims"] = [{"batch": q(r.batch), "heads": q(r.heads), "kv_heads": q(r.kv_heads), "q_len": q(r.q_len),
-                        "kv_len": q(r.kv_len), "head_dim": q(r.head_dim), "causal": None if pd.isna(r.causal) else bool(r.causal),
-                        "backend": r.backend} for r in g.itertuples()]
+    # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
+    g["input_dims"] = [[[q(r.batch), q(r.heads), q(r.q_len), q(r.head_dim)], [q(r.batch), q(r.kv_heads), q(r.kv_len), q(r.head_dim)]]
+                       for r in g.itertuples()]
+    g["detail"] = [f"{r.backend}, causal" if r.causal is True else str(r.backend) for r in g.itertuples()]
     g["gpu_ns"] = g["gpu_us"] * US
     g["name"] = g["op"]
     g["kind"] = "attention"
@@ -239,8 +240,8 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    df = pd.concat([p[["kind", "name", "input_dims", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"]] for p in parts],
-                   ignore_index=True)
+    df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
+                    for p in parts], ignore_index=True)
     df["flops"] = df["flops"] * df["calls"]
     df["bytes"] = df["bytes"] * df["calls"]
     df["gpu_us"] = df["gpu_ns"] / US

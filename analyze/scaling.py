@@ -43,6 +43,8 @@ class PowerFit:
             "coefficient": self.coefficient,
             "r2": None if self.r2 is None else round(self.r2, 4),
             "samples": self.samples,
+            # Largest over smallest x: a power law fitted over a narrow range says little.
+            "x_span": round(self.points[-1][0] / self.points[0][0], 3) if self.points else None,
             "points": [[_num(x), round(y, 3)] for x, y in self.points],
         }
 
@@ -84,7 +86,7 @@ def power_law(x: Iterable[float], y: Iterable[float], *, min_points: int = MIN_F
 class Sweep:
     """Prefill attention cost per trace of a sweep, and its fit against the prompt length."""
 
-    traces: pd.DataFrame  # path, prompt_len, prompt_len_source, batch, op, backend, calls, median_us, total_us
+    traces: pd.DataFrame  # path, prompt_len, prompt_len_source, batch, op, backend, time, calls, median_us, total_us
     fits: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -138,11 +140,12 @@ def _expand(items: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Tra
 
 def sweep_rows(trace: Trace) -> list[dict[str, Any]]:
     """One row per (attention op, backend, batch) of a trace's prefill calls: the x and y of a sweep point."""
-    from tokentrace.analyze.attention import find_calls
+    from tokentrace.analyze.attention import find_calls, time_column
 
     calls = find_calls(trace)
     cap = trace.capture
-    pre = calls[(calls["phase"] == "prefill") & (calls["gpu_us"] > 0)] if not calls.empty else calls
+    time_col = time_column(trace)
+    pre = calls[(calls["phase"] == "prefill") & (calls[time_col] > 0)] if not calls.empty else calls
     if pre.empty:
         return []
     prompt_len = cap.get("prompt_len")
@@ -158,13 +161,14 @@ def sweep_rows(trace: Trace) -> list[dict[str, Any]]:
     rows = []
     for (op, backend), g in pre.groupby(["op", "backend"], sort=True, observed=True):
         rows.append({"path": trace.path, "prompt_len": prompt_len, "prompt_len_source": source, "batch": batch,
-                     "op": op, "backend": backend, "calls": int(len(g)),
-                     "median_us": float(g["gpu_us"].median()), "total_us": float(g["gpu_us"].sum())})
+                     "op": op, "backend": backend, "time": time_col.removesuffix("_us"), "calls": int(len(g)),
+                     "median_us": float(g[time_col].median()), "total_us": float(g[time_col].sum())})
     return rows
 
 
 def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Trace) -> Sweep:
-    """Prefill attention GPU time per call vs prompt length S across traces (one point per trace).
+    """Prefill attention time per call (GPU; host time for CPU-only traces) vs prompt length S
+    across traces (one point per trace).
 
     Accepts Trace objects, trace files, or directories (searched recursively, as `tokentrace
     capture --prompt-lens` writes one folder per run). S is `trace.capture["prompt_len"]`, else
@@ -180,14 +184,14 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
         if not got:
             notes.append(f"{trace.path}: no prefill attention calls with GPU time")
         rows.extend(got)
-    cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "calls", "median_us", "total_us"]
+    cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "time", "calls", "median_us", "total_us"]
     table = pd.DataFrame(rows, columns=cols)
     fits: list[dict[str, Any]] = []
     if not table.empty:
         keyed = table.assign(batch_key=table["batch"].fillna(-1))
-        for (op, backend, batch), g in keyed.groupby(["op", "backend", "batch_key"], sort=True):
+        for (op, backend, batch, time), g in keyed.groupby(["op", "backend", "batch_key", "time"], sort=True):
             fit = power_law(g["prompt_len"].to_numpy(float), g["median_us"].to_numpy(float))
-            label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len",
+            label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len", "time": time,
                      "batch": None if batch == -1 else int(batch), "traces": int(len(g))}
             if fit is None:
                 notes.append(f"{op} ({backend}, batch {label['batch']}): {g['prompt_len'].nunique()} prompt lengths; "

@@ -29,11 +29,11 @@ def scaling_cmd(paths: tuple[str, ...], json_out: str | None) -> None:
     if t.empty:
         click.echo("no prefill attention calls found in the given traces")
     else:
-        click.echo(f"{'prompt_len':>10} {'batch':>6} {'calls':>6} {'median us':>10}  op (backend)  trace")
+        click.echo(f"{'prompt_len':>10} {'batch':>6} {'calls':>6} {'median us':>10} {'time':>4}  op (backend)  trace")
         for r in t.sort_values(["op", "backend", "prompt_len"]).itertuples():
             batch = "-" if r.batch is None or r.batch != r.batch else int(r.batch)
             plen = "?" if r.prompt_len is None or r.prompt_len != r.prompt_len else f"{r.prompt_len:g}"
-            click.echo(f"{plen:>10} {batch!s:>6} {r.calls:>6} {r.median_us:>10.1f}  {r.op} ({r.backend})  {r.path}")
+            click.echo(f"{plen:>10} {batch!s:>6} {r.calls:>6} {r.median_us:>10.1f} {r.time:>4}  {r.op} ({r.backend})  {r.path}")
     for f in sweep.fits:
         err = "" if f["exponent_stderr"] is None else f" +/- {f['exponent_stderr']:.2f}"
         click.echo(f"fit: {f['op']} ({f['backend']}, batch {f['batch']}): time ~ S^{f['exponent']:.2f}{err} "

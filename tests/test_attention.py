@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from conftest import real_trace_params, shared_trace
+from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -276,6 +276,22 @@ def test_qwen_forward_attention_calls_shapes_and_flash_backend():
     assert set(ops["phase"]) == {"prefill"} and (ops["gpu_us"] > 50).all()
     # Flash kernels whose host side was cut off by the profiler window still count, as kernel-only calls.
     assert set(calls.loc[calls["source"] == "kernel", "backend"]) == {"flash"}
+
+
+def test_sample_cpu_capture_uses_host_time():
+    path = SAMPLE_TRACES / "cpu_tiny_llama" / "tiny-llama_p32_b1" / "combined.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip(f"sample trace {path} is absent")
+    res = attention.run(tokentrace.load(path))
+    calls = res.calls
+    pre, dec = calls[calls["phase"] == "prefill"], calls[calls["phase"] == "decode"]
+    # tiny-llama: 2 layers, 4 heads over 2 KV heads of 16; prompt 32, 8 decode steps.
+    assert len(pre) == 2 and len(dec) == 16
+    assert pre[["batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"]].drop_duplicates().to_numpy().tolist() == [[1, 4, 2, 32, 32, 16]]
+    assert sorted(dec["kv_len"].unique()) == list(range(33, 41))
+    # A CPU run has no GPU time: fits use the ops' host time, and say so.
+    [f] = [f for f in res.fits if f["phase"] == "decode"]
+    assert f["time"] == "cpu" and len(f["points"]) == 8 and f["x_span"] == pytest.approx(40 / 33, abs=1e-3)
 
 
 @pytest.mark.parametrize("path", real_trace_params())

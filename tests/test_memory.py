@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-from conftest import real_trace_params, shared_trace
+from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -162,6 +162,19 @@ def test_qwen_memory_events_read():
     assert s["events"] == 2250 and s["device"]["device_id"] == 0
     assert s["peak_allocated_bytes"] == int(tr.memory["total_allocated"].max())
     assert s["kv_cache"]["reallocating"] is False and res.findings == []  # one forward: no decode, no growing cache
+
+
+def test_sample_capture_dynamic_cache_is_flagged():
+    # Hugging Face's DynamicCache, captured on CPU by this project's capture module.
+    path = SAMPLE_TRACES / "cpu_tiny_llama" / "tiny-llama_p32_b1" / "combined.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip(f"sample trace {path} is absent")
+    res = memory.run(tokentrace.load(path))
+    kv = res.summary["kv_cache"]
+    assert kv["reallocating"] is True and kv["evidence"] == ["cat_shapes"]
+    assert (kv["cache_len_first"], kv["cache_len_last"]) == (32, 39) and kv["kv_cat_calls"] == 8 * 2 * 2
+    [f] = res.findings
+    assert f.id == "kv_cache_realloc" and f.cost_total_us > 0 and "CPU time" in f.detail
 
 
 @pytest.mark.parametrize("path", real_trace_params())

@@ -154,6 +154,7 @@ def test_qwen_roofline_has_gemm_and_flash_attention():
     assert kinds == {"gemm", "attention"}
     att = res.ops[res.ops["kind"] == "attention"].iloc[0]
     # 24 causal calls of 16 x 16 heads x 559 x 559 x 64
+    assert att["input_dims"] == [[16, 16, 559, 64], [16, 16, 559, 64]] and att["detail"] == "flash, causal"
     assert att["calls"] == 24 and att["flops"] == 24 * 4.0 * 16 * 16 * (559 * 559 - 559 * 558 // 2) * 64
     ph = res.phases["prefill"]  # no segments: phase from the attention calls' query length
     assert ph["bound"] in ("compute", "memory") and 0 < ph["compute_share"] < 1 and 0 < ph["bandwidth_share"] < 1
