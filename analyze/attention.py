@@ -188,7 +188,8 @@ def parse_shapes(dims: Any, layout: str | None) -> dict[str, int | None]:
     return out
 
 
-def _dtype(types: Any) -> str | None:
+def dtype_name(types: Any) -> str | None:
+    """Short dtype name (bf16, fp16, fp32, ...) of an op's first input from its Input type list."""
     if isinstance(types, list) and types and isinstance(types[0], str):
         return DTYPE_NAMES.get(types[0])
     return None
@@ -279,7 +280,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray) -> tuple[pd.DataFrame, np.ndarra
     for c, i, r in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i", "row"]].itertuples(index=False):
         for k, v in shapes_o[i].items():
             shape_cols[k][c] = v
-        shape_cols["dtype"][c] = _dtype(types[r])
+        shape_cols["dtype"][c] = dtype_name(types[r])
     causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
     for c, v in zip(causal["call"], causal["causal"]):
         shape_cols["causal"][c] = bool(v)
@@ -441,7 +442,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
         shp = shp or {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
         used_until = i + 2
         recs.append({"source": "eager", "op": f"{nm[i]} -> {nm[i + 1]} -> {nm[i + 2]}", "backend": EAGER, "module": module,
-                     **shp, "dtype": _dtype(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
+                     **shp, "dtype": dtype_name(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
                      "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
     if not recs:
         return _empty_calls()

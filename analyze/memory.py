@@ -22,7 +22,7 @@ import pandas as pd
 from tokentrace.analyze.findings import Finding, severity_for
 from tokentrace.analyze.links import innermost_containing
 from tokentrace.analyze.segments import Segments
-from tokentrace.analyze.shapes import US, attribution, climb_to, dims_text, phase_labels, records, segments_of
+from tokentrace.analyze.shapes import US, attribution, climb_to, phase_labels, records, segments_of, value_codes
 from tokentrace.analyze.trace import Trace
 
 CAT_OPS = ("aten::cat", "aten::_cat", "aten::concat", "aten::concatenate")
@@ -98,10 +98,11 @@ def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
     cats = ops[ops["name"].isin(CAT_OPS).to_numpy()]
     if cats.empty:
         return pd.DataFrame(columns=cols)
-    text = dims_text(cats["input_dims"].to_numpy())
-    first = pd.Series(cats.index.to_numpy(), index=text).groupby(level=0).first()
-    parsed = {t: _kv_cat_shape(trace.events.at[r, "input_dims"]) for t, r in first.items() if t}
-    got = [parsed.get(t) for t in text]
+    codes = value_codes(cats["input_dims"].to_numpy())
+    first = pd.Series(cats.index.to_numpy(), index=codes).groupby(level=0).first()
+    # Parsed once per distinct shape list: a decode step's cats share one or two.
+    parsed = {c: _kv_cat_shape(trace.events.at[r, "input_dims"]) for c, r in first.items() if c >= 0}
+    got = [parsed.get(c) for c in codes]
     keep = np.array([g is not None for g in got], dtype=bool)
     if not keep.any():
         return pd.DataFrame(columns=cols)

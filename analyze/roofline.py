@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analyze.findings import Finding, severity_for
-from tokentrace.analyze.shapes import US, records, attribution, dims_text, outermost, phase_labels, segments_of
+from tokentrace.analyze.shapes import US, attribution, outermost, phase_labels, records, segments_of, value_codes
 from tokentrace.analyze.trace import Trace
 
 # Bytes per element of each dtype name (as analyze.attention.DTYPE_NAMES spells them).
@@ -173,13 +173,11 @@ def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
     if len(segments) == 0:
         inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], ctx)
         phase = inferred if inferred is not None else phase
-    from tokentrace.analyze.attention import DTYPE_NAMES
+    from tokentrace.analyze.attention import dtype_name
 
-    types = ev["input_type"].to_numpy()[rows]
     df = pd.DataFrame({"row": rows, "name": ev["name"].to_numpy(dtype=object)[rows],
-                       "dims_key": dims_text(ev["input_dims"].to_numpy()[rows]),
-                       "dtype": [DTYPE_NAMES.get(t[0] if isinstance(t, list) and t else t, None) if isinstance(t, list) else None
-                                 for t in types],
+                       "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
+                       "dtype": [dtype_name(t) for t in ev["input_type"].to_numpy()[rows]],
                        "phase": phase, "gpu_ns": gpu_ns})
     g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
         first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()
