@@ -25,7 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import LogFormatter, MaxNLocator  # noqa: E402
 
 RC: dict[str, Any] = {
     "svg.fonttype": "none",
@@ -117,8 +117,10 @@ def _log(ax: Any, *axes: str) -> None:
     for name in axes:
         axis = ax.xaxis if name == "x" else ax.yaxis
         (ax.set_xscale if name == "x" else ax.set_yscale)("log")
-        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        axis.set_minor_formatter(NullFormatter())
+        # LogFormatter writes plain text ("20", "1e+04"); minor ticks get labels when the axis spans
+        # under about two decades, so a short range still has numbers on it.
+        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
 
 
 def _finish(fig: Figure, ax: Any, salt: str, xlabel: str, ylabel: str) -> str:
@@ -226,7 +228,7 @@ def attention(series: list[dict[str, Any]], salt: str = "attention") -> str:
             label = _short(s["label"])
             if isinstance(k, (int, float)):
                 err = s.get("stderr")
-                label += f": exponent {k:.2f}" + (f" ± {err:.2f}" if isinstance(err, (int, float)) else "")
+                label += f"\nexponent {k:.2f}" + (f" ± {err:.2f}" if isinstance(err, (int, float)) else "")
             ax.scatter(x, y, s=12, color=c, label=label)
             if isinstance(k, (int, float)) and len(x) > 1:
                 xs = np.geomspace(x.min(), x.max(), 50)
@@ -250,15 +252,20 @@ def roofline(data: dict[str, Any], salt: str = "roofline") -> str:
         ai = np.array([p["intensity"] for p in pts], float)
         tf = np.array([p["tflops"] for p in pts], float)
         phases = [str(p.get("phase") or "other") for p in pts]
+        total = np.array([p.get("group") == "phase" for p in pts])
         for ph in dict.fromkeys(phases):
             m = np.array([q == ph for q in phases])
-            ax.scatter(ai[m], tf[m], s=14, color=PHASE_COLORS.get(ph, "#6b7280"), label=_short(ph))
+            color = PHASE_COLORS.get(ph, "#6b7280")
+            ax.scatter(ai[m & ~total], tf[m & ~total], s=14, color=color, label=_short(ph))
+            # A phase's total (all its ops together) as a larger outlined diamond.
+            ax.scatter(ai[m & total], tf[m & total], s=60, marker="D", color=color, edgecolors="#111827")
         peak_tf, peak_bw = data.get("peak_tflops"), data.get("peak_gbps")
         if peak_tf and peak_bw:
             xs = np.geomspace(min(ai.min(), 0.1), max(ai.max(), 1e4), 200)
             ax.plot(xs, np.minimum(peak_tf, peak_bw * xs / 1000.0), color="#111827", linewidth=1.2, label="roofline")
-        order = np.argsort(-tf)[:5]
-        for i in order:
+        # Name the phase totals and the three fastest op groups; more labels only overlap.
+        ops = np.flatnonzero(~total)
+        for i in [*np.flatnonzero(total), *ops[np.argsort(-tf[ops])][:3]]:
             ax.annotate(_short(pts[i]["label"]), (ai[i], tf[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         _log(ax, "x", "y")
         return _finish(fig, ax, salt, "arithmetic intensity (FLOP/byte)", "achieved TFLOP/s")

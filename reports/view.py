@@ -10,9 +10,9 @@ Keys read (a missing key or section is tolerated and said so in one line):
 - `phases`: method, confidence, ttft_us, prefill[] (ttft_us ...), decode{steps, tpot_us{p50,p90,mean,max}, bound{cpu_share,gpu_share}}
 - `gpu`: busy_us, idle_us, utilization;  `gaps`: count, total_us, by_cause, top[];  `launches`: any scalars
 - `syncs`: count, blocked_us, syncs_per_token | per_token, items[] (kind, api, blocked_us, phase, step, op, stack)
-- `shapes`, `roofline`, `memory`: scalars and lists of records (shown as tables)
+- `shapes` (ops[], kernels[] with phase), `memory`: scalars and lists of records (shown as tables)
 - `attention`: fits[] (phase, op, exponent, exponent_stderr, points, backend, coefficient | intercept)
-- `roofline`: peak_tflops, peak_gbps, items|ops[] (intensity, tflops)
+- `roofline`: phases{phase: intensity, tflops, peak_tflops, peak_gbs, verdict}, ops[] (intensity, tflops, phase)
 - `findings[]`: Finding.to_json()
 DataFrames (optional, for figures): phases.steps, phases.segments.table, gpu busy intervals
 (start/end ns), gaps table (dur or start/end ns), syncs table (ts ns), memory timeline
@@ -513,29 +513,24 @@ def _points(p: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _roofline(s: Section, doc: dict[str, Any], res: Any, trace: Any, t0_ns: int) -> None:
+    """Per-phase totals and per-op groups as points; the roofs from the phase that states its peaks."""
     sec = doc["roofline"]
-    s.facts, s.tables = describe(sec)
-    peak_tf, _ = pick(sec, "peak_tflops", "device.peak_tflops", "peaks.tflops")
-    peak_bw, _ = pick(sec, "peak_gbps", "peak_bandwidth_gbps", "device.peak_gbps", "peaks.gbps")
+    s.facts, s.tables = describe(sec, skip=("peaks",))
+    phases = sec.get("phases") if isinstance(sec.get("phases"), dict) else {}
+    s.facts += [("verdict", str(p["verdict"])) for p in phases.values() if isinstance(p, dict) and p.get("verdict")]
+    peak_tf = peak_bw = None
     pts = []
-    for key in ("items", "ops", "points", "phases", "kernels"):
-        v = sec.get(key)
-        recs = list(v.values()) if isinstance(v, dict) else v
-        names = list(v.keys()) if isinstance(v, dict) else None
-        if not isinstance(recs, list):
-            continue
-        for i, r in enumerate(recs):
-            if not isinstance(r, dict):
-                continue
-            ai, _ = pick(r, "intensity", "arithmetic_intensity", "flops_per_byte")
-            tf, _ = pick(r, "tflops", "achieved_tflops")
+    for group, recs in (("phase", [dict(r, name=f"{k} (all ops)", phase=k) for k, r in phases.items() if isinstance(r, dict)]),
+                        ("op", [r for r in sec.get("ops") or [] if isinstance(r, dict)])):
+        for r in recs:
+            ai, tf = r.get("intensity"), r.get("tflops")
+            if fmt.is_number(r.get("peak_tflops")) and fmt.is_number(r.get("peak_gbs")) and peak_tf is None:
+                peak_tf, peak_bw = float(r["peak_tflops"]), float(r["peak_gbs"])
             if fmt.is_number(ai) and fmt.is_number(tf) and ai > 0 and tf > 0:
-                pts.append({"label": str(r.get("name") or r.get("op") or (names[i] if names else key)),
-                            "phase": r.get("phase") or (names[i] if names and key == "phases" else None),
-                            "intensity": float(ai), "tflops": float(tf), "group": key})
+                pts.append({"label": str(r.get("name") or r.get("kind") or group), "phase": r.get("phase"),
+                            "intensity": float(ai), "tflops": float(tf), "group": group})
     if pts:
-        s.figures["roofline"] = {"points": pts[:MAX_POINTS], "peak_tflops": peak_tf if fmt.is_number(peak_tf) else None,
-                                 "peak_gbps": peak_bw if fmt.is_number(peak_bw) else None}
+        s.figures["roofline"] = {"points": pts[:MAX_POINTS], "peak_tflops": peak_tf, "peak_gbps": peak_bw}
     else:
         s.figure_notes["roofline"] = "No matmul or attention calls with shapes and dtypes to place on a roofline."
 

@@ -2,8 +2,9 @@
 
 Every name that reaches a report (kernel, op, annotation, Python frame, call stack, GPU name,
 capture metadata, file name) is a parameter, so the XSS test can fill them all with markup.
-Times in microseconds; each step launches two kernels with a host gap between them, runs one
-op that syncs (a DtoH copy and a stream synchronisation), and allocates memory.
+Times in microseconds; each step launches a GEMV, an attention kernel whose time grows with the
+KV length (16 tokens more per step, to make a scaling fit), and an elementwise kernel after a host
+gap, runs one op that syncs (a DtoH copy and a stream synchronisation), and allocates memory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SYNC_BLOCK_US = 40.0
 class Names:
     kernel: str = "ampere_bf16_gemv_kernel"
     kernel2: str = "vectorized_elementwise_kernel"
+    attention_kernel: str = "flash_fwd_splitkv_kernel"
     op: str = "aten::linear"
     sync_op: str = "aten::item"
     frame: str = "model.py(42): forward"
@@ -40,14 +42,19 @@ def llm_trace(tmp_path: Path, *, steps: int = 4, names: Names | None = None, mem
                            "command": ["tokentrace", "capture", "--model", n.model, "--prompt-lens", "32"]}
     alloc = 1 << 30
 
-    def forward(t: float, q_len: int, kernel_us: float, label: str, dur: float) -> None:
+    def forward(t: float, q_len: int, kv_len: int, kernel_us: float, label: str, dur: float) -> None:
         nonlocal alloc
         b.annotation(label, t, dur)
         b.python(n.frame, t, dur, pyid=1)
         b.annotation(n.annotation, t + 1, 5)
         b.cpu_op("aten::embedding", t + 2, 6, input_dims=[[32000, 64], [1, q_len]])
-        b.cpu_op(n.op, t + 10, 40, input_dims=[[1, q_len, 64], [64, 64]], **{"Call stack": f"{n.frame};layers.py(7): {n.op}"})
+        b.cpu_op(n.op, t + 10, 40, input_dims=[[1, q_len, 64], [64, 64]], input_type=["c10::BFloat16"] * 2,
+                 **{"Call stack": f"{n.frame};layers.py(7): {n.op}"})
         b.launch(n.kernel, t + 15, t + 22, kernel_us)
+        # Attention whose GPU time grows with the KV length (decode reads the whole cache).
+        b.cpu_op("aten::scaled_dot_product_attention", t + 60, 30, input_dims=[[1, 8, q_len, 64], [1, 8, kv_len, 64], [1, 8, kv_len, 64]],
+                 input_type=["c10::BFloat16"] * 3)
+        b.launch(n.attention_kernel, t + 65, t + 24 + kernel_us, 0.25 * kv_len)
         # Host work without launches: the GPU idles until the next launch (a launch-bound gap).
         b.cpu_op(n.op, t + 150, 20, input_dims=[[1, q_len, 64], [64, 64]])
         b.launch(n.kernel2, t + 155, t + 162, 20.0)
@@ -58,9 +65,9 @@ def llm_trace(tmp_path: Path, *, steps: int = 4, names: Names | None = None, mem
             alloc += 2 << 20
             b.memory(t + 20, 2 << 20, allocated=alloc, reserved=2 << 30)
 
-    forward(100.0, 32, 110.0, "tokentrace/prefill", PREFILL_US)
+    forward(100.0, 32, 32, 110.0, "tokentrace/prefill", PREFILL_US)
     for i in range(steps):
-        forward(600.0 + i * STEP_PITCH_US, 1, 60.0, f"tokentrace/decode_step[{i}]", STEP_US)
+        forward(600.0 + i * STEP_PITCH_US, 1, 33 + i * 16, 60.0, f"tokentrace/decode_step[{i}]", STEP_US)
     return b.write(tmp_path / n.file)
 
 

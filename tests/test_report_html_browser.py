@@ -46,7 +46,7 @@ def test_built_generation_renders_in_chromium(tmp_path):
     out = tmp_path / "report.html"
     render_html(analysis, out)
     dom, text = _check(out)
-    assert dom.tags.get("svg", 0) >= 4  # timeline, decode steps, gap histogram, memory
+    assert dom.tags.get("svg", 0) == 6  # timeline, decode steps, gap histogram, attention, roofline, memory
     assert "tokentrace/decode_step[5]" in text
 
 

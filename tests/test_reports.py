@@ -79,6 +79,10 @@ def test_every_section_is_rendered(built, built_html):
     assert "<svg" in section(built_html, "t0-phases")  # decode step chart
     assert "<svg" in section(built_html, "t0-gaps")  # gap histogram
     assert "<svg" in section(built_html, "t0-memory")
+    assert "<svg" in section(built_html, "t0-roofline")
+    attention = section(built_html, "t0-attention")
+    fit = built.to_json()["attention"]["fits"][0]
+    assert "<svg" in attention and f"exponent {fit['exponent']:.2f}" in attention  # the fitted exponent, as given
     syncs = section(built_html, "t0-syncs")
     table = syncs[syncs.index("sync points, longest blocked first"):]
     assert table[table.index("<tbody>"): table.index("</tbody>")].count("<tr>") == built.syncs.count == 5  # prefill + 4 steps
