@@ -50,6 +50,26 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
         preset="gpt2", prompt_lens=[128], batches=[1], max_new_tokens=5,
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
     )),
+    "gpu_llama-3.2-1b_eager-attn": ("gpu", dict(
+        preset="llama-3.2-1b", prompt_lens=[128, 512, 2048], batches=[1], max_new_tokens=5,
+        device="cuda", dtype="bfloat16", attn_implementation="eager", compile="none",
+        traces="combined", with_stack=False, profile_memory=False,
+    )),
+    "gpu_qwen2.5-0.5b_memory": ("gpu", dict(
+        preset="qwen2.5-0.5b", prompt_lens=[256, 1024], batches=[1], max_new_tokens=9,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+        traces="combined", with_stack=False, profile_memory=True,
+    )),
+    "gpu_llama-3.2-1b_batch": ("gpu", dict(
+        preset="llama-3.2-1b", prompt_lens=[256], batches=[1, 8, 32], max_new_tokens=5,
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+        traces="combined", with_stack=False, profile_memory=False,
+    )),
+    "gpu_gpt2_generate": ("gpu", dict(
+        preset="gpt2", prompt_lens=[128], batches=[1], max_new_tokens=9, mode="generate",
+        device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
+        with_stack=False, profile_memory=False,
+    )),
     "gpu_llama-3.2-1b_reduce-overhead": ("gpu", dict(
         preset="llama-3.2-1b", prompt_lens=[512], batches=[1], max_new_tokens=17,
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="reduce-overhead",
