@@ -32,6 +32,10 @@ def write_output(path: str | os.PathLike, data: str | bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
+        # mkstemp creates 0600; give the file the permissions a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except OSError as exc:
         try:
