@@ -3,7 +3,7 @@
 Owns finding idle stretches on each device (all streams merged: the device is idle only when
 every stream is) and per stream, and giving each device gap a cause from what the host thread that
 launched the next GPU work was doing between the moment the GPU went idle and the moment that
-launch call began (the "host-bound part" of the gap):
+launch call returned (the "host-bound part" of the gap; the rest, if any, the work sat queued):
 
 - sync / data_transfer: the host was blocked in a sync call or a synchronous (or pageable) copy
   when the GPU drained (analyze.syncs defines those calls);
@@ -160,7 +160,10 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
         m = (ln < 0) & (dev == d)
         pid[m], tid[m] = p, t
     launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
-    he = np.clip(launch_ts, gs, ge)  # end of the host-bound part
+    launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
+    # The host-bound part ends when the launch call returns: time inside the call is host time
+    # (a call that loads a module can take milliseconds), not time the work sat in the queue.
+    he = np.clip(launch_end, gs, ge)
     part = he - gs
     t_free = np.zeros(n, np.int64)
     t_sync = np.zeros(n, np.int64)
@@ -175,11 +178,14 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
             u = th.get(int(p), int(t))
             native = iv.overlap(u["native_s"], u["native_e"], a, b)
             t_free[idx] = iv.overlap(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
-            # A sync that returned within the slack before the GPU went idle still drained it.
-            a2 = np.where(b > a, a - SYNC_RETURN_SLACK_NS, a)
-            t_sync[idx] = iv.overlap(u["sync_s"], u["sync_e"], a2, b)
-            t_xfer[idx] = iv.overlap(u["xfer_s"], u["xfer_e"], a2, b)
-            sync_row[idx] = _responsible_call(u, a2, b)
+            # Blocking calls count up to the next launch call (a synchronous copy's own call does
+            # not idle the GPU before the copy); one that returned within the slack before the
+            # GPU went idle still drained it.
+            b2 = np.clip(launch_ts[idx], a, b)
+            a2 = np.where(b2 > a, a - SYNC_RETURN_SLACK_NS, a)
+            t_sync[idx] = iv.overlap(u["sync_s"], u["sync_e"], a2, b2)
+            t_xfer[idx] = iv.overlap(u["xfer_s"], u["xfer_e"], a2, b2)
+            sync_row[idx] = _responsible_call(u, a2, b2)
             gpu_wait_row[idx] = _last_before(u["wait_ts"], u["wait_row"], launch_ts[idx])
     queued = np.where(ln >= 0, ge - he, 0)
     waited = (queued > QUEUED_WAIT_MIN_NS) & (queued >= part) & ~graph_replay
@@ -190,10 +196,11 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
     cause = np.select([waited, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
                       ["gpu_wait", "data_transfer", "sync", "outside_region", "cpu_busy"], "launch_bound").astype(object)
     detail = np.select(
-        [graph_replay, ln < 0, is_graph, waited & (gpu_wait_row >= 0), waited, launch_ts < gs],
+        [graph_replay, ln < 0, is_graph, waited & (gpu_wait_row >= 0), waited, launch_end <= gs, launch_ts < gs],
         ["between kernels of one graph replay", "next work not linked to a launch call",
          "before a graph launch", "queued work waited on an event of another stream",
-         "queued work did not start (GPU work missing from the trace?)", "queued before the GPU went idle (launch latency)"],
+         "queued work did not start (GPU work missing from the trace?)", "queued before the GPU went idle (launch latency)",
+         "launch call in progress when the GPU went idle"],
         "launch call began after the GPU went idle").astype(object)
     gaps["dur_us"] = (ge - gs) / US
     gaps["start_us"] = (gs - trace.span_ns[0]) / US
@@ -408,7 +415,7 @@ def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 _REC = {
-    "launch_bound": "Capture the decode step in a CUDA graph (torch.cuda.graphs / CUDAGraph, or "
+    "launch_bound": "Capture the repeated step (the decode step) in a CUDA graph (torch.cuda.CUDAGraph, or "
                     "torch.compile(mode=\"reduce-overhead\") with a static KV cache) so one launch replaces "
                     "hundreds; fuse small elementwise kernels (torch.compile) to cut the launch count.",
     "cpu_busy": "Move this host work off the GPU's critical path: run it while the GPU works (launch the next "
@@ -469,8 +476,10 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
         phases = rows["phase"].dropna()
         out.append(Finding(
             id=fid, title=title, category="gaps", recommendation=_REC[cause], cost_total_us=cost,
-            est_savings_us=cost, severity=severity_for(cost, span_us),
+            # What a queued stream waits for is often outside the trace: no saving is claimed for it.
+            est_savings_us=0.0 if cause == "gpu_wait" else cost, severity=severity_for(cost, span_us),
             phase=str(phases.mode().iat[0]) if len(phases) else None, op=op, stack=stack, evidence=evidence(rows),
-            detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "") + ".",
+            detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
+                   + ("; the awaited work is not in the trace, so no saving is estimated" if cause == "gpu_wait" else "") + ".",
         ))
     return out

@@ -162,15 +162,16 @@ def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]
     starved = summary["queue_depth"]["starved_share"] or 0.0
     if share < SMALL_SHARE_MIN or starved < STARVED_SHARE_MIN:
         return []
-    # Host time spent launching kernels that run shorter than their launch: the GPU cannot be fed
-    # faster than this, which is what fusion (fewer launches) or graphs (one launch) remove.
     shorter = own[own["dur_us"] < own["launch_dur_us"]]
-    cost = float(shorter["launch_dur_us"].sum())
+    # The cost is the GPU idle measured right before these kernels: launch-bound gaps whose next
+    # work is a small kernel. Those gaps are also in the launch-bound finding, which claims the
+    # saving; this finding names the other remedy (fusion) without counting the time twice.
     gaps = ctx.results.get("gaps") if ctx is not None else None
-    lb = 0.0
+    cost = 0.0
     if gaps is not None and hasattr(gaps, "gaps"):
         g = gaps.gaps
-        lb = float(g.loc[g["cause"] == "launch_bound", "dur_us"].sum())
+        before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
+        cost = float(g.loc[before_small, "dur_us"].sum())
     names = trace.events["name"].astype(object).to_numpy()
     counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
     evidence = [{"kernel": k, "count": int(v),
@@ -180,10 +181,10 @@ def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]
         id="small_kernels", title="Many small kernels launched one by one while the GPU starves", category="launches",
         recommendation="Fuse small elementwise/normalisation kernels (torch.compile), and capture the step in a CUDA graph "
                        "so one launch replaces many.",
-        cost_total_us=cost, est_savings_us=min(cost, lb), severity=severity_for(cost, trace.duration_ns / US),
+        cost_total_us=cost, est_savings_us=0.0, severity=severity_for(cost, trace.duration_ns / US),
         evidence=evidence,
         detail=(f"{len(small)} of {len(own)} singly launched kernels ({share:.0%}) run under {SMALL_KERNEL_NS / US:.0f} us; "
-                f"{len(shorter)} run shorter than their own launch call ({cost:.1f} us of launch calls); "
-                f"{starved:.0%} of launches found an empty queue. The GPU idle this causes is the launch-bound gap total "
-                f"({lb:.1f} us), also reported by the gaps finding."),
+                f"{len(shorter)} run shorter than their own launch call; {starved:.0%} of launches found an empty queue; "
+                f"{cost:.1f} us of launch-bound GPU idle precedes them (its saving is counted once, under the "
+                f"launch-bound finding)."),
     )]

@@ -504,8 +504,8 @@ _RECOMMEND = {
              "(torch.where) or move the op out of the per-step loop.",
     "device_sync": "Remove torch.cuda.synchronize() from the loop (timing or logging); time with CUDA events "
                    "and move logging out of the hot loop.",
-    "transfer": "Copy into pinned host memory with non_blocking=True and synchronise once per step, or keep "
-                "the data on the GPU (.cpu()/.tolist() in the loop block the host).",
+    "transfer": "Copy through pinned host memory with non_blocking=True and synchronise once per step, or keep "
+                "the data on the GPU (.cpu(), .tolist() and .to(device) without non_blocking block the host).",
     "memcpy_pageable": "Use pinned host buffers (pin_memory=True) with non_blocking=True so cudaMemcpyAsync is "
                        "really asynchronous; pageable memory makes the driver copy synchronously.",
     "memset_sync": "Use the asynchronous memset (cudaMemsetAsync, tensor.zero_() on the device) instead of a "
@@ -552,6 +552,8 @@ def _findings(trace: Trace, items: pd.DataFrame, per_token: dict[str, Any]) -> l
     for kind, grp in items[items["blocking"]].groupby("kind", sort=True):
         cost = float(grp["idle_caused_us"].sum())
         blocked = float(grp["blocked_us"].sum())
+        if cost <= 0 and not (grp["phase"] == "decode").any():
+            continue  # the GPU lost nothing to these syncs (a sync in decode is reported regardless)
         ops = Counter(o for o in grp["op"] if isinstance(o, str))
         op = ops.most_common(1)[0][0] if ops else None
         copies = Counter(c for c in grp["copy"] if isinstance(c, str))

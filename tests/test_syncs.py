@@ -6,7 +6,7 @@ import pytest
 
 import tokentrace
 from conftest import real_trace_params, shared_trace
-from tokentrace.analyze.syncs import sync_calls
+from tokentrace.analyze.syncs import recommendation, sync_calls
 
 
 def _syncs(builder, tmp_path):
@@ -107,8 +107,9 @@ def test_waited_for_names_the_kernel_that_released_the_host(builder, tmp_path):
     item = res.to_json()["items"][0]
     assert item["waited_for"] == "softmax" and item["waited_activities"] == 2
     assert item["gpu_busy_us"] == pytest.approx(345.0)
-    f = res.findings[0]
-    assert f.id == "sync_device_sync" and "synchronize()" in f.recommendation
+    # Nothing was launched after it: the GPU lost no time to this sync, so it is no finding.
+    assert item["idle_caused_us"] == 0.0 and not res.findings
+    assert "synchronize()" in recommendation("device_sync", None, None)
 
 
 def test_syncs_per_decode_token(builder, tmp_path):
@@ -128,6 +129,10 @@ def test_syncs_per_decode_token(builder, tmp_path):
     # Sync gaps between steps: the next step's first kernel waits for the host to leave the sync.
     assert pt["idle_caused_us_per_step"] > 0
     assert a.gaps.to_json()["by_cause"]["sync"]["count"] == 3
+    f = [f for f in a.findings if f.id == "sync_stream_sync"][0]
+    assert f.phase == "decode" and f.cost_per_step_us == pytest.approx(pt["idle_caused_us_per_step"], abs=1e-3)
+    # The pageable token copy is a sync point in decode too, even where it idled nothing itself.
+    assert [f for f in a.findings if f.id == "sync_memcpy_pageable"]
 
 
 def test_sync_calls_frame_is_the_single_definition(builder, tmp_path):
