@@ -47,7 +47,7 @@ BOUND_SHARE = 0.6
 # Most steps of one phase given a graph. A graph costs O(calls + kernels) Python work (tens of
 # milliseconds for a 1B model's decode step); decode steps repeat one structure, so beyond this many
 # an evenly spaced sample (first and last included) stands for the rest and the cost stays bounded.
-MAX_GRAPH_STEPS = 24
+MAX_GRAPH_STEPS = 16
 # How far back (in launch order) to look for GPU work still running when a step starts. CUDA's
 # launch queue holds about a thousand entries, so work launched further back has started already.
 CARRY_WINDOW = 2048

