@@ -61,6 +61,11 @@ _TRAINING = re.compile("^(?:" + "|".join(re.escape(m) for m in TRAINING_OP_MARKE
 # Query/key layout of each attention op pattern (analyze.attention owns the table; first match wins).
 _ATTENTION_LAYOUTS = [(re.compile(pattern), layout) for pattern, _, layout, _ in ATTENTION_OPS]
 
+# Share of decode step time on neither side of the critical path (waits on device work the trace
+# did not record, launch latency) above which the TPOT line says so: the verdict then covers
+# only a minority of the step.
+WAIT_SHARE_TO_SHOW = 0.25
+
 CONFIDENCE = {"annotations": "exact", "framework_markers": "high", "profiler_steps": "high", "inferred": "medium", "none": "none"}
 
 
@@ -352,6 +357,8 @@ class PhasesResult:
             b = d.get("bound")
             if b:
                 line += f"; {b['verdict']} (critical path {b['cpu_share'] * 100:.0f}% CPU, {b['gpu_share'] * 100:.0f}% GPU)"
+                if b["wait_share_of_step"] >= WAIT_SHARE_TO_SHOW:
+                    line += f", {b['wait_share_of_step'] * 100:.0f}% of step time is waiting the trace cannot attribute"
             lines.append(line)
         return lines
 

@@ -244,6 +244,35 @@ def test_segments_locate_gpu_work_by_launch(tmp_path):
     assert np.bincount(seg).tolist() == [N_KERNELS] * len(res.segments)
 
 
+def test_sglang_step_markers_name_the_phase(tmp_path):
+    b = TraceBuilder()
+    t = 0.0
+    for k, (mode, bs) in enumerate((("EXTEND", 4), ("DECODE", 4), ("DECODE", 4), ("IDLE", 0))):
+        r = b.llm_step(t, q_len=1, kv_len=10 + k)  # shapes say decode; the marker's mode wins
+        b.annotation(f"step[{mode} bs={bs}]", t, r["host_end"] - t)
+        t = r["host_end"] + 5.0
+    res = phases.run(b.load(tmp_path), None)
+    assert res.method == "framework_markers" and res.confidence == "high"
+    assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode", "other"]
+    assert res.prefill["batch"].tolist() == [4]
+
+
+def test_vllm_execute_model_frames_are_steps(tmp_path):
+    b = TraceBuilder()
+    t = 0.0
+    for q in (30, 1, 1):
+        r = b.llm_step(t + 20.0, q_len=q, kv_len=30)
+        end = r["host_end"] + 5.0
+        # The worker's execute_model wraps the model runner's: the outer frame is the step.
+        b.python("vllm/worker/worker_base.py(300): execute_model", t, end - t)
+        b.python("vllm/worker/model_runner.py(1500): execute_model", t + 10.0, end - t - 12.0)
+        t = end + 5.0
+    res = phases.run(b.load(tmp_path), None)
+    assert res.method == "framework_markers"
+    assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode"]
+    assert res.segments.table["name"].str.startswith("vllm/worker/worker_base.py").all()
+
+
 def test_empty_trace_reports_absent(tmp_path):
     b = TraceBuilder()
     b.cpu_op("aten::add", 0.0, 5.0)
