@@ -97,6 +97,7 @@ class TraceView:
     doc: dict[str, Any]
     title: str
     header: list[tuple[str, str]]
+    capture: list[tuple[str, str]]  # capture metadata beyond the header's
     headline: list[Metric]
     findings: list[dict[str, Any]]
     sections: list[Section]
@@ -269,10 +270,12 @@ def build(analysis: Any) -> TraceView:
                 BUILDERS.get(key, _generic)(s, doc, res, trace, t0_ns)
         sections.append(s)
     timeline, note = _timeline(doc, results, trace, t0_ns)
+    header, capture = _header(doc)
     return TraceView(
         doc=doc,
         title=str(t.get("path") or getattr(trace, "path", "trace")),
-        header=_header(doc),
+        header=header,
+        capture=capture,
         headline=headline(doc),
         findings=[finding(f) for f in doc.get("findings") or [] if isinstance(f, dict)],
         sections=sections,
@@ -326,11 +329,16 @@ def _num(v: Any) -> float | None:
     return float(v) if fmt.is_number(v) else None
 
 
-def _header(doc: dict[str, Any]) -> list[tuple[str, str]]:
+# Capture metadata shown in the header; the rest of it goes under "capture metadata".
+CAPTURE_HEADLINE_KEYS = ("model", "preset", "dtype", "prompt_len", "batch", "max_new_tokens", "compile",
+                         "attn_implementation", "static_cache")
+
+
+def _header(doc: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(header facts, every other capture-metadata fact) for the top of a trace's report."""
     t = doc.get("trace") if isinstance(doc.get("trace"), dict) else {}
     cap = t.get("capture") if isinstance(t.get("capture"), dict) else {}
-    out = [
-        ("trace file", str(t.get("path", fmt.MISSING))),
+    out = [  # the trace's path is the section title
         ("GPU", str(t.get("device") or "none (CPU only)")),
         ("rank", fmt.number(t.get("rank"))),
         ("duration", fmt.duration(t.get("duration_us"))),
@@ -342,17 +350,22 @@ def _header(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if method and method != "none":
         conf, _ = pick(doc, "phases.confidence")
         out.append(("phases from", f"{method}" + (f" ({conf} confidence)" if conf else "")))
-    for key, val in cap.items():
-        if key == "command" or isinstance(val, (dict, list)) and not _flat_list(val):
-            if isinstance(val, dict):  # config summary, versions: one level of nesting
-                for k2, v2 in val.items():
-                    if not isinstance(v2, (dict, list)):
-                        out.append((f"{fmt.label(key)} {fmt.label(str(k2))}", fmt.by_key(str(k2), v2)))
-            continue
-        out.append((fmt.label(key), fmt.by_key(key, val)))
+    out += [(fmt.label(k), fmt.by_key(k, cap[k])) for k in CAPTURE_HEADLINE_KEYS if cap.get(k) is not None]
+    versions = cap.get("versions")
+    if isinstance(versions, dict) and versions:
+        out.append(("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if not isinstance(v, (dict, list)))))
     tool = doc.get("tool") if isinstance(doc.get("tool"), dict) else {}
     out.append(("tokentrace", f"{tool.get('version', '?')} (JSON schema {doc.get('schema_version', '?')})"))
-    return out
+    rest: list[tuple[str, str]] = []
+    for key, val in cap.items():
+        if key in CAPTURE_HEADLINE_KEYS or key in ("command", "versions"):
+            continue
+        if isinstance(val, dict):  # config summary, timings, profiler options: one level of nesting
+            rest += [(f"{fmt.label(key)} {fmt.label(str(k2))}", fmt.by_key(str(k2), v2)) for k2, v2 in val.items()
+                     if not isinstance(v2, (dict, list)) or _flat_list(v2)]
+        elif not isinstance(val, list) or _flat_list(val):
+            rest.append((fmt.label(key), fmt.by_key(key, val)))
+    return out, rest
 
 
 def _reproduce(doc: dict[str, Any], analysis: Any) -> list[str]:

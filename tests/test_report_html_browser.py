@@ -10,8 +10,9 @@ import pytest
 
 import tokentrace
 from chromium import load, scan
-from conftest import shared_trace
+from conftest import SAMPLE_TRACES, shared_trace
 from report_traces import llm_trace
+from tokentrace.reports import format as fmt
 from tokentrace.reports.html import render_html
 from tokentrace.reports.view import SECTION_TITLES
 
@@ -39,6 +40,19 @@ def test_real_capture_renders_in_chromium(tmp_path):
     assert dom.tags.get("svg", 0) >= 3
     assert dom.tags.get("article", 0) == len(analysis.findings)
     assert "NVIDIA H100 80GB HBM3" in text
+
+
+def test_sample_capture_renders_in_chromium(tmp_path):
+    """A GPU capture written by this project's capture module (sample_traces/), when one is there."""
+    found = sorted(SAMPLE_TRACES.glob("gpu_*/*/combined.pt.trace.json.gz"))
+    if not found:
+        pytest.skip(f"no GPU sample capture in {SAMPLE_TRACES}")
+    analysis = tokentrace.analyze(found[0])
+    out = tmp_path / "report.html"
+    render_html(analysis, out)
+    dom, text = _check(out)
+    assert dom.tags.get("svg", 0) >= 3  # timeline, decode step chart, gap histogram at least
+    assert fmt.duration(analysis.phases.ttft_us) in text
 
 
 def test_built_generation_renders_in_chromium(tmp_path):
