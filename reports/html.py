@@ -81,6 +81,8 @@ def _as_list(analysis: Any) -> list[Any]:
 def render_html(analysis: Any | Sequence[Any], path: str | os.PathLike | None = None) -> str:
     """The report of one Analysis (or a sequence: one section per trace) as HTML; written atomically to path."""
     analyses = _as_list(analysis)
+    if not analyses:
+        raise ValueError("a report needs at least one analysis")
     views = [rv.build(a) for a in analyses]
     figs = []
     for i, v in enumerate(views):

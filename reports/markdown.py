@@ -95,6 +95,8 @@ def _trace_block(v: rv.TraceView, with_headline: bool) -> list[str]:
 def render_markdown(analysis: Any | Sequence[Any], path: str | os.PathLike | None = None) -> str:
     """Markdown summary of one Analysis (or several: a comparison table, then one block per trace)."""
     analyses = list(analysis) if isinstance(analysis, (list, tuple)) else [analysis]
+    if not analyses:
+        raise ValueError("a report needs at least one analysis")
     views = [rv.build(a) for a in analyses]
     tool = views[0].doc.get("tool", {}) if views else {}
     lines = [f"## tokentrace report ({md_escape(tool.get('version', ''))})", ""]

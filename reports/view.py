@@ -306,22 +306,20 @@ def finding(f: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The headline: (metric key in analyze.metrics, label). The CPU share of the decode steps'
+# critical path is the measured form of "decode is launch-bound" (analyze.critical_path).
+HEADLINE = (("ttft_us", "TTFT"), ("tpot_p50_us", "TPOT p50"), ("gpu_utilization", "GPU utilisation"),
+            ("cpu_bound_share_decode", "Launch-bound share (decode)"), ("syncs_per_token", "Syncs per token"))
+
+
 def headline(doc: dict[str, Any]) -> list[Metric]:
     """The five numbers a reader looks at first, read through analyze.metrics (the registry diff and check use)."""
     out = []
-    for key, label in (("ttft_us", "TTFT"), ("tpot_p50_us", "TPOT p50"), ("gpu_utilization", "GPU utilisation")):
-        v = BY_KEY[key].read(doc)
-        out.append(Metric(label, fmt.duration(v) if key.endswith("_us") else fmt.share(v), key if v is not None else None, _num(v)))
-    lb, lb_k = pick(doc, "launches.launch_bound_share", "gaps.launch_bound_share")
-    lb_label = "Launch-bound share"
-    if lb is None:
-        lb, lb_k, lb_label = BY_KEY["cpu_bound_share_decode"].read(doc), "phases.decode.bound.cpu_share", "CPU-bound share (decode)"
-    out.append(Metric(lb_label, fmt.share(lb), lb_k if lb is not None else None, _num(lb)))
-    spt = BY_KEY["syncs_per_token"].read(doc)
-    spt_k: str | None = "syncs_per_token"
-    if spt is None:
-        spt, spt_k = pick(doc, "syncs.per_token.syncs_per_token")
-    out.append(Metric("Syncs per token", fmt.number(spt) if fmt.is_number(spt) else fmt.MISSING, spt_k if spt is not None else None, _num(spt)))
+    for key, label in HEADLINE:
+        m = BY_KEY[key]
+        v = m.read(doc)
+        text = fmt.duration(v) if m.unit == "us" else fmt.share(v) if m.unit == "share" else fmt.number(v)
+        out.append(Metric(label, text, f"{key}: {m.label}" if v is not None else None, _num(v)))
     return out
 
 
