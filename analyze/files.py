@@ -10,12 +10,15 @@ can recover the complete events in it.
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from pathlib import Path
 
 from tokentrace.errors import TraceError
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+_BLANK = re.compile(rb"\s*\Z")
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
@@ -50,13 +53,20 @@ def read_bytes(path: Path, warnings: list[str]) -> bytes:
         raise TraceError(path, "is a directory") from None
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not data.strip():
+    if _blank(data):
         raise TraceError(path, "file is empty")
     if data[:2] == GZIP_MAGIC:
         data = _gunzip(path, data, warnings)
-        if not data.strip():
+        if _blank(data):
             raise TraceError(path, "gzip file holds no data")
+    if data[:3] == UTF8_BOM:  # some editors and Windows tools write one; JSON parsers reject it
+        data = data[3:]
     return data
+
+
+def _blank(data: bytes) -> bool:
+    # A regex instead of data.strip(): no copy of a file that may be gigabytes.
+    return _BLANK.match(data) is not None
 
 
 def _gunzip(path: Path, data: bytes, warnings: list[str]) -> bytes:

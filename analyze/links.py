@@ -1,48 +1,67 @@
-"""Nesting and linking on the host timeline: which op encloses which call.
+"""Links between events as row positions: GPU activity -> launch call -> enclosing cpu op.
 
-Owns two vectorised primitives the loader uses to turn containment into columns: the parent of
-each interval among properly nested intervals of one thread, and the innermost interval that
-contains a given instant. Profiler intervals on one thread nest (ops call ops), so a stack pass
-gives parents and a binary search plus a short walk up the parents answers containment.
+Owns how the loader turns correlation ids, flows and time containment into the link columns of
+`Trace.events` (all vectorised; no per-event Python):
+
+- `launch`: a GPU row (kernel, memcpy, memset) or cuda_sync row -> the runtime/driver call that
+  started it, by correlation id; where the correlation finds nothing, by the launch flow
+  (`ac2g`, legacy `async_cpu_to_gpu`/`async`: the flow starts at the call and ends at the
+  activity). A graph launch owns every kernel that carries its correlation id.
+- `op`: a runtime/driver call -> the innermost cpu op on the same thread that contains its start;
+  a GPU row inherits the op of its launch.
+- `parent`: a cpu op -> the innermost cpu op on the same thread that contains it.
+
+Profiler intervals on one thread nest (ops call ops). The nearest earlier interval (in start
+order) that ends at or after this one's end contains it, and is the innermost such: that is a
+"previous greater element" search, done here by pointer jumping in numpy instead of a stack loop.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
-def nest_parents(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Parent position of each interval (sorted by ts asc, end desc) in the same arrays; -1 at top level.
+def nest_parents(ts: np.ndarray, end: np.ndarray, group_start: np.ndarray | None = None) -> np.ndarray:
+    """Parent position of each interval among those before it; -1 at top level.
 
-    An interval that overlaps its predecessor without being contained (clock skew, cropped
-    traces) is treated as a sibling, never as a child, so the result is always a forest.
+    Intervals are sorted by (group, ts ascending, end descending); `group_start[i]` is the first
+    position of i's group (threads), 0 for all when omitted. An interval that overlaps an earlier
+    one without being contained (clock skew, cropped traces) is not its child, so the result is
+    always a forest. A zero-length interval at the very end of another is not inside it.
     """
     n = len(ts)
-    parent = np.full(n, -1, dtype=np.int64)
-    stack: list[int] = []
-    ends = end.tolist()
-    starts = ts.tolist()
-    for i in range(n):
-        s = starts[i]
-        while stack and ends[stack[-1]] <= s:
-            stack.pop()
-        # Only a parent that fully contains this interval is a parent.
-        while stack and ends[stack[-1]] < ends[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
+    cand = np.arange(n, dtype=np.int64) - 1
+    if n == 0:
+        return cand
+    gstart = np.zeros(n, dtype=np.int64) if group_start is None else group_start
+    # Needed end of a container: at least this interval's end, and beyond its start.
+    need = np.maximum(end, ts + 1)
+    active = np.arange(n, dtype=np.int64)
+    # Invariant: every position strictly between cand[i] and i ends before need[i]. Jumping to
+    # cand[cand[i]] keeps it, since need only grows along the start order of one group.
+    while len(active):
+        c = cand[active]
+        none = c < gstart[active]
+        hit = ~none & (end[np.maximum(c, 0)] >= need[active])
+        cand[active[none]] = -1
+        active = active[~(none | hit)]
+        if len(active):
+            cand[active] = cand[cand[active]]
+    return cand
 
 
-def innermost_containing(ts: np.ndarray, end: np.ndarray, parent: np.ndarray, at: np.ndarray) -> np.ndarray:
+def innermost_containing(ts: np.ndarray, end: np.ndarray, parent: np.ndarray, at: np.ndarray,
+                         last_started: np.ndarray | None = None) -> np.ndarray:
     """For each instant in `at`, the position of the innermost interval with ts <= at < end, or -1.
 
-    `ts` must be sorted ascending (ties: longer first), as for nest_parents.
+    `ts` must be sorted ascending (ties: longer first), as for nest_parents. `last_started` (the
+    last interval starting at or before each instant, -1 for none) may be given when intervals
+    come from several groups; by default it is found by binary search.
     """
     if len(ts) == 0 or len(at) == 0:
         return np.full(len(at), -1, dtype=np.int64)
-    idx = np.searchsorted(ts, at, side="right") - 1
+    idx = np.searchsorted(ts, at, side="right") - 1 if last_started is None else last_started.copy()
     # Walk up from the last interval that started before the instant until one still covers it.
     todo = np.flatnonzero(idx >= 0)
     while len(todo):
@@ -54,3 +73,109 @@ def innermost_containing(ts: np.ndarray, end: np.ndarray, parent: np.ndarray, at
         idx[todo] = parent[idx[todo]]
         todo = todo[idx[todo] >= 0]
     return idx
+
+
+def _thread_ids(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One small integer per (pid, tid) pair."""
+    p, _ = pd.factorize(pid)
+    t, tu = pd.factorize(tid)
+    return p.astype(np.int64) * max(len(tu), 1) + t
+
+
+def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, correlation: np.ndarray,
+                 flow_id: np.ndarray, host: np.ndarray, target: np.ndarray, cpu_op: np.ndarray,
+                 flow_start: np.ndarray, flow_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`launch`, `op`, `parent` for rows sorted by ts. Masks: host (runtime/driver calls), target
+    (GPU activity and cuda_sync), cpu_op, and launch flow starts/ends."""
+    n = len(ts)
+    launch = np.full(n, -1, dtype=np.int64)
+    op = np.full(n, -1, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+
+    host_rows = np.flatnonzero(host)
+    target_rows = np.flatnonzero(target)
+    _link_by_correlation(correlation, host_rows, target_rows, launch)
+    _link_by_flows(ts, pid, tid, flow_id, host_rows, target_rows, flow_start, flow_end, launch)
+
+    op_rows = np.flatnonzero(cpu_op)
+    if len(op_rows):
+        threads = _thread_ids(np.concatenate([pid[op_rows], pid[host_rows]]), np.concatenate([tid[op_rows], tid[host_rows]]))
+        op_thread, call_thread = threads[: len(op_rows)], threads[len(op_rows):]
+        order = np.lexsort((-end[op_rows], ts[op_rows], op_thread))
+        rows = op_rows[order]
+        thread = op_thread[order]
+        o_ts, o_end = ts[rows], end[rows]
+        first = np.r_[True, thread[1:] != thread[:-1]]
+        gstart = np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
+        p = nest_parents(o_ts, o_end, gstart)
+        parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
+        if len(host_rows):
+            last = _last_started(thread, o_ts, call_thread, ts[host_rows])
+            hit = innermost_containing(o_ts, o_end, p, ts[host_rows], last)
+            op[host_rows] = np.where(hit >= 0, rows[np.maximum(hit, 0)], -1)
+    linked = target_rows[launch[target_rows] >= 0]
+    op[linked] = op[launch[linked]]
+    return launch, op, parent
+
+
+def _last_started(op_thread: np.ndarray, op_ts: np.ndarray, at_thread: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each (thread, instant), the position (in op order) of the last op of that thread that
+    starts at or before the instant; -1 for none. Ops are sorted by (thread, ts)."""
+    n_ops = len(op_ts)
+    # Merge ops and instants in (thread, time) order, an op before an instant at the same time.
+    thread = np.concatenate([op_thread, at_thread])
+    when = np.concatenate([op_ts, at])
+    is_at = np.r_[np.zeros(n_ops, dtype=np.int8), np.ones(len(at), dtype=np.int8)]
+    order = np.lexsort((is_at, when, thread))
+    pos = np.where(order < n_ops, order, -1)
+    last = np.maximum.accumulate(pos)
+    merged_at = order >= n_ops
+    out = np.full(len(at), -1, dtype=np.int64)
+    cand = last[merged_at]
+    ok = cand >= 0
+    ok[ok] = op_thread[cand[ok]] == thread[order[merged_at]][ok]
+    out[order[merged_at] - n_ops] = np.where(ok, cand, -1)
+    return out
+
+
+def _link_by_correlation(corr: np.ndarray, host_rows: np.ndarray, target_rows: np.ndarray, launch: np.ndarray) -> None:
+    """Each target -> the first host call (in time) with its correlation id."""
+    host_rows = host_rows[corr[host_rows] >= 0]
+    if not len(host_rows) or not len(target_rows):
+        return
+    hc = corr[host_rows]
+    order = np.argsort(hc, kind="stable")
+    keys = hc[order]
+    first = np.r_[True, keys[1:] != keys[:-1]]
+    keys, owners = keys[first], host_rows[order][first]
+    want = corr[target_rows]
+    pos = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+    ok = (keys[pos] == want) & (want >= 0)
+    launch[target_rows[ok]] = owners[pos[ok]]
+
+
+def _link_by_flows(ts: np.ndarray, pid: np.ndarray, tid: np.ndarray, flow_id: np.ndarray, host_rows: np.ndarray,
+                   target_rows: np.ndarray, flow_start: np.ndarray, flow_end: np.ndarray, launch: np.ndarray) -> None:
+    """Fallback for targets the correlation did not link: the flow that ends where the activity
+    starts (same pid, tid, ts) began where the launch call starts."""
+    missing = target_rows[launch[target_rows] < 0]
+    if not len(missing) or not len(host_rows):
+        return
+    # Narrow each side by time first (cheap), so the keyed joins below only see candidates.
+    ends = np.flatnonzero(flow_end)
+    ends = ends[np.isin(ts[ends], ts[missing])]
+    if not len(ends):
+        return
+    starts = np.flatnonzero(flow_start)
+    starts = starts[np.isin(flow_id[starts], flow_id[ends])]
+    hosts = host_rows[np.isin(ts[host_rows], ts[starts])]
+    if not len(starts) or not len(hosts):
+        return
+    at = lambda rows: pd.DataFrame({"pid": pid[rows], "tid": tid[rows], "ts": ts[rows], "row": rows})  # noqa: E731
+    end_df = at(ends).assign(fid=flow_id[ends]).drop(columns="row").drop_duplicates(["pid", "tid", "ts"])
+    start_df = at(starts).assign(fid=flow_id[starts]).drop(columns="row").drop_duplicates("fid")
+    host_df = at(hosts).drop_duplicates(["pid", "tid", "ts"]).rename(columns={"row": "host"})
+    m = at(missing).merge(end_df, on=["pid", "tid", "ts"])
+    m = m.merge(start_df, on="fid", suffixes=("", "_s"))
+    m = m.merge(host_df, left_on=["pid_s", "tid_s", "ts_s"], right_on=["pid", "tid", "ts"], suffixes=("", "_h"))
+    launch[m["row"].to_numpy()] = m["host"].to_numpy()

@@ -7,7 +7,9 @@ nanosecond times, GPU device/stream, and the link columns kernel -> launch -> op
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -18,14 +20,20 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analyze import decode as dec
-from tokentrace.analyze.apis import CATEGORY_KIND, GPU_KINDS, HOST_API_KINDS, LAUNCH_FLOW_CATS, rank_from_filename
+from tokentrace.analyze.apis import CATEGORY_KIND, LAUNCH_FLOW_CATS, rank_from_filename
 from tokentrace.analyze.files import find_trace_files, read_bytes
-from tokentrace.analyze.links import innermost_containing, nest_parents
+from tokentrace.analyze.links import link_columns
 from tokentrace.analyze.repair import repair
 from tokentrace.analyze.trace import Trace
 from tokentrace.errors import TraceError
 
 PathLike = str | os.PathLike
+# Bytes of JSON decoded per chunk: big enough to amortise the per-chunk numpy/pandas calls, small
+# enough that one chunk's Python objects stay in the CPU caches and a small part of memory.
+CHUNK_BYTES = 1 << 20
+# Files above this size show a progress line on stderr (when it is a terminal).
+PROGRESS_BYTES = 64 << 20
+_FIRST_CHAR = re.compile(rb"\s*(\S)")
 
 
 def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
@@ -52,204 +60,270 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     show = sys.stderr.isatty() if progress is None else progress
     t0 = time.perf_counter()
     data = read_bytes(path, warnings)
+    nbytes = len(data)
+    # Millions of short-lived containers: the cyclic collector would rescan them over and over
+    # (nothing built here forms a cycle), so it is paused for the load.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        top, raws = _split(data, path)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        data = repair(data, str(path), warnings)
         try:
-            top, raws = _split(data, path)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise TraceError(path, f"not a trace after repair ({exc})") from None
-    cols = dec.Columns()
-    ts_parts: list[np.ndarray] = []
-    decoder = msgspec.json.Decoder(list[dec.Event])
-    n = len(raws)
-    dropped = 0
-    for start in range(0, n, dec.CHUNK_EVENTS):
-        chunk = b"[" + b",".join(raws[start : start + dec.CHUNK_EVENTS]) + b"]"
-        try:
-            events = decoder.decode(chunk)
-        except msgspec.ValidationError:
-            # An event that is not an object (or args that are not one): keep the rest.
-            events, bad = _decode_leniently(raws[start : start + dec.CHUNK_EVENTS])
-            dropped += bad
-            chunk = msgspec.json.encode([msgspec.structs.asdict(e) | {"args": None} for e in events]) if bad else chunk
-        before = sum(len(p) for p in cols.parts.get("ts_us", []))
-        dec.events_to_columns(events, cols)
-        ts_us = cols.parts["ts_us"][-1] if len(cols.parts.get("ts_us", [])) and sum(len(p) for p in cols.parts["ts_us"]) > before else np.empty(0)
-        if dec.needs_precise_times(ts_us):
-            ts_parts.append(dec.precise_ts_ns(chunk))
-        else:
-            ts_parts.append(_us_to_ns(ts_us))
-        if show and n > 4 * dec.CHUNK_EVENTS:
-            print(f"\rloading {path.name}: {min(start + dec.CHUNK_EVENTS, n) * 100 // n}%", end="", file=sys.stderr, flush=True)
-    if show and n > 4 * dec.CHUNK_EVENTS:
-        print(file=sys.stderr)
-    del raws
-    if n and dropped == n:
-        raise TraceError(path, "JSON is not a profiler trace (traceEvents holds no event objects)")
-    if n == 0:
-        raise TraceError(path, "trace holds no events")
-    if dropped:
-        warnings.append(f"dropped {dropped} events that were not JSON objects with object args")
-    for what, k in cols.repaired.items():
-        warnings.append(f"ignored {k} {what}")
-    meta = {k: _decode_any(v) for k, v in top.items() if k != "traceEvents"}
-    events = _build_frame(cols, ts_parts)
-    del cols
-    trace = _finish(path, events, meta, warnings)
+            meta, cols = _read_document(data, path, show and nbytes > PROGRESS_BYTES)
+        except msgspec.DecodeError:
+            data = repair(data, str(path), warnings)
+            try:
+                meta, cols = _read_document(data, path, False)
+            except msgspec.DecodeError as exc:
+                raise TraceError(path, f"not a trace after repair ({exc})") from None
+        del data  # the raw JSON is no longer needed: free it before building
+        trace = _build(path, cols, meta, warnings)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     trace.meta.setdefault("_load", {})["seconds"] = time.perf_counter() - t0
-    trace.meta["_load"]["bytes"] = len(data)
+    trace.meta["_load"]["bytes"] = nbytes
     for w in warnings:
         print(f"tokentrace: warning: {path}: {w}", file=sys.stderr)
     return trace
 
 
-def _split(data: bytes, path: Path) -> tuple[dict[str, Any], list[msgspec.Raw]]:
-    """Top-level keys (values raw) and the raw events: a JSON object with traceEvents, or a bare array."""
-    head = data.lstrip()[:1]
+# The traceEvents key and the bracket that opens its array.
+_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
+# What turns the rest of the document, from some event on, back into JSON: the events array
+# inside an object (whose other keys are the top-level keys after traceEvents), or a bare array.
+_REST_OF_OBJECT = b'{"traceEvents":['
+
+
+def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any], dec.Columns]:
+    """Top-level keys and the event columns of a trace document. Raises msgspec.DecodeError for
+    broken JSON (the caller repairs it).
+
+    The events array is decoded in chunks cut at event boundaries, without a first pass over the
+    whole document: the keys before traceEvents are parsed on their own, the last chunk is parsed
+    together with the keys after the array, and every chunk that parses proves its cuts right.
+    """
+    first = _FIRST_CHAR.match(data)
+    head = first.group(1) if first else b""
     if head == b"[":
-        return {}, msgspec.json.decode(data, type=list[msgspec.Raw])
-    top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        start, opener, meta = first.end(), b"[", {}  # type: ignore[union-attr]
+    elif head == b"{":
+        m = _EVENTS_KEY.search(data)
+        meta = _head_keys(data, m.start()) if m else None
+        if m is None or meta is None:
+            return _read_scanned(data, path)
+        start, opener = m.end(), _REST_OF_OBJECT
+    else:
+        raise TraceError(path, "not JSON (does not start with '{' or '[')")
+    region = memoryview(data)[start:]
+    cols = dec.Columns()
+    spans = dec.chunk_spans(region, CHUNK_BYTES)
+    for i, (a, b) in enumerate(spans):
+        try:
+            if i < len(spans) - 1:
+                _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols)
+            else:
+                meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=False))
+        except msgspec.DecodeError:
+            # A cut fell inside a string or nested object (text that looks like an event
+            # boundary): decode the rest at exact event boundaries (one more pass over it).
+            meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=True))
+            break
+        if show:
+            print(f"\rloading {path.name}: {b * 100 // max(len(region), 1)}%", end="", file=sys.stderr, flush=True)
+    if show:
+        print(file=sys.stderr)
+    return meta, cols
+
+
+def _head_keys(data: bytes, key_at: int) -> dict[str, Any] | None:
+    """The top-level keys written before traceEvents, or None if that text is not their start."""
+    try:
+        top = msgspec.json.decode(b"".join((memoryview(data)[:key_at], b'"traceEvents":null}')), type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    top.pop("traceEvents", None)
+    return {k: _decode_any(v) for k, v in top.items()}
+
+
+def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> dict[str, Any]:
+    """Events of the rest of the document (opener + text to the end); returns its other keys."""
+    if doc[:1] == b"[":
+        events, meta = doc, {}
+    else:
+        try:
+            top = msgspec.json.decode(doc, type=dict[str, msgspec.Raw])
+        except msgspec.ValidationError:
+            raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
+        events = top.pop("traceEvents")
+        meta = {k: _decode_any(v) for k, v in top.items()}
+    if not exact:
+        _decode_chunk(events, cols)
+    else:
+        _decode_exact(events, path, cols)
+    return meta
+
+
+def _decode_exact(events: Any, path: Path, cols: dec.Columns) -> None:
+    """Decode an events array split at its exact event boundaries (one more pass over it)."""
+    try:
+        raws = msgspec.json.decode(events, type=list[msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
+    step = max(1, CHUNK_BYTES // 400)
+    for start in range(0, len(raws), step):
+        _decode_chunk(b"[" + b",".join(raws[start : start + step]) + b"]", cols)
+
+
+def _read_scanned(data: bytes, path: Path) -> tuple[dict[str, Any], dec.Columns]:
+    """The plain way, for documents whose traceEvents key is not where a scan finds it."""
+    try:
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
     if "traceEvents" not in top:
         raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
-    raws = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
-    return top, raws
+    cols = dec.Columns()
+    _decode_exact(top.pop("traceEvents"), path, cols)
+    return {k: _decode_any(v) for k, v in top.items()}, cols
 
 
 def _decode_any(raw: msgspec.Raw) -> Any:
     try:
         return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 
-def _decode_leniently(raws: list[msgspec.Raw]) -> tuple[list[dec.Event], int]:
-    one = msgspec.json.Decoder(dec.Event)
-    out: list[dec.Event] = []
-    bad = 0
-    for r in raws:
-        try:
-            out.append(one.decode(r))
-        except msgspec.ValidationError:
-            try:
-                obj = msgspec.json.decode(r)
-            except msgspec.DecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                obj.pop("args", None)
-                out.append(msgspec.convert(obj, dec.Event, strict=False))
-            else:
-                bad += 1
-    return out, bad
-
-
-def _us_to_ns(ts_us: np.ndarray) -> np.ndarray:
-    out = np.full(len(ts_us), np.iinfo(np.int64).min, dtype=np.int64)
-    ok = np.isfinite(ts_us)
-    out[ok] = np.rint(ts_us[ok] * 1000.0).astype(np.int64)
-    return out
-
-
-def _ids(values: np.ndarray, labels: dict[int, str], codes: dict[str, int]) -> np.ndarray:
-    """pid/tid as int64. Numbers stay; 'stream 7' (legacy GPU rows) becomes 7; other text is coded."""
+def _decode_chunk(chunk: Any, cols: dec.Columns) -> None:
+    """One JSON array of events into the columns (typed; event by event if that fails)."""
     try:
-        return values.astype(np.int64)
-    except (TypeError, ValueError, OverflowError):
-        pass
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values.tolist()):
-        if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63:
-            out[i] = v
-        elif isinstance(v, float) and v == v:
-            out[i] = int(v)
-        else:
-            s = "" if v is None else str(v)
-            if s.lstrip("-").isdigit():
-                out[i] = int(s)
-            elif s.startswith("stream ") and s[7:].isdigit():
-                out[i] = int(s[7:])
-            else:
-                code = codes.get(s)
-                if code is None:
-                    code = -1_000_000 - len(codes)
-                    codes[s] = code
-                    labels[code] = s
-                out[i] = code
-    return out
+        events = dec.CHUNK_DECODER.decode(chunk)
+    except msgspec.ValidationError:
+        try:
+            raws = msgspec.json.decode(chunk, type=list[msgspec.Raw])
+        except msgspec.ValidationError:
+            raise TraceError("traceEvents", "is not a list") from None
+        # Some event does not fit the typed structs: decode this chunk one event at a time.
+        events, texts = dec.decode_leniently(raws, cols)
+        cols.add_events(events, None, texts)
+        return
+    cols.add_events(events, chunk if isinstance(chunk, bytes) else bytes(chunk))
 
 
-def _build_frame(cols: dec.Columns, ts_parts: list[np.ndarray]) -> pd.DataFrame:
-    cat_ = lambda name: np.concatenate(cols.parts[name]) if cols.parts.get(name) else np.empty(0, dtype=object)  # noqa: E731
-    n = sum(len(p) for p in ts_parts)
-    data: dict[str, Any] = {}
-    ts = np.concatenate(ts_parts) if ts_parts else np.empty(0, np.int64)
-    dur_us = cat_("dur_us").astype(np.float64) if n else np.empty(0)
-    dur = np.where(np.isfinite(dur_us) & (dur_us > 0), np.rint(np.nan_to_num(dur_us) * 1000.0), 0).astype(np.int64)
-    data["ts"] = ts
-    data["dur"] = dur
-    labels: dict[int, str] = {}
-    codes: dict[str, int] = {}
-    data["pid"] = _ids(cat_("pid"), labels, codes)
-    data["tid"] = _ids(cat_("tid"), labels, codes)
-    for name in dec.STR_COLS:
-        data[name] = cat_(name)
-    for name in dec.INT_COLS:
-        data[name] = cat_(name) if n else np.empty(0, np.int64)
-    for name in dec.OBJ_COLS:
-        data[name] = cat_(name)
-    df = pd.DataFrame(data)
-    df.attrs["id_labels"] = labels
-    return df
+def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[str]) -> Trace:
+    """Sort the decoded columns by time, derive kind/end/device/stream and the link columns."""
+    n = cols.n
+    if n == 0:
+        if cols.repaired.get(dec.NOT_OBJECTS):
+            raise TraceError(path, "JSON is not a profiler trace (traceEvents holds no event objects)")
+        raise TraceError(path, "trace holds no events")
+    warnings.extend(cols.warnings())
 
-
-def _kinds(df: pd.DataFrame) -> pd.Categorical:
-    cat = pd.Categorical(df["cat"])
-    mapped = np.array([CATEGORY_KIND.get(c, "other") for c in cat.categories], dtype=object)
-    kind = np.where(cat.codes >= 0, mapped[np.maximum(cat.codes, 0)] if len(mapped) else "other", "other").astype(object)
-    ph = df["ph"].to_numpy(dtype=object)
-    kind[ph == "M"] = "metadata"
-    kind[np.isin(ph, ["s", "t", "f"])] = "flow"
-    kind[ph == "C"] = "counter"
-    name = df["name"].to_numpy(dtype=object)
-    kind[(name == "[memory]") & np.isin(ph, ["i", "I"])] = "memory"
-    return pd.Categorical(kind)
-
-
-def _finish(path: Path, df: pd.DataFrame, meta: dict[str, Any], warnings: list[str]) -> Trace:
-    labels = df.attrs.pop("id_labels", {})
-    bad_ts = df["ts"].to_numpy() == np.iinfo(np.int64).min
-    keep_without_ts = df["ph"].to_numpy(dtype=object) == "M"
-    drop = bad_ts & ~keep_without_ts
+    cat_tables = {c: dec.category_index(cols.categories[c]) for c in dec.STR_COLS}
+    ts = cols.take("ts_ns")
+    ph_codes = cols.take("ph")
+    ph_cats, ph_remap = cat_tables["ph"]
+    ph_codes = ph_remap[ph_codes]
+    is_meta = ph_codes == _code(ph_cats, "M")
+    bad_ts = ts == dec.NO_TS
+    drop = bad_ts & ~is_meta
     if drop.any():
-        warnings.append(f"dropped {int(drop.sum())} events without a usable timestamp")
-        df = df[~drop]
-    df.loc[bad_ts & keep_without_ts, "ts"] = 0
-    df = df.sort_values("ts", kind="stable").reset_index(drop=True)
-    df["end"] = df["ts"].to_numpy() + df["dur"].to_numpy()
-    df["kind"] = _kinds(df)
-    for name in ("ph", "cat", "name", "sync_kind", "bp", "label"):
-        df[name] = pd.Categorical(df[name])
-    kind = df["kind"].to_numpy(dtype=object)
-    gpu_mask = np.isin(kind, GPU_KINDS + ("cuda_sync", "gpu_user_annotation"))
+        warnings.append(f"dropped {dec.plural(int(drop.sum()), 'event')} without a usable timestamp")
+    ts[bad_ts] = 0  # metadata without ts (kept) sort first
+    keep = np.flatnonzero(~drop) if drop.any() else None
+    ts_k = ts if keep is None else ts[keep]
+    order = np.argsort(ts_k, kind="stable")
+    perm = keep[order] if keep is not None else (None if _is_identity(order) else order)
+
+    def column(name: str) -> np.ndarray:
+        arr = cols.take(name)
+        return arr if perm is None else arr[perm]
+
+    data: dict[str, Any] = {}
+    data["ts"] = ts_k[order] if perm is not None else ts_k
+    dur_us = column("dur_us")
+    dur = dec.us_to_ns(dur_us)
+    data["dur"] = np.where(dur > 0, dur, 0)
+    del dur_us
+    data["pid"] = column("pid")
+    data["tid"] = column("tid")
+    cats = {}
+    for name in dec.STR_COLS:
+        categories, remap = cat_tables[name]
+        codes = ph_codes if name == "ph" else remap[cols.take(name)]
+        codes = codes if perm is None else codes[perm]
+        cats[name] = codes
+        data[name] = pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    for name in dec.INT_COLS:
+        data[name] = column(name)
+    for name in dec.OBJ_COLS:
+        data[name] = column(name)
+    data["end"] = data["ts"] + data["dur"]
+    kind_codes = _kind_codes(cats, cat_tables)
+    kinds = {k: kind_codes == i for i, k in enumerate(KINDS)}
+    # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
+    present = np.flatnonzero(np.bincount(kind_codes, minlength=len(KINDS)))
+    remap = np.full(len(KINDS), -1, dtype=np.int8)
+    remap[present] = np.arange(len(present))
+    data["kind"] = pd.Categorical.from_codes(remap[kind_codes], categories=[KINDS[i] for i in present], validate=False)
+    gpu_rows = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
     # GPU rows: device from args, else the pid Kineto uses for the device; stream likewise from tid.
-    dev = df["device"].to_numpy()
-    df["device"] = np.where(gpu_mask & (dev < 0), df["pid"].to_numpy(), dev)
-    stream = df["stream"].to_numpy()
-    df["stream"] = np.where(gpu_mask & (stream < 0), df["tid"].to_numpy(), stream)
-    _link(df, warnings)
+    on_gpu = gpu_rows | kinds["cuda_sync"] | kinds["gpu_user_annotation"]
+    for col, fallback in (("device", "pid"), ("stream", "tid")):
+        np.copyto(data[col], data[fallback], where=on_gpu & (data[col] < 0))
+    ph_cat_codes = cats["ph"]
+    flow_cats = np.isin(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS])
+    launch_flow = kinds["flow"] & flow_cats
+    launch, op, parent = link_columns(
+        ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
+        flow_id=data["flow_id"], host=kinds["runtime"] | kinds["driver"], target=gpu_rows | kinds["cuda_sync"],
+        cpu_op=kinds["cpu_op"], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
+        flow_end=launch_flow & np.isin(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")]),
+    )
+    data["launch"], data["op"], data["parent"] = launch, op, parent
+    df = pd.DataFrame(data, copy=False)
     process_names, thread_names = _names(df)
-    rank = _rank(meta, path)
     return Trace(
         path=str(path),
-        rank=rank,
+        rank=_rank(meta, path),
         events=df,
         meta=meta,
         warnings=warnings,
-        id_labels=labels,
+        id_labels=cols.id_labels,
         process_names=process_names,
         thread_names=thread_names,
     )
+
+
+def _is_identity(order: np.ndarray) -> bool:
+    return bool((order == np.arange(len(order))).all())
+
+
+def _code(categories: list[Any], value: str) -> int:
+    """Code of a category, or -2 (matches nothing) when absent."""
+    try:
+        return categories.index(value)
+    except ValueError:
+        return -2
+
+
+# Every normalised kind, in one fixed order (the categories of the `kind` column).
+KINDS: tuple[str, ...] = tuple(sorted(set(CATEGORY_KIND.values()) | {"metadata", "flow", "counter", "memory", "other"}))
+
+
+def _kind_codes(cats: dict[str, np.ndarray], tables: dict[str, tuple[list[Any], np.ndarray]]) -> np.ndarray:
+    cat_categories = tables["cat"][0]
+    kind_index = {k: i for i, k in enumerate(KINDS)}
+    other = kind_index["other"]
+    lut = np.array([kind_index.get(CATEGORY_KIND.get(c, "other"), other) for c in cat_categories] + [other], dtype=np.int8)
+    kind = lut[cats["cat"]]  # code -1 (no cat) picks the trailing "other"
+    ph = cats["ph"]
+    ph_cats = tables["ph"][0]
+    kind[ph == _code(ph_cats, "M")] = kind_index["metadata"]
+    kind[np.isin(ph, [_code(ph_cats, p) for p in ("s", "t", "f")])] = kind_index["flow"]
+    kind[ph == _code(ph_cats, "C")] = kind_index["counter"]
+    memory = (cats["name"] == _code(tables["name"][0], "[memory]")) & np.isin(ph, [_code(ph_cats, "i"), _code(ph_cats, "I")])
+    kind[memory] = kind_index["memory"]
+    return kind
 
 
 def _rank(meta: dict[str, Any], path: Path) -> int:
@@ -274,77 +348,3 @@ def _names(df: pd.DataFrame) -> tuple[dict[int, str], dict[tuple[int, int], str]
     return procs, threads
 
 
-def _link(df: pd.DataFrame, warnings: list[str]) -> None:
-    """Fill `launch`, `op` and `parent` (row positions; -1 when there is none)."""
-    n = len(df)
-    kind = df["kind"].to_numpy(dtype=object)
-    corr = df["correlation"].to_numpy()
-    launch = np.full(n, -1, dtype=np.int64)
-    op = np.full(n, -1, dtype=np.int64)
-    parent = np.full(n, -1, dtype=np.int64)
-
-    host_rows = np.flatnonzero(np.isin(kind, HOST_API_KINDS) & (corr >= 0))
-    target_rows = np.flatnonzero(np.isin(kind, GPU_KINDS + ("cuda_sync",)))
-    if len(host_rows) and len(target_rows):
-        # correlation -> first host call with it (ids are unique per launch in sane traces)
-        host_by_corr = pd.Series(host_rows, index=corr[host_rows])
-        host_by_corr = host_by_corr[~host_by_corr.index.duplicated(keep="first")]
-        found = host_by_corr.reindex(corr[target_rows]).to_numpy()
-        ok = ~np.isnan(found)
-        launch[target_rows[ok]] = found[ok].astype(np.int64)
-    _link_by_flows(df, kind, launch, target_rows)
-
-    # Innermost enclosing cpu_op per host thread, and the cpu_op hierarchy itself.
-    ts = df["ts"].to_numpy()
-    end = df["end"].to_numpy()
-    pid = df["pid"].to_numpy()
-    tid = df["tid"].to_numpy()
-    op_rows = np.flatnonzero(kind == "cpu_op")
-    api_rows = np.flatnonzero(np.isin(kind, HOST_API_KINDS))
-    if len(op_rows):
-        order = np.lexsort((-end[op_rows], ts[op_rows], tid[op_rows], pid[op_rows]))
-        op_rows = op_rows[order]
-        keys = pd.MultiIndex.from_arrays([pid[op_rows], tid[op_rows]])
-        api_keys = pd.DataFrame({"pid": pid[api_rows], "tid": tid[api_rows], "row": api_rows})
-        groups = pd.Series(np.arange(len(op_rows))).groupby([pid[op_rows], tid[op_rows]]).indices
-        api_groups = api_keys.groupby(["pid", "tid"])["row"].apply(np.asarray).to_dict() if len(api_rows) else {}
-        for key, idx in groups.items():
-            rows = op_rows[idx]
-            p = nest_parents(ts[rows], end[rows])
-            parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
-            q = api_groups.get(key)
-            if q is not None and len(q):
-                hit = innermost_containing(ts[rows], end[rows], p, ts[q])
-                op[q] = np.where(hit >= 0, rows[np.maximum(hit, 0)], -1)
-        del keys
-    has_launch = launch >= 0
-    op[has_launch] = op[launch[has_launch]]
-    df["launch"] = launch
-    df["op"] = op
-    df["parent"] = parent
-
-
-def _link_by_flows(df: pd.DataFrame, kind: np.ndarray, launch: np.ndarray, target_rows: np.ndarray) -> None:
-    """Fallback for GPU rows without a correlation match: follow the launch flow (s at the call, f at the activity)."""
-    missing = target_rows[launch[target_rows] < 0]
-    if not len(missing):
-        return
-    cat = df["cat"].astype(object).to_numpy()
-    ph = df["ph"].astype(object).to_numpy()
-    flow = np.isin(cat, LAUNCH_FLOW_CATS) & (kind == "flow")
-    if not flow.any():
-        return
-    fid = df["flow_id"].to_numpy()
-    ts = df["ts"].to_numpy()
-    pid = df["pid"].to_numpy()
-    tid = df["tid"].to_numpy()
-    starts = {int(fid[i]): (pid[i], tid[i], ts[i]) for i in np.flatnonzero(flow & (ph == "s"))}
-    ends = {(pid[i], tid[i], ts[i]): int(fid[i]) for i in np.flatnonzero(flow & np.isin(ph, ["f", "t"]))}
-    host_at = {(pid[i], tid[i], ts[i]): i for i in np.flatnonzero(np.isin(kind, HOST_API_KINDS))}
-    for r in missing:
-        f = ends.get((pid[r], tid[r], ts[r]))
-        if f is None or f not in starts:
-            continue
-        h = host_at.get(starts[f])
-        if h is not None:
-            launch[r] = h

@@ -1,0 +1,236 @@
+"""Link columns on built traces with known answers: kernel -> launch -> op, and op nesting."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from tracebuilder import GPU_PID, HOST_PID, TraceBuilder
+
+import tokentrace
+from tokentrace.analyze.links import innermost_containing, nest_parents
+
+
+def _row(trace, name: str, nth: int = 0) -> int:
+    rows = trace.events.index[trace.events["name"] == name]
+    return int(rows[nth])
+
+
+def _write(tmp_path, d: dict, name: str = "t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return tokentrace.load(p)
+
+
+def _standard(b: TraceBuilder) -> None:
+    """An op that launches a kernel from inside a nested op, then a memcpy, on one thread."""
+    b.cpu_op("aten::linear", 100, 100)
+    b.cpu_op("aten::addmm", 110, 60)
+    b.launch("gemm_kernel", 120, 200, 30)
+    b.cpu_op("aten::copy_", 180, 15)
+    b.memcpy("DtoH (Device -> Pageable)", 185, 240, 5, nbytes=4096)
+
+
+def test_kernel_links_to_launch_and_innermost_op(tmp_path):
+    b = TraceBuilder()
+    _standard(b)
+    t = b.load(tmp_path)
+    ev = t.events
+    k = _row(t, "gemm_kernel")
+    assert ev.at[k, "launch"] == _row(t, "cudaLaunchKernel")
+    assert ev.at[k, "op"] == _row(t, "aten::addmm")
+    assert ev.at[_row(t, "cudaLaunchKernel"), "op"] == _row(t, "aten::addmm")
+    copy = _row(t, "Memcpy DtoH (Device -> Pageable)")
+    assert ev.at[copy, "launch"] == _row(t, "cudaMemcpyAsync")
+    assert ev.at[copy, "op"] == _row(t, "aten::copy_")
+    assert ev.at[copy, "bytes"] == 4096
+    # op nesting: addmm and copy_ inside linear; linear at top level
+    assert ev.at[_row(t, "aten::addmm"), "parent"] == _row(t, "aten::linear")
+    assert ev.at[_row(t, "aten::copy_"), "parent"] == _row(t, "aten::linear")
+    assert ev.at[_row(t, "aten::linear"), "parent"] == -1
+    assert t.linked_share() == {"launch": 1.0, "op": 1.0}
+
+
+def test_flows_link_when_correlation_is_absent(tmp_path):
+    b = TraceBuilder()
+    _standard(b)
+    d = b.to_dict()
+    for e in d["traceEvents"]:
+        if e.get("ph") == "X" and "args" in e:
+            e["args"].pop("correlation", None)
+    t = _write(tmp_path, d)
+    ev = t.events
+    assert (ev["correlation"] == -1).all()
+    assert ev.at[_row(t, "gemm_kernel"), "launch"] == _row(t, "cudaLaunchKernel")
+    assert ev.at[_row(t, "gemm_kernel"), "op"] == _row(t, "aten::addmm")
+    assert ev.at[_row(t, "Memcpy DtoH (Device -> Pageable)"), "launch"] == _row(t, "cudaMemcpyAsync")
+
+
+def test_graph_launch_owns_its_200_kernels(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("CUDAGraph::replay", 50, 40)
+    b.graph_launch(60, 100, [(f"layer{i}_kernel", 2.0) for i in range(200)], gap=0.5)
+    t = b.load(tmp_path)
+    g = _row(t, "cudaGraphLaunch")
+    kernels = t.kernels
+    assert len(kernels) == 200
+    assert (kernels["launch"] == g).all()
+    assert (kernels["op"] == _row(t, "CUDAGraph::replay")).all()
+
+
+def _legacy_ids(d: dict) -> dict:
+    """What 2021 Kineto wrote: string tids on host rows and 'stream N' on GPU rows."""
+    for e in d["traceEvents"]:
+        if e.get("ph") == "M":
+            continue
+        if e.get("pid") == GPU_PID:
+            e["tid"] = f"stream {e['tid']}"
+        else:
+            e["tid"] = str(e["tid"])
+    return d
+
+
+def test_legacy_2021_categories_and_string_tids(tmp_path):
+    b = TraceBuilder(legacy=True)
+    _standard(b)
+    for e in b.events:  # 2021 traces also wrote "external id" in lower case
+        if "args" in e and "External id" in e["args"]:
+            e["args"]["external id"] = e["args"].pop("External id")
+    t = _write(tmp_path, _legacy_ids(b.to_dict()))
+    ev = t.events
+    assert set(ev["cat"].dropna().astype(str)) >= {"Operator", "Runtime", "Kernel", "Memcpy", "async"}
+    k = _row(t, "gemm_kernel")
+    assert ev.at[k, "kind"] == "kernel"
+    assert ev.at[k, "tid"] == 7 and ev.at[k, "stream"] == 7
+    assert ev.at[_row(t, "aten::linear"), "tid"] == HOST_PID
+    assert ev.at[_row(t, "aten::linear"), "external_id"] >= 1
+    assert ev.at[k, "launch"] == _row(t, "cudaLaunchKernel")
+    assert ev.at[k, "op"] == _row(t, "aten::addmm")
+    assert ev.at[_row(t, "Memcpy DtoH (Device -> Pageable)"), "kind"] == "gpu_memcpy"
+
+
+@pytest.mark.parametrize("api", ["hipLaunchKernel", "hipExtModuleLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"])
+def test_launch_apis(tmp_path, api):
+    b = TraceBuilder()
+    b.cpu_op("aten::mul", 100, 50)
+    b.launch("mul_kernel", 110, 200, 10, api=api)
+    t = b.load(tmp_path)
+    launch = _row(t, api)
+    assert t.events.at[launch, "kind"] == ("driver" if api == "cuLaunchKernel" else "runtime")
+    assert t.events.at[_row(t, "mul_kernel"), "launch"] == launch
+    assert t.events.at[_row(t, "mul_kernel"), "op"] == _row(t, "aten::mul")
+
+
+def test_hip_memcpy_and_memset(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::copy_", 100, 50)
+    b.memcpy("HtoD (Host -> Device)", 110, 200, 4, api="hipMemcpyWithStream")
+    b.cpu_op("aten::zero_", 300, 50)
+    b.launch("Memset (Device)", 310, 400, 2, api="hipMemsetAsync", cat="gpu_memset", bytes=64)
+    t = b.load(tmp_path)
+    assert t.events.at[_row(t, "Memcpy HtoD (Host -> Device)"), "op"] == _row(t, "aten::copy_")
+    assert t.events.at[_row(t, "Memset (Device)"), "op"] == _row(t, "aten::zero_")
+    assert len(t.gpu) == 2 and t.linked_share() == {"launch": 1.0, "op": 1.0}
+
+
+def test_kernels_without_ops_and_launches_without_kernels(tmp_path):
+    b = TraceBuilder()
+    b.launch("orphan_kernel", 10, 50, 5)  # launched outside any cpu op
+    b.cpu_op("aten::add", 100, 20)
+    b.runtime("cudaLaunchKernel", 105, 5)  # its kernel is not in the trace
+    t = b.load(tmp_path)
+    ev = t.events
+    k = _row(t, "orphan_kernel")
+    assert ev.at[k, "launch"] == _row(t, "cudaLaunchKernel", 0)
+    assert ev.at[k, "op"] == -1
+    assert ev.at[_row(t, "cudaLaunchKernel", 1), "op"] == _row(t, "aten::add")
+    assert t.linked_share() == {"launch": 1.0, "op": 0.0}
+
+
+def test_no_gpu_rows_means_no_link_share(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::add", 100, 20)
+    b.runtime("cudaLaunchKernel", 105, 5)
+    t = b.load(tmp_path)
+    assert t.gpu.empty and t.linked_share() == {"launch": None, "op": None}
+
+
+def test_unsorted_and_cropped_traces_link_the_same(tmp_path):
+    b = TraceBuilder()
+    _standard(b)
+    b.cuda_sync("Stream Sync", 260, 3, corr=b.runtime("cudaStreamSynchronize", 250, 20))
+    ref = b.load(tmp_path, "ref.json")
+    d = b.to_dict()
+    events = [e for e in d["traceEvents"] if e["ph"] != "M"]  # cropped: no metadata
+    random.Random(3).shuffle(events)
+    d["traceEvents"] = events
+    t = _write(tmp_path, d, "shuffled.json")
+    assert "M" not in set(t.events["ph"].astype(str))
+    for name in ("gemm_kernel", "Memcpy DtoH (Device -> Pageable)", "Stream Sync"):
+        r, s = ref.events.loc[_row(ref, name)], t.events.loc[_row(t, name)]
+        assert ref.events.at[int(r["launch"]), "name"] == t.events.at[int(s["launch"]), "name"]
+        if r["op"] >= 0:
+            assert ref.events.at[int(r["op"]), "name"] == t.events.at[int(s["op"]), "name"]
+    sync = _row(t, "Stream Sync")
+    assert t.events.at[sync, "launch"] == _row(t, "cudaStreamSynchronize")
+    assert t.events["ts"].is_monotonic_increasing
+
+
+def test_ops_link_on_their_own_thread(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("main_op", 100, 100, tid=1)
+    b.cpu_op("worker_op", 90, 200, tid=2)
+    b.launch("k1", 150, 300, 5, tid=1)
+    b.launch("k2", 160, 310, 5, tid=2)
+    t = b.load(tmp_path)
+    assert t.events.at[_row(t, "k1"), "op"] == _row(t, "main_op")
+    assert t.events.at[_row(t, "k2"), "op"] == _row(t, "worker_op")
+
+
+def _reference_parents(ts, end):
+    """The stack algorithm the vectorised version replaces."""
+    parent = [-1] * len(ts)
+    stack: list[int] = []
+    for i in range(len(ts)):
+        while stack and end[stack[-1]] <= ts[i]:
+            stack.pop()
+        while stack and end[stack[-1]] < end[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nest_parents_matches_the_stack_algorithm(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    ts = rng.integers(0, 1000, n)
+    dur = rng.choice([0, 1, 5, 50, 400], n)
+    end = ts + dur
+    order = np.lexsort((-end, ts))
+    ts, end = ts[order], end[order]
+    assert nest_parents(ts, end).tolist() == _reference_parents(ts.tolist(), end.tolist())
+
+
+def test_nest_parents_known_cases():
+    # identical intervals nest; a zero-length interval at another's end is outside it;
+    # an overlapping, not contained interval is a sibling
+    ts = np.array([0, 0, 10, 50, 60, 100])
+    end = np.array([100, 100, 20, 50, 120, 110])
+    assert nest_parents(ts, end).tolist() == [-1, 0, 1, 1, -1, 4]
+    # groups (threads) never nest into each other
+    gstart = np.array([0, 0, 0, 3, 3, 3])
+    assert nest_parents(ts, end, gstart).tolist() == [-1, 0, 1, -1, -1, 4]
+
+
+def test_innermost_containing():
+    ts = np.array([0, 10, 30, 40])
+    end = np.array([100, 20, 50, 40])
+    parent = nest_parents(ts, end)
+    at = np.array([5, 15, 20, 35, 40, 45, 100, -1])
+    assert innermost_containing(ts, end, parent, at).tolist() == [0, 1, 0, 2, 3, 2, -1, -1]
