@@ -156,6 +156,19 @@ def _decode_idle_share(doc: Summary) -> float | None:
     return None if util is None else 1.0 - util
 
 
+def _launch_bound_share_decode(doc: Summary) -> float | None:
+    """Share of the decode phase's GPU span spent idle waiting for kernel launches.
+
+    This is the measured form of "decode is launch-bound": launch-bound gap time in decode steps
+    over the decode GPU span (CUDA graphs or reduce-overhead would recover about that share).
+    """
+    idle = _number(dig(doc, "gaps.by_phase.decode.by_cause.launch_bound"))
+    span = _number(dig(doc, "gpu.by_phase.decode.span_us"))
+    if idle is None or not span:
+        return None
+    return min(1.0, idle / span)
+
+
 def _backend(section: str) -> Callable[[Summary], str | None]:
     """Attention backends that ran, as one sorted label ("flash", "flash, math"); None when unknown."""
 
@@ -192,6 +205,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("decode_gpu_busy_per_step_us", "decode", "GPU busy per step", "us", "lower", _paths("phases.decode.gpu_busy_us.mean")),
     Metric("gpu_utilization_decode", "decode", "GPU utilisation", "share", "higher", _phase_utilization("decode")),
     Metric("idle_share_decode", "decode", "GPU idle share", "share", "lower", _decode_idle_share),
+    Metric("launch_bound_share_decode", "decode", "launch-bound share of the GPU span", "share", "lower",
+           _launch_bound_share_decode),
     Metric("cpu_bound_share_decode", "decode", "CPU share of the critical path", "share", "lower",
            _paths("phases.decode.bound.cpu_share")),
     Metric("gaps_per_step_decode_us", "decode", "idle in gaps per step", "us", "lower",

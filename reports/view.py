@@ -309,7 +309,7 @@ def finding(f: dict[str, Any]) -> dict[str, Any]:
 # The headline: (metric key in analyze.metrics, label). The CPU share of the decode steps'
 # critical path is the measured form of "decode is launch-bound" (analyze.critical_path).
 HEADLINE = (("ttft_us", "TTFT"), ("tpot_p50_us", "TPOT p50"), ("gpu_utilization", "GPU utilisation"),
-            ("cpu_bound_share_decode", "Launch-bound share (decode)"), ("syncs_per_token", "Syncs per token"))
+            ("launch_bound_share_decode", "Launch-bound share (decode)"), ("syncs_per_token", "Syncs per token"))
 
 
 def headline(doc: dict[str, Any]) -> list[Metric]:
