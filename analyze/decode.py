@@ -373,13 +373,17 @@ class Columns:
 
     def _codes(self, col: str, values: np.ndarray) -> np.ndarray:
         """Object values -> int32 codes into this column's growing category dictionary."""
-        codes, uniques = pd.factorize(values, use_na_sentinel=True)
+        try:
+            codes, uniques = pd.factorize(values, use_na_sentinel=True)
+        except TypeError:  # lists or objects (unhashable): their JSON text instead
+            values = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
+            codes, uniques = pd.factorize(values, use_na_sentinel=True)
         table = self.categories[col]
-        odd = [i for i, u in enumerate(uniques) if not isinstance(u, str)]
+        odd = [i for i, u in enumerate(uniques) if not isinstance(u, str) or isinstance(u, _Text)]
         if odd:  # numbers or lists where text belongs: kept as their JSON text
             self.note(f"converted non-text '{col}' values to text in {{events}}", np.isin(codes, odd).sum())
-        lut = np.array([table.setdefault(u if isinstance(u, str) else _as_text(u), len(table)) for u in uniques] + [_STR_DEFAULT],
-                       dtype=np.int32)
+        lut = np.array([table.setdefault(str(u) if isinstance(u, str) else _as_text(u), len(table)) for u in uniques]
+                       + [_STR_DEFAULT], dtype=np.int32)
         return lut[codes]
 
     def _floats(self, col: str, values: tuple) -> np.ndarray:
@@ -431,7 +435,8 @@ class Columns:
             return np.fromiter(values, np.int64, len(values))
         except (TypeError, ValueError, OverflowError):
             pass
-        codes, uniques = pd.factorize(_objects(values), use_na_sentinel=True)
+        objs = _objects([v if v is None or isinstance(v, (int, float, str)) else _as_text(v) for v in values])
+        codes, uniques = pd.factorize(objs, use_na_sentinel=True)
         lut = np.array([self._id_value(u) for u in uniques] + [MISSING], dtype=np.int64)
         return lut[codes]
 
@@ -506,6 +511,10 @@ def _fill(col: str, n: int) -> np.ndarray:
 
 
 _ALL_COLS = ("ts_ns", "dur_us", "pid", "tid") + STR_COLS + INT_COLS + OBJ_COLS
+
+
+class _Text(str):
+    """Text made from a value that was not text (so it is counted as converted)."""
 
 
 def _as_text(v: Any) -> str:

@@ -226,6 +226,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     is_meta = ph_codes == _code(ph_cats, "M")
     bad_ts = ts == dec.NO_TS
     drop = bad_ts & ~is_meta
+    if drop.all():
+        raise TraceError(path, "JSON is not a profiler trace (no event has a usable 'ts')")
     if drop.any():
         warnings.append(f"dropped {dec.plural(int(drop.sum()), 'event')} without a usable timestamp")
     ts[bad_ts] = 0  # metadata without ts (kept) sort first

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from tokentrace.analyze.decode import EVENT_BOUNDARY, chunk_spans, plural
+from tokentrace.analyze.decode import CHUNK_DECODER, EVENT_BOUNDARY, chunk_spans, plural
 from tokentrace.errors import TraceError
 
 # A backslash escape: valid ones are kept, a lone backslash before anything else is doubled.
@@ -142,9 +142,13 @@ def _events(region: memoryview, report: _Report, *, bare: bool) -> tuple[list[by
 
 
 def _valid(text: bytes) -> bool:
+    """Whether a chunk decodes as the fast path will decode it (syntax, and UTF-8 in the
+    strings it reads; values of the wrong type are its lenient path's business)."""
     try:
-        msgspec.json.decode(text, type=list[msgspec.Raw])
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        CHUNK_DECODER.decode(text)
+    except msgspec.ValidationError:
+        return _is_json(text, raw=True)
+    except msgspec.DecodeError:
         return False
     return True
 
@@ -162,24 +166,68 @@ def _pieces(region: memoryview, a: int, b: int) -> list[tuple[int, int]]:
 
 def _fix_pieces(region: memoryview, pieces: list[tuple[int, int]], out: list[bytes], report: _Report, *,
                 hold_tail: bool) -> list[tuple[int, int]]:
-    """Fix each piece, merging an unreadable one with the next ones (a boundary-looking text
-    inside a string split it). Returns the unreadable run at the end when `hold_tail`."""
+    """Fix each piece. A piece is merged with the next ones while it does not parse, or while
+    the next one cannot start an event by itself (a boundary-looking text inside a string split
+    them: `"name": "a "}, {" b"` with unescaped quotes). Returns the unreadable run at the end
+    when `hold_tail` (it may continue in the next chunk)."""
     i = 0
     while i < len(pieces):
         start = pieces[i][0]
         upto = min(i + MAX_MERGE, len(pieces))
+        first: tuple[int, bytes, set[str]] | None = None
+        chosen = None
         for j in range(i, upto):
-            fixed = _fix_event(region[start : pieces[j][1]], report)
-            if fixed is not None:
-                out.append(fixed)
-                i = j + 1
+            got = _fix_event(region[start : pieces[j][1]])
+            if got is None and j > i:
+                got = _fix_event(_quotes_at_boundaries(region, pieces[i : j + 1]))
+                if got is not None:
+                    got[1].add("quote")
+            if got is None:
+                continue
+            first = first or (j, *got)
+            if _next_starts_event(region, pieces[j][1]):
+                chosen = (j, *got)
                 break
+        if chosen is None and hold_tail and upto == len(pieces):
+            return pieces[i:]  # the rest of this event may be in the next chunk
+        chosen = chosen or first
+        if chosen is not None:
+            j, fixed, fixes = chosen
+            out.append(fixed)
+            report.count(fixes)
+            i = j + 1
         else:
-            if hold_tail and upto == len(pieces):
-                return pieces[i:]
             report.dropped += 1
             i += 1
     return []
+
+
+def _quotes_at_boundaries(region: memoryview, pieces: list[tuple[int, int]]) -> bytes:
+    """The merged text of pieces whose boundaries are taken to lie inside a string that
+    unescaped quotes cut short: `"a "}, {" b"` -> `"a \\"}, {\\" b"`."""
+    parts = []
+    for k, (a, b) in enumerate(pieces):
+        text = bytes(region[a:b])
+        if k > 0 and text.startswith(b'{"'):
+            text = b'{\\"' + text[2:]
+        if k < len(pieces) - 1:
+            if text.endswith(b'"}') and not text.endswith(b'\\"}'):
+                text = text[:-2] + b'\\"}'
+            text += bytes(region[b : pieces[k + 1][0]])
+        parts.append(text)
+    return b"".join(parts)
+
+
+def _next_starts_event(region: memoryview, end: int) -> bool:
+    """Whether the piece after the one ending at `end` parses as an event by itself (True when
+    no event follows: there is nothing to merge with)."""
+    m = EVENT_BOUNDARY.match(region, end - 1)
+    if m is None:
+        return True
+    nxt = EVENT_BOUNDARY.search(region, m.end())
+    got = _fix_event(region[m.end() : nxt.start() + 1 if nxt else len(region)])
+    # Escaping quotes can make nearly any text parse; an event also names its phase.
+    return got is not None and b'"ph"' in got[0]
 
 
 def _final(region: memoryview, pieces: list[tuple[int, int]], out: list[bytes], report: _Report, *, bare: bool) -> dict[str, Any]:
@@ -205,7 +253,7 @@ def _final(region: memoryview, pieces: list[tuple[int, int]], out: list[bytes], 
     out.append(msgspec.json.encode(_sanitize(obj, fixes)))
     report.count(fixes)
     rest = s[stop:].encode("utf-8")
-    if not rest.strip():
+    if not rest.strip(b" \t\r\n,"):
         report.lines.append("file is truncated: it ends after its last complete event (no event lost)")
         return {}
     return _after_array(rest, report, bare)
@@ -227,8 +275,9 @@ def _after_array(text: bytes, report: _Report, bare: bool) -> dict[str, Any]:
     return _object_keys(memoryview(b"{" + rest), b"", report, "after traceEvents") or {}
 
 
-def _fix_event(text: Any, report: _Report) -> bytes | None:
-    """Clean bytes of one event's text, or None if it is not one event even after repair."""
+def _fix_event(text: Any) -> tuple[bytes, set[str]] | None:
+    """Clean bytes of one event's text and the repairs it took, or None if it is not one event
+    even after repair."""
     fixes: set[str] = set()
     fixed = _fix(bytes(text), None, fixes=fixes)
     if fixed is None:
@@ -238,8 +287,7 @@ def _fix_event(text: Any, report: _Report) -> bytes | None:
             return None
     except msgspec.ValidationError:
         pass  # a number beyond float range: the decoder's lenient path handles it
-    report.count(fixes)
-    return fixed
+    return fixed, fixes
 
 
 def _fix(data: bytes, report: _Report | None, *, events: bool = True, fixes: set[str] | None = None) -> bytes | None:
@@ -261,10 +309,11 @@ def _fix(data: bytes, report: _Report | None, *, events: bool = True, fixes: set
     return data
 
 
-def _is_json(data: bytes) -> bool:
+def _is_json(data: bytes, *, raw: bool = False) -> bool:
+    """Valid JSON with valid UTF-8 strings and numbers in float range (raw: syntax only)."""
     try:
-        msgspec.json.decode(data, type=msgspec.Raw)
-    except msgspec.DecodeError:
+        msgspec.json.decode(data, type=msgspec.Raw) if raw else msgspec.json.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return False
     return True
 
