@@ -206,11 +206,6 @@ _LAYOUTS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ..
 }
 _LAYOUT_NAMES = tuple(_LAYOUTS)
 _CLASS_LAYOUT = np.array([_LAYOUT_NAMES.index(c.LAYOUT) for c in EVENT_CLASSES], dtype=np.int8)
-# Every column a chunk produces, with its fill value for rows that do not have it.
-_DEFAULTS: dict[str, Any] = {"ts_us": NAN, "dur_us": NAN, "pid": MISSING, "tid": MISSING,
-                             "external_id_legacy": MISSING}
-for _c in INT_COLS:
-    _DEFAULTS[_c] = MISSING
 _STR_DEFAULT = -1  # categorical code of "absent"
 
 # ---- chunks --------------------------------------------------------------------------------
@@ -258,9 +253,10 @@ class Columns:
     """Growing column store: per-chunk arrays, categorical dictionaries, counts of repairs."""
 
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     n: int = 0
     # Categorical columns: value -> code, in first-seen order (sorted when the frame is built).
-    categories: dict[str, dict[Any, int]] = field(default_factory=lambda: {c: {} for c in STR_COLS})
+    categories: dict[str, dict[Any, int]] = field(default_factory=lambda: {c: {None: _STR_DEFAULT} for c in STR_COLS})
     id_labels: dict[int, str] = field(default_factory=dict)  # negative code -> text pid/tid
     _id_codes: dict[str, int] = field(default_factory=dict)
     _raw_cache: dict[bytes, Any] = field(default_factory=dict)
@@ -281,6 +277,16 @@ class Columns:
         if not parts:
             return np.empty(0)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def take_sparse(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and values of an arg column where it is present (the frame scatters these few
+        values instead of sorting whole columns); the parts are released."""
+        parts = self.sparse.pop(name, [])
+        if name == "external_id":  # 2021 traces spell it "external id"; "External id" wins
+            parts = self.sparse.pop("external_id_legacy", []) + parts  # (scattered later)
+        if not parts:
+            return np.empty(0, np.int64), np.empty(0, object if name in OBJ_COLS else np.int64)
+        return np.concatenate([r for r, _ in parts]), np.concatenate([v for _, v in parts])
 
     # -- one chunk ---------------------------------------------------------------------------
     def add_events(self, events: list, chunk: bytes | None, texts: list[bytes] | None = None) -> None:
@@ -314,17 +320,17 @@ class Columns:
             out["ts_ns"] = precise_ts_ns(chunk, ts) if _TS_DECIMAL.search(chunk) else us_to_ns(ts)
         else:
             out["ts_ns"] = precise_ts_ns_each(texts or [], ts)
-        ext_legacy = out.pop("external_id_legacy", None)
-        if ext_legacy is not None and (ext_legacy >= 0).any():
-            ext = out.setdefault("external_id", np.full(n, MISSING, np.int64))
-            np.copyto(ext, ext_legacy, where=ext < 0)
+        dur = out.pop("dur_us", None)
+        if dur is not None:
+            dur = us_to_ns(dur)
+            out["dur_ns"] = np.where(dur > 0, dur, 0)  # absent, NaN or negative: 0
         for col, arr in out.items():
             self.parts.setdefault(col, []).append(arr)
         # Columns this chunk did not touch still need rows, so every column stays aligned.
         for col in list(self.parts):
             if col not in out:
                 self.parts[col].append(_fill(col, n))
-        for col in _ALL_COLS:
+        for col in _DENSE_COLS:
             if col not in self.parts:
                 self.parts[col] = [_fill(col, self.n), _fill(col, n)] if self.n else [_fill(col, n)]
         self.n += n
@@ -344,45 +350,64 @@ class Columns:
 
     def _store(self, col: str, kind: str, values: tuple, idx: np.ndarray | None, n: int,
                out: dict[str, np.ndarray], strs: dict[str, np.ndarray]) -> None:
+        # Most args are absent from most events: a C-level count skips such columns per chunk,
+        # and arg columns keep only their present values, as (row, value) pairs.
         if kind == "str":
-            _scatter(strs, col, _objects(values), idx, n, None)
+            if values.count(None) != len(values):
+                _scatter(strs, col, _objects(values), idx, n, None)
         elif kind == "float":
             _scatter(out, col, self._floats(col, values), idx, n, NAN)
-        elif kind == "int":
-            _scatter(out, col, self._ints(col, values), idx, n, MISSING)
         elif kind == "id":
             _scatter(out, col, self._ids(values), idx, n, MISSING)
+        elif kind == "int":
+            if values.count(MISSING) != len(values):
+                vals = self._ints(col, values)
+                rows = np.flatnonzero(vals != MISSING)
+                self._sparse(col, rows, vals[rows], idx)
         elif kind == "raw":
             if values.count(_EMPTY) != len(values):
-                _scatter(out, col, self._raws(col, values), idx, n, None)
+                self._sparse(col, *self._raws(values), idx)
         elif kind == "text":
             if values.count(None) != len(values):
                 cache = self._text_cache
-                _scatter(out, col, _objects([v if v is None else cache.setdefault(_as_text(v), _as_text(v))
-                                             for v in values]), idx, n, None)
+                rows = [i for i, v in enumerate(values) if v is not None]
+                texts = [cache.setdefault(_as_text(values[i]), _as_text(values[i])) for i in rows]
+                self._sparse(col, np.array(rows, dtype=np.int64), _objects(texts), idx)
+
+    def _sparse(self, col: str, rows: np.ndarray, values: np.ndarray, idx: np.ndarray | None) -> None:
+        """Record present values of an arg column at rows of the current layout group."""
+        if len(rows):
+            at = (rows if idx is None else idx[rows]) + self.n
+            self.sparse.setdefault(col, []).append((at, values))
 
     def _ph(self, codes: np.ndarray, events: list, out: dict[str, np.ndarray]) -> None:
         table = self.categories["ph"]
-        lut = np.array([_STR_DEFAULT if p is None else table.setdefault(p, len(table)) for p in _CLASS_PH], dtype=np.int32)
+        lut = np.array([_STR_DEFAULT if p is None else _code_of(table, p) for p in _CLASS_PH], dtype=np.int32)
         ph = lut[codes]
         other = np.flatnonzero(codes == _CLASS_CODE[Other])
         if len(other):
             texts = [events[i].ph_text for i in other.tolist()]
-            ph[other] = [_STR_DEFAULT if t is None else table.setdefault(_as_text(t), len(table)) for t in texts]
+            ph[other] = [_STR_DEFAULT if t is None else _code_of(table, _as_text(t)) for t in texts]
         out["ph"] = ph
 
     def _codes(self, col: str, values: np.ndarray) -> np.ndarray:
         """Object values -> int32 codes into this column's growing category dictionary."""
+        table = self.categories[col]
+        try:
+            codes = list(map(table.get, values))
+            if None not in codes:  # every value seen before: the common case after the first chunks
+                return np.fromiter(codes, np.int32, len(codes))
+        except TypeError:
+            pass  # an unhashable value (a list): handled below
         try:
             codes, uniques = pd.factorize(values, use_na_sentinel=True)
         except TypeError:  # lists or objects (unhashable): their JSON text instead
             values = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
             codes, uniques = pd.factorize(values, use_na_sentinel=True)
-        table = self.categories[col]
         odd = [i for i, u in enumerate(uniques) if not isinstance(u, str) or isinstance(u, _Text)]
         if odd:  # numbers or lists where text belongs: kept as their JSON text
             self.note(f"converted non-text '{col}' values to text in {{events}}", np.isin(codes, odd).sum())
-        lut = np.array([table.setdefault(str(u) if isinstance(u, str) else _as_text(u), len(table)) for u in uniques]
+        lut = np.array([_code_of(table, str(u) if isinstance(u, str) else _as_text(u)) for u in uniques]
                        + [_STR_DEFAULT], dtype=np.int32)
         return lut[codes]
 
@@ -457,18 +482,17 @@ class Columns:
             self.id_labels[code] = s
         return code
 
-    def _raws(self, col: str, values: tuple) -> np.ndarray:
-        """Raw JSON texts -> parsed values, each distinct text parsed once and shared.
+    def _raws(self, values: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and parsed values of raw JSON texts, each distinct text parsed once and shared.
 
         All loops here run in C (map/compress): cpu ops carry three of these fields each."""
-        out = np.full(len(values), None, dtype=object)
         present = np.fromiter(map(is_not, values, repeat(_EMPTY)), bool, len(values))
-        keys = list(map(bytes, compress(values, present)))
+        # One join and split instead of a bytes() call per value (raw JSON never holds a NUL).
+        keys = b"\x00".join(compress(values, present)).split(b"\x00")
         cache = self._raw_cache
         for key in set(keys).difference(cache):
             cache[key] = _parse_json(key)
-        out[present] = _objects(list(map(cache.__getitem__, keys)))
-        return out
+        return np.flatnonzero(present), _objects(list(map(cache.__getitem__, keys)))
 
 
 NOT_OBJECTS = "dropped {events} that are not JSON objects"
@@ -499,18 +523,17 @@ def _scatter(out: dict[str, np.ndarray], col: str, values: np.ndarray, idx: np.n
 
 
 def _fill(col: str, n: int) -> np.ndarray:
-    if col in ("ts_us", "dur_us"):
-        return np.full(n, NAN)
     if col in STR_COLS:
         return np.full(n, _STR_DEFAULT, np.int32)
-    if col in OBJ_COLS:
-        return np.full(n, None, dtype=object)
     if col == "ts_ns":
         return np.full(n, NO_TS, np.int64)
+    if col == "dur_ns":
+        return np.zeros(n, np.int64)
     return np.full(n, MISSING, np.int64)
 
 
-_ALL_COLS = ("ts_ns", "dur_us", "pid", "tid") + STR_COLS + INT_COLS + OBJ_COLS
+# Columns stored whole per chunk (arg columns are stored as rows and values of present values).
+_DENSE_COLS = ("ts_ns", "dur_ns", "pid", "tid") + STR_COLS
 
 
 class _Text(str):
@@ -730,9 +753,14 @@ def us_to_ns(us: np.ndarray) -> np.ndarray:
     return out
 
 
+def _code_of(table: dict[Any, int], value: str) -> int:
+    """The code of a text in a category dictionary (whose None entry holds the code -1)."""
+    return table.setdefault(value, len(table) - 1)
+
+
 def category_index(table: dict[Any, int]) -> tuple[list[Any], np.ndarray]:
     """Sorted categories of a first-seen dictionary and the code remapping (old -> new)."""
-    values = list(table)
+    values = [v for v in table if v is not None]  # in code order: codes are given as 0, 1, 2, ...
     order = sorted(range(len(values)), key=values.__getitem__)
     remap = np.empty(len(values) + 1, dtype=np.int32)
     remap[np.array(order, dtype=np.int64)] = np.arange(len(values), dtype=np.int32)

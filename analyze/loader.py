@@ -65,6 +65,7 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     # (nothing built here forms a cycle), so it is paused for the load.
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    hugepages = _set_numpy_hugepages(False)
     try:
         try:
             meta, cols = _read_document(data, path, show and nbytes > PROGRESS_BYTES)
@@ -79,11 +80,29 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     finally:
         if gc_was_enabled:
             gc.enable()
+        _set_numpy_hugepages(hugepages)
     trace.meta.setdefault("_load", {})["seconds"] = time.perf_counter() - t0
     trace.meta["_load"]["bytes"] = nbytes
     for w in warnings:
         print(f"tokentrace: warning: {path}: {w}", file=sys.stderr)
     return trace
+
+
+def _set_numpy_hugepages(on: bool | None) -> bool | None:
+    """Turn numpy's madvise(MADV_HUGEPAGE) of large arrays on or off; returns the old setting.
+
+    A load allocates hundreds of MB of fresh columns. Where transparent huge pages are on with
+    defrag=madvise (a common Linux default), faulting madvised memory in can stall in direct
+    compaction: off, a 1.1 GB trace loaded in 8.9 s instead of 11.1 s (benchmarks/README.md).
+    numpy only has a private switch for this; without it nothing changes."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if on is None or switch is None:
+        return None
+    return bool(switch(on))
 
 
 # The traceEvents key and the bracket that opens its array.
@@ -236,16 +255,28 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     order = np.argsort(ts_k, kind="stable")
     perm = keep[order] if keep is not None else (None if _is_identity(order) else order)
 
+    # Where each decoded row lands in the sorted frame (-1: dropped), for sparse columns.
+    if perm is None:
+        dest = None
+    else:
+        dest = np.full(n, -1, dtype=np.int64)
+        dest[perm] = np.arange(len(perm))
+
     def column(name: str) -> np.ndarray:
         arr = cols.take(name)
         return arr if perm is None else arr[perm]
 
+    def sparse(name: str) -> np.ndarray:
+        rows, values = cols.take_sparse(name)
+        out = np.full(len(ts_k), None if values.dtype == object else dec.MISSING, dtype=values.dtype)
+        at = rows if dest is None else dest[rows]
+        ok = at >= 0
+        out[at[ok]] = values[ok]
+        return out
+
     data: dict[str, Any] = {}
     data["ts"] = ts_k[order] if perm is not None else ts_k
-    dur_us = column("dur_us")
-    dur = dec.us_to_ns(dur_us)
-    data["dur"] = np.where(dur > 0, dur, 0)
-    del dur_us
+    data["dur"] = column("dur_ns")
     data["pid"] = column("pid")
     data["tid"] = column("tid")
     cats = {}
@@ -255,10 +286,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         codes = codes if perm is None else codes[perm]
         cats[name] = codes
         data[name] = pd.Categorical.from_codes(codes, categories=categories, validate=False)
-    for name in dec.INT_COLS:
-        data[name] = column(name)
-    for name in dec.OBJ_COLS:
-        data[name] = column(name)
+    for name in dec.INT_COLS + dec.OBJ_COLS:
+        data[name] = sparse(name)
     data["end"] = data["ts"] + data["dur"]
     kind_codes = _kind_codes(cats, cat_tables)
     kinds = {k: kind_codes == i for i, k in enumerate(KINDS)}

@@ -69,6 +69,7 @@ class _Report:
 
 def repair(data: bytes, path: str, warnings: list[str]) -> bytes:
     """Return JSON bytes that msgspec can decode, or raise TraceError if nothing is recoverable."""
+    data = bytes(data)  # the input may be a map of the file
     first = _FIRST_CHAR.match(data)
     head = first.group(1) if first else b""
     if head not in (b"{", b"["):
