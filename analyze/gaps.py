@@ -402,11 +402,17 @@ def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
             # What the host was doing in the middle of the part of the gap it was responsible for.
             mid = int(r.start + max(int(r.host_bound_us * US), 1) // 2)
             op_row, stack = host.op_at(int(r.pid), int(r.tid), mid), host.python_stack(int(r.pid), int(r.tid), mid)
+        cpu_op = str(names[op_row]) if op_row >= 0 else None
+        detail = r.detail
+        if r.cause == "cpu_busy":
+            # The launch timing says little here; say what the host did instead of launching.
+            where = f"in {cpu_op}" if cpu_op else "outside any profiled op (Python or untraced code)"
+            detail = f"host busy {float(r.host_free_us):.0f} us without launching, {where}"
         out.append({k: jsonable(v) for k, v in {
             "device": int(r.device), "stream": int(r.stream), "start_us": round(float(r.start_us), 3),
-            "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": r.detail, "phase": r.phase,
+            "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": detail, "phase": r.phase,
             "step": r.step, "region": r.region, "prev": r.prev, "next": r.next, "launch_api": r.launch_api,
-            "cpu_op": str(names[op_row]) if op_row >= 0 else None, "next_op": r.next_op,
+            "cpu_op": cpu_op, "next_op": r.next_op,
             "stack": stack or recorded_stack(trace, op_row),
             "host_bound_us": round(float(r.host_bound_us), 3), "host_free_us": round(float(r.host_free_us), 3),
             "host_blocked_us": round(float(r.host_blocked_us), 3),

@@ -60,6 +60,7 @@ def test_gap_while_host_in_cpu_op_without_launching(builder, tmp_path):
     j = g.to_json()
     assert j["by_cause"]["cpu_busy"] == {"count": 1, "total_us": 710.0}
     assert j["top"][0]["cpu_op"] == "aten::topk"
+    assert j["top"][0]["detail"] == "host busy 700 us without launching, in aten::topk"
     assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 0.0
     f = [f for f in a.findings if f.id == "host_busy_gaps"][0]
     assert f.op == "aten::topk" and f.cost_total_us == pytest.approx(710.0)
@@ -74,6 +75,7 @@ def test_gap_while_host_in_python_lists_the_stack(builder, tmp_path):
     top = g.to_json()["top"][0]
     assert top["cause"] == "cpu_busy" and top["dur_us"] == 405.0
     assert top["cpu_op"] is None
+    assert top["detail"].endswith("outside any profiled op (Python or untraced code)")
     assert top["stack"] == ["model.py(1): generate", "sampler.py(10): sample"]
 
 
