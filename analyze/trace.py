@@ -119,10 +119,10 @@ class Trace:
     @cached_property
     def span_ns(self) -> tuple[int, int]:
         """First start and last end over all timed events (flows and metadata excluded)."""
-        timed = self.events[~self.events["kind"].isin(("flow", "metadata"))]
-        if timed.empty:
+        timed = ~self.events["kind"].isin(("flow", "metadata")).to_numpy()
+        if not timed.any():
             return (0, 0)
-        return int(timed["ts"].min()), int(timed["end"].max())
+        return int(self.events["ts"].to_numpy()[timed].min()), int(self.events["end"].to_numpy()[timed].max())
 
     @property
     def duration_ns(self) -> int:
@@ -132,8 +132,12 @@ class Trace:
     def category_counts(self) -> dict[str, int]:
         """Event counts per (original) category; events without one count under ph=<phase>."""
         ev = self.events
-        keys = ev["cat"].astype(object).where(ev["cat"].notna(), "ph=" + ev["ph"].astype(str))
-        return {str(k): int(v) for k, v in keys.value_counts().items()}
+        counts = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
+        no_cat = ev["cat"].isna().to_numpy()
+        if no_cat.any():  # counted by phase instead (metadata, instants without a category)
+            for ph, v in ev["ph"][no_cat].astype(object).value_counts(dropna=False).items():
+                counts[f"ph={ph}"] = counts.get(f"ph={ph}", 0) + int(v)
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def kind_counts(self) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.events["kind"].value_counts().items() if v}

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    args.file = args.file.resolve()
     size = json_size(args.file)
     results: dict[str, dict[str, Any]] = {}
     for method in args.only:
