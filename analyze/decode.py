@@ -15,14 +15,17 @@ Why it looks like this (speed and memory; see benchmarks/README.md for the numbe
   JSON text by the decoder and parsed once per distinct text: LLM traces repeat the same shapes
   thousands of times, so this saves most of their decode time, and identical values share one
   object (treat them as read-only).
-- Strings become categorical codes per chunk, so no per-event string survives its chunk.
+- Strings become categorical codes per chunk, so no per-event string survives its chunk; arg
+  columns keep only (row, value) pairs of the values present, so memory and the final sort scale
+  with what the trace holds, not with events x columns.
 - A chunk whose events do not fit the typed structs (a string id, a float where an int belongs,
   args that are not an object, an unknown `ph`) is decoded event by event; only the odd events go
   through the lenient Python path, which coerces what it can and counts what it cannot.
 
 Times become int64 nanoseconds. Kineto writes float microseconds; on traces with epoch-based
 timestamps (about 1.7e15 us) a float64 cannot hold the nanosecond digits (HTA issue 317), so for
-those chunks the timestamp text is re-read and converted digit by digit.
+those chunks the timestamp text is re-read and converted digit by digit; whole microseconds are
+scaled as integers (us_to_ns), which keeps integer epoch timestamps exact too.
 """
 
 from __future__ import annotations
@@ -382,7 +385,10 @@ class Columns:
 
     def _ph(self, codes: np.ndarray, events: list, out: dict[str, np.ndarray]) -> None:
         table = self.categories["ph"]
-        lut = np.array([_STR_DEFAULT if p is None else _code_of(table, p) for p in _CLASS_PH], dtype=np.int32)
+        lut = np.full(len(_CLASS_PH), _STR_DEFAULT, dtype=np.int32)
+        for c in np.unique(codes).tolist():  # only phases present become categories
+            if _CLASS_PH[c] is not None:
+                lut[c] = _code_of(table, _CLASS_PH[c])
         ph = lut[codes]
         other = np.flatnonzero(codes == _CLASS_CODE[Other])
         if len(other):

@@ -4,7 +4,7 @@ Owns what counts as a trace file on disk (`*.json`, `*.json.gz`, `*.pt.trace.jso
 files tensorboard_trace_handler writes into a directory) and turns unreadable input into a
 TraceError whose message names the file and the problem. A gzip stream cut short (the process was
 killed while writing) yields the bytes that were written, with a warning, so the JSON repair
-can recover the complete events in it.
+can recover the complete events in it. Large plain files are memory-mapped, not copied.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`load` and `load_all`: trace files in, Trace objects out.
 
-Owns the orchestration of reading (analyze.files), decoding (analyze.decode, with analyze.repair
-as the slow path for damaged files) and building the Trace's derived columns: normalised kinds,
-nanosecond times, GPU device/stream, and the link columns kernel -> launch -> op.
+Owns the orchestration of reading (analyze.files), cutting the events array into chunks at event
+boundaries (no first pass over the whole document), decoding them (analyze.decode, with
+analyze.repair as the slow path for damaged files) and building the Trace: rows sorted by time,
+normalised kinds, GPU device/stream, and the link columns kernel -> launch -> op (analyze.links).
 """
 
 from __future__ import annotations
