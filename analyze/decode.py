@@ -274,12 +274,17 @@ class Columns:
     def warnings(self) -> list[str]:
         return [what.format(events=plural(n, "event")) for what, n in self.repaired.items()]
 
-    def take(self, name: str) -> np.ndarray:
-        """The whole column, concatenated; the parts are released."""
+    def take(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The whole column, concatenated (into `out` when given and of its dtype: reusing one
+        buffer spares the first touch of fresh memory); the parts are released."""
         parts = self.parts.pop(name, [])
         if not parts:
             return np.empty(0)
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0]
+        if out is not None and out.dtype == parts[0].dtype and len(out) == self.n:
+            return np.concatenate(parts, out=out)
+        return np.concatenate(parts)
 
     def take_sparse(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows and values of an arg column where it is present (the frame scatters these few
@@ -302,7 +307,6 @@ class Columns:
         codes = np.fromiter(map(_CLASS_CODE.__getitem__, map(type, events)), np.int8, n)
         layouts = _CLASS_LAYOUT[codes]
         present = np.flatnonzero(np.bincount(layouts, minlength=len(_LAYOUT_NAMES)))
-        strs: dict[str, np.ndarray] = {}
         for lay in present:
             name = _LAYOUT_NAMES[lay]
             if len(present) == 1:
@@ -312,10 +316,8 @@ class Columns:
                 pos = np.flatnonzero(layouts == lay)
                 idx = pos
                 members = [events[pos[0]]] if len(pos) == 1 else itemgetter(*pos.tolist())(events)
-            self._extract(name, members, idx, n, out, strs)
+            self._extract(name, members, idx, n, out)
         self._ph(codes, events, out)
-        for col, values in strs.items():
-            out[col] = self._codes(col, values)
         ts = out.pop("ts_us")
         if not needs_precise_times(ts):
             out["ts_ns"] = us_to_ns(ts)
@@ -339,25 +341,25 @@ class Columns:
         self.n += n
 
     def _extract(self, layout: str, members: Any, idx: np.ndarray | None, n: int,
-                 out: dict[str, np.ndarray], strs: dict[str, np.ndarray]) -> None:
+                 out: dict[str, np.ndarray]) -> None:
         extra, arg_cols = _LAYOUTS[layout]
         cols = list(zip(*map(msgspec.structs.astuple, members)))
         spec = _BASE + extra
         for (col, kind), values in zip(spec, cols):
-            self._store(col, kind, values, idx, n, out, strs)
+            self._store(col, kind, values, idx, n, out)
         if arg_cols is not None:
             args = cols[len(spec)]
             arg_values = list(zip(*map(msgspec.structs.astuple, args)))
             for (col, kind), values in zip(arg_cols, arg_values):
-                self._store(col, kind, values, idx, n, out, strs)
+                self._store(col, kind, values, idx, n, out)
 
     def _store(self, col: str, kind: str, values: tuple, idx: np.ndarray | None, n: int,
-               out: dict[str, np.ndarray], strs: dict[str, np.ndarray]) -> None:
+               out: dict[str, np.ndarray]) -> None:
         # Most args are absent from most events: a C-level count skips such columns per chunk,
         # and arg columns keep only their present values, as (row, value) pairs.
         if kind == "str":
             if values.count(None) != len(values):
-                _scatter(strs, col, _objects(values), idx, n, None)
+                _scatter(out, col, self._codes(col, values), idx, n, _STR_DEFAULT)
         elif kind == "float":
             _scatter(out, col, self._floats(col, values), idx, n, NAN)
         elif kind == "id":
@@ -396,8 +398,8 @@ class Columns:
             ph[other] = [_STR_DEFAULT if t is None else _code_of(table, _as_text(t)) for t in texts]
         out["ph"] = ph
 
-    def _codes(self, col: str, values: np.ndarray) -> np.ndarray:
-        """Object values -> int32 codes into this column's growing category dictionary."""
+    def _codes(self, col: str, values: tuple) -> np.ndarray:
+        """Values -> int32 codes into this column's growing category dictionary."""
         table = self.categories[col]
         try:
             codes = list(map(table.get, values))
@@ -406,7 +408,7 @@ class Columns:
         except TypeError:
             pass  # an unhashable value (a list): handled below
         try:
-            codes, uniques = pd.factorize(values, use_na_sentinel=True)
+            codes, uniques = pd.factorize(_objects(values), use_na_sentinel=True)
         except TypeError:  # lists or objects (unhashable): their JSON text instead
             values = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
             codes, uniques = pd.factorize(values, use_na_sentinel=True)

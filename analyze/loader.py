@@ -263,8 +263,11 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         dest = np.full(n, -1, dtype=np.int64)
         dest[perm] = np.arange(len(perm))
 
-    def column(name: str) -> np.ndarray:
-        arr = cols.take(name)
+    # One scratch buffer per dtype for concatenating the chunks of columns that are then sorted.
+    scratch = {np.dtype(np.int64): np.empty(n, np.int64), np.dtype(np.int32): np.empty(n, np.int32)} if perm is not None else {}
+
+    def column(name: str, dtype: Any = np.int64) -> np.ndarray:
+        arr = cols.take(name, scratch.get(np.dtype(dtype)))
         return arr if perm is None else arr[perm]
 
     def sparse(name: str) -> np.ndarray:
@@ -283,8 +286,10 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     cats = {}
     for name in dec.STR_COLS:
         categories, remap = cat_tables[name]
-        codes = ph_codes if name == "ph" else remap[cols.take(name)]
-        codes = codes if perm is None else codes[perm]
+        if name == "ph":  # already remapped above (metadata rows keep their missing ts)
+            codes = ph_codes if perm is None else ph_codes[perm]
+        else:
+            codes = remap[column(name, np.int32)]
         cats[name] = codes
         data[name] = pd.Categorical.from_codes(codes, categories=categories, validate=False)
     for name in dec.INT_COLS + dec.OBJ_COLS:
@@ -293,7 +298,7 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     kind_codes = _kind_codes(cats, cat_tables)
     kinds = {k: kind_codes == i for i, k in enumerate(KINDS)}
     # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
-    present = np.flatnonzero(np.bincount(kind_codes, minlength=len(KINDS)))
+    present = np.array([i for i, k in enumerate(KINDS) if kinds[k].any()], dtype=np.int64)
     remap = np.full(len(KINDS), -1, dtype=np.int8)
     remap[present] = np.arange(len(present))
     data["kind"] = pd.Categorical.from_codes(remap[kind_codes], categories=[KINDS[i] for i in present], validate=False)
