@@ -139,7 +139,7 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
     for i, (a, b) in enumerate(spans):
         try:
             if i < len(spans) - 1:
-                _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols)
+                _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols, path)
             else:
                 meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=False))
         except msgspec.DecodeError:
@@ -176,7 +176,7 @@ def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> d
         events = top.pop("traceEvents")
         meta = {k: _decode_any(v) for k, v in top.items()}
     if not exact:
-        _decode_chunk(events, cols)
+        _decode_chunk(events, cols, path)
     else:
         _decode_exact(events, path, cols)
     return meta
@@ -190,7 +190,7 @@ def _decode_exact(events: Any, path: Path, cols: dec.Columns) -> None:
         raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
     step = max(1, CHUNK_BYTES // 400)
     for start in range(0, len(raws), step):
-        _decode_chunk(b"[" + b",".join(raws[start : start + step]) + b"]", cols)
+        _decode_chunk(b"[" + b",".join(raws[start : start + step]) + b"]", cols, path)
 
 
 def _read_scanned(data: bytes, path: Path) -> tuple[dict[str, Any], dec.Columns]:
@@ -213,7 +213,7 @@ def _decode_any(raw: msgspec.Raw) -> Any:
         return None
 
 
-def _decode_chunk(chunk: Any, cols: dec.Columns) -> None:
+def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path) -> None:
     """One JSON array of events into the columns (typed; event by event if that fails)."""
     try:
         events = dec.CHUNK_DECODER.decode(chunk)
@@ -221,7 +221,7 @@ def _decode_chunk(chunk: Any, cols: dec.Columns) -> None:
         try:
             raws = msgspec.json.decode(chunk, type=list[msgspec.Raw])
         except msgspec.ValidationError:
-            raise TraceError("traceEvents", "is not a list") from None
+            raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
         # Some event does not fit the typed structs: decode this chunk one event at a time.
         events, texts = dec.decode_leniently(raws, cols)
         cols.add_events(events, None, texts)
