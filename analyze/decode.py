@@ -401,12 +401,10 @@ class Columns:
     def _codes(self, col: str, values: tuple) -> np.ndarray:
         """Values -> int32 codes into this column's growing category dictionary."""
         table = self.categories[col]
-        try:
-            codes = list(map(table.get, values))
-            if None not in codes:  # every value seen before: the common case after the first chunks
-                return np.fromiter(codes, np.int32, len(codes))
-        except TypeError:
-            pass  # an unhashable value (a list): handled below
+        try:  # every value seen before: the common case after the first chunks (one C loop)
+            return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
+        except (KeyError, TypeError):
+            pass  # a new value, or an unhashable one (a list): handled below
         try:
             codes, uniques = pd.factorize(_objects(values), use_na_sentinel=True)
         except TypeError:  # lists or objects (unhashable): their JSON text instead
