@@ -52,6 +52,11 @@ MAX_GRAPH_STEPS = 16
 # launch queue holds about a thousand entries, so work launched further back has started already.
 CARRY_WINDOW = 2048
 
+# Steps with at most this many graph nodes get a networkx graph; larger ones the equivalent
+# prefix-sum walk `step_path` (identical paths, tested), since building and walking a graph of
+# thousands of nodes in networkx costs tens of milliseconds per step on a large model.
+NX_MAX_NODES = 256
+
 S, E = -1, -2  # the step's start and end nodes
 
 
@@ -165,6 +170,136 @@ def longest_path(G: nx.DiGraph) -> StepPath:
     return StepPath(cpu_ns=cpu, gpu_ns=gpu, nodes=nodes)
 
 
+_NEG = -(1 << 62)  # minus infinity for int64 path lengths (real lengths are far smaller)
+
+
+def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) -> StepPath:
+    """`longest_path(step_graph(host, gpu, start, host_end))` without building the graph.
+
+    The same longest path, node for node, ties broken as networkx breaks them (the first
+    predecessor added wins, the first node in topological order with the longest distance ends the
+    path), from the graph's shape: the host chain is a prefix sum between blocking calls, and along
+    each stream the distance is a running maximum over "launched here" and "queued behind the
+    previous activity" (d_k = C_k + max_m<=k (L_m - C_m), C the stream's prefix sum of
+    durations). Only blocking calls join the two, so the loop runs once per blocking call and
+    stream, not once per node. tests/test_critical_path.py checks it equals networkx on every step
+    of the real traces.
+    """
+    hts = host["ts"].to_numpy(np.int64)
+    hend = host["end"].to_numpy(np.int64)
+    hblock = host["blocking"].to_numpy(bool)
+    hrow = host["row"].to_numpy(np.int64)
+    nh, ng = len(hts), len(gpu)
+    base = 2 * nh
+    n = base + ng + 2
+    iS, iE = n - 2, n - 1  # internal indices of S and E
+    dist = np.zeros(n, np.int64)
+    pred = np.arange(n, dtype=np.int64)  # a node without predecessors is its own
+    # Edge weights of the host chain: call i's out node (start, or end when blocking) -> call i + 1.
+    if nh:
+        out_time = np.where(hblock, hend, hts)
+        w = np.maximum(0, np.r_[hts[1:], host_end] - out_time)
+        w_s = max(0, int(hts[0]) - start)
+    if ng:
+        gts = gpu["ts"].to_numpy(np.int64)
+        gdur = np.maximum(gpu["end"].to_numpy(np.int64) - gts, 0)
+        stream = gpu["stream"].to_numpy(np.int64)
+        launch = gpu["launch"].to_numpy(np.int64)
+        ci = np.searchsorted(hts, gpu["launch_ts"].to_numpy(np.int64), side="right") - 1 if nh else np.full(ng, -1)
+        here = (ci >= 0) & (launch >= 0)
+        here[here] = hrow[ci[here]] == launch[here]
+        order = np.lexsort((gts, ci, stream))
+        streams = np.unique(stream)
+        bounds = np.searchsorted(stream[order], streams, side="left").tolist() + [ng]
+        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(streams))]  # ascending stream id
+        chain_ci = [ci[js] for js in chains]
+    else:
+        chains, chain_ci = [], []
+    carry = [-1] * len(chains)  # per stream: its last node so far (internal index), -1 none
+    blocking = np.flatnonzero(hblock).tolist() if nh else []
+    prev_out, prev_w = iS, (w_s if nh else max(0, host_end - start))
+    lo = 0
+    for hi in blocking + ([nh - 1] if nh and (not blocking or blocking[-1] != nh - 1) else []) + ([] if nh else [-1]):
+        # Host starts lo..hi: one predecessor each, so a prefix sum.
+        if hi >= lo:
+            d0 = int(dist[prev_out]) + prev_w
+            dist[lo:hi + 1] = d0 + np.r_[0, np.cumsum(w[lo:hi])]
+            pred[lo] = prev_out
+            pred[lo + 1:hi + 1] = np.arange(lo, hi)
+        ci_lo = -1 if lo == 0 else lo
+        for k, js in enumerate(chains):
+            a, b = np.searchsorted(chain_ci[k], ci_lo, side="left"), np.searchsorted(chain_ci[k], hi, side="right")
+            if b <= a:
+                continue
+            nodes = js[a:b]
+            dur = gdur[nodes]
+            c = np.r_[0, np.cumsum(dur[:-1])]
+            h = here[nodes]
+            A = np.where(h, dist[np.maximum(ci[nodes], 0)] - c, _NEG)
+            last = carry[k]
+            if last >= 0:
+                m0 = int(dist[last]) + int(gdur[last - base])
+            else:
+                m0 = _NEG
+                if not h[0]:
+                    A[0] = 0  # the stream's first activity, launched by nothing here: a root
+            M = np.maximum.accumulate(np.r_[m0, A])
+            dist[base + nodes] = c + M[1:]
+            by_launch = h & (A >= M[:-1])
+            p = np.r_[last, base + nodes[:-1]]
+            p = np.where(by_launch, ci[nodes], p)
+            if last < 0 and not h[0]:
+                p[0] = base + nodes[0]
+            pred[base + nodes] = p
+            carry[k] = int(base + nodes[-1])
+        if hi >= 0 and hi < nh and hblock[hi]:
+            # The blocking call's end: its start first, then each stream's last activity so far.
+            best, arg = int(dist[hi]), hi
+            for last in carry:
+                if last >= 0:
+                    d = int(dist[last]) + int(gdur[last - base])
+                    if d > best:
+                        best, arg = d, last
+            dist[nh + hi], pred[nh + hi] = best, arg
+            prev_out = nh + hi
+        elif hi >= 0:
+            prev_out = hi
+        if hi >= 0:
+            prev_w = int(w[hi])
+        lo = hi + 1
+    best, arg = int(dist[prev_out]) + prev_w, prev_out
+    for last in carry:
+        if last >= 0:
+            d = int(dist[last]) + int(gdur[last - base])
+            if d > best:
+                best, arg = d, last
+    dist[iE], pred[iE] = best, arg
+
+    # The path ends at the first node, in topological order, as far from S as E is.
+    if ng:
+        rank = np.empty(ng, np.int64)
+        rank[order] = np.arange(ng)
+        gkey = ci
+    else:
+        rank = gkey = np.empty(0, np.int64)
+    cand = np.r_[np.arange(nh), nh + np.flatnonzero(hblock) if nh else np.empty(0, np.int64), base + np.arange(ng), iS, iE]
+    k1 = np.r_[np.arange(nh), np.flatnonzero(hblock) if nh else np.empty(0, np.int64), gkey, -2, nh + 1]
+    k2 = np.r_[np.zeros(nh, np.int64), np.full(int(hblock.sum()) if nh else 0, 2), np.ones(ng, np.int64), 0, 0]
+    k3 = np.r_[np.zeros(nh + (int(hblock.sum()) if nh else 0), np.int64), rank, 0, 0]
+    hit = dist[cand] == best
+    end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
+    path = [end]
+    pl = pred.tolist()
+    while pl[path[-1]] != path[-1]:
+        path.append(pl[path[-1]])
+    path.reverse()
+    p = np.asarray(path, np.int64)
+    step = dist[p[1:]] - dist[p[:-1]]
+    on_gpu = (p[:-1] >= base) & (p[:-1] < iS)
+    nodes_out = np.where(p == iS, S, np.where(p == iE, E, p)).tolist()
+    return StepPath(cpu_ns=int(step[~on_gpu].sum()), gpu_ns=int(step[on_gpu].sum()), nodes=nodes_out)
+
+
 def sample(seg_ids: np.ndarray) -> np.ndarray:
     """At most MAX_GRAPH_STEPS of a phase's steps, evenly spaced, first and last included."""
     seg_ids = np.asarray(seg_ids, dtype=np.int64)
@@ -227,8 +362,11 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
             c = g.iloc[carried].copy()
             c["ts"] = np.maximum(c["ts"].to_numpy(np.int64), start)
             mine = pd.concat([c, mine])
-        G = step_graph(host_by.get(s, host.iloc[:0]), mine, start, hend)
-        path = longest_path(G)
+        h = host_by.get(s, host.iloc[:0])
+        if 2 * len(h) + len(mine) <= NX_MAX_NODES:
+            path = longest_path(step_graph(h, mine, start, hend))
+        else:
+            path = step_path(h, mine, start, hend)
         share = path.cpu_share
         wait = max(0, send - start - path.cpu_ns - path.gpu_ns)
         rows.append((int(s), path.cpu_ns, path.gpu_ns, wait, share, None if share is None else 1.0 - share, verdict(share)))

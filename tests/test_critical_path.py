@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import networkx as nx
+import numpy as np
 import pandas as pd
 import pytest
+from conftest import real_trace_params
 from tracebuilder import TraceBuilder
 
+import tokentrace
 from tokentrace.analyze import critical_path as cp
 from tokentrace.analyze import phases
 
@@ -96,3 +101,44 @@ def test_steps_beyond_the_cap_are_sampled(tmp_path, monkeypatch):
     analysed = res.decode["bound"].notna()
     assert analysed.sum() == 4 and analysed.iloc[0] and analysed.iloc[-1]
     assert res.to_json()["decode"]["bound"]["steps_analysed"] == 4
+
+
+def _random_step(rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame, int, int]:
+    """A small step with many ties (times on a coarse grid), blocking calls, carried-in work and
+    activities without a launch, on up to three streams."""
+    nh, ng = int(rng.integers(0, 12)), int(rng.integers(0, 15))
+    ts = np.sort(rng.integers(0, 100, nh))
+    h = pd.DataFrame({"row": np.arange(nh) + 10, "ts": ts, "end": ts + rng.integers(0, 30, nh), "blocking": rng.random(nh) < 0.3})
+    gts = rng.integers(-20, 150, ng)
+    launch = np.where(rng.random(ng) < 0.8, rng.integers(8, 10 + max(nh, 1), ng), -1)
+    launch_ts = np.array([ts[r - 10] if 0 <= r - 10 < nh else t for r, t in zip(launch, gts)], dtype=np.int64)
+    g = pd.DataFrame({"ts": gts, "end": gts + rng.integers(0, 25, ng), "stream": rng.integers(0, 3, ng), "launch": launch, "launch_ts": launch_ts})
+    return h, g, int(rng.integers(-10, 10)), int(rng.integers(0, 160))
+
+
+def test_step_path_equals_networkx_longest_path_on_random_steps():
+    # step_path must give networkx's path node for node, ties included.
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        h, g, start, host_end = _random_step(rng)
+        want = cp.longest_path(cp.step_graph(h, g, start, host_end))
+        got = cp.step_path(h, g, start, host_end)
+        assert (got.cpu_ns, got.gpu_ns, got.nodes) == (want.cpu_ns, want.gpu_ns, want.nodes)
+
+
+def _all_paths(trace, segs, monkeypatch, nx_max: int) -> pd.DataFrame:
+    monkeypatch.setattr(cp, "NX_MAX_NODES", nx_max)
+    end = segs.table["end"].to_numpy(np.int64)
+    return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64))
+
+
+SAMPLE_GPU_TRACES = sorted((Path(__file__).parent.parent / "sample_traces").glob("gpu_*/*/*.json.gz"))
+
+
+@pytest.mark.parametrize("path", real_trace_params() + [pytest.param(p, id=f"{p.parent.name}-{p.name.split('.')[0]}") for p in SAMPLE_GPU_TRACES])
+def test_step_path_equals_networkx_on_every_step_of_real_traces(path, monkeypatch):
+    trace = tokentrace.load(path)
+    segs = phases.run(trace, None).segments
+    by_graph = _all_paths(trace, segs, monkeypatch, 1 << 40)
+    by_walk = _all_paths(trace, segs, monkeypatch, -1)
+    pd.testing.assert_frame_equal(by_walk, by_graph)
