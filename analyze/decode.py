@@ -255,7 +255,11 @@ _TS_DECODER = msgspec.json.Decoder(_TsText)
 class Columns:
     """Growing column store: per-chunk arrays, categorical dictionaries, counts of repairs."""
 
-    parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    # Whole-trace buffers of the dense columns, filled chunk by chunk and grown geometrically:
+    # the frame build permutes them without concatenating parts, and reuses each buffer once
+    # consumed (fresh memory is what a load pays most for on some machines: page faults).
+    dense: dict[str, np.ndarray] = field(default_factory=dict)
+    capacity: int = 0  # rows to reserve up front (an estimate; untouched pages cost nothing)
     sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     n: int = 0
     # Categorical columns: value -> code, in first-seen order (sorted when the frame is built).
@@ -274,17 +278,11 @@ class Columns:
     def warnings(self) -> list[str]:
         return [what.format(events=plural(n, "event")) for what, n in self.repaired.items()]
 
-    def take(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
-        """The whole column, concatenated (into `out` when given and of its dtype: reusing one
-        buffer spares the first touch of fresh memory); the parts are released."""
-        parts = self.parts.pop(name, [])
-        if not parts:
-            return np.empty(0)
-        if len(parts) == 1:
-            return parts[0]
-        if out is not None and out.dtype == parts[0].dtype and len(out) == self.n:
-            return np.concatenate(parts, out=out)
-        return np.concatenate(parts)
+    def take(self, name: str) -> np.ndarray:
+        """The whole column: a view of the first `n` rows of its buffer (which is released to
+        the caller: nothing else refers to it)."""
+        buf = self.dense.pop(name, None)
+        return _fill(name, self.n) if buf is None else buf[: self.n]
 
     def take_sparse(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows and values of an arg column where it is present (the frame scatters these few
@@ -329,16 +327,23 @@ class Columns:
         if dur is not None:
             dur = us_to_ns(dur)
             out["dur_ns"] = np.where(dur > 0, dur, 0)  # absent, NaN or negative: 0
-        for col, arr in out.items():
-            self.parts.setdefault(col, []).append(arr)
-        # Columns this chunk did not touch still need rows, so every column stays aligned.
-        for col in list(self.parts):
-            if col not in out:
-                self.parts[col].append(_fill(col, n))
+        # Columns this chunk did not touch still get rows, so every column stays aligned.
         for col in _DENSE_COLS:
-            if col not in self.parts:
-                self.parts[col] = [_fill(col, self.n), _fill(col, n)] if self.n else [_fill(col, n)]
+            self._append(col, out.get(col), n)
         self.n += n
+
+    def _append(self, col: str, values: np.ndarray | None, n: int) -> None:
+        buf = self.dense.get(col)
+        end = self.n + n
+        if buf is None or end > len(buf):
+            grown = np.empty(max(end, self.capacity, 2 * len(buf) if buf is not None else 0),
+                             np.int32 if col in STR_COLS else np.int64)
+            if buf is None:
+                grown[: self.n] = _FILL[col]
+            else:
+                grown[: self.n] = buf[: self.n]
+            buf = self.dense[col] = grown
+        buf[self.n : end] = _FILL[col] if values is None else values
 
     def _extract(self, layout: str, members: Any, idx: np.ndarray | None, n: int,
                  out: dict[str, np.ndarray]) -> None:
@@ -528,18 +533,14 @@ def _scatter(out: dict[str, np.ndarray], col: str, values: np.ndarray, idx: np.n
     arr[idx] = values
 
 
-def _fill(col: str, n: int) -> np.ndarray:
-    if col in STR_COLS:
-        return np.full(n, _STR_DEFAULT, np.int32)
-    if col == "ts_ns":
-        return np.full(n, NO_TS, np.int64)
-    if col == "dur_ns":
-        return np.zeros(n, np.int64)
-    return np.full(n, MISSING, np.int64)
-
-
-# Columns stored whole per chunk (arg columns are stored as rows and values of present values).
+# Columns stored whole (arg columns are stored as rows and values of present values), and the
+# value of each where an event does not have it.
 _DENSE_COLS = ("ts_ns", "dur_ns", "pid", "tid") + STR_COLS
+_FILL: dict[str, int] = {"ts_ns": NO_TS, "dur_ns": 0, "pid": MISSING, "tid": MISSING} | dict.fromkeys(STR_COLS, _STR_DEFAULT)
+
+
+def _fill(col: str, n: int) -> np.ndarray:
+    return np.full(n, _FILL[col], np.int32 if col in STR_COLS else np.int64)
 
 
 class _Text(str):

@@ -84,13 +84,15 @@ def _thread_ids(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, correlation: np.ndarray,
                  flow_id: np.ndarray, host: np.ndarray, target: np.ndarray, cpu_op: np.ndarray,
-                 flow_start: np.ndarray, flow_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 flow_start: np.ndarray, flow_end: np.ndarray,
+                 out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`launch`, `op`, `parent` for rows sorted by ts. Masks: host (runtime/driver calls), target
-    (GPU activity and cuda_sync), cpu_op, and launch flow starts/ends."""
+    (GPU activity and cuda_sync), cpu_op, and launch flow starts/ends. `out`: three int64 arrays
+    of len(ts) to fill (the loader recycles memory), else new ones."""
     n = len(ts)
-    launch = np.full(n, -1, dtype=np.int64)
-    op = np.full(n, -1, dtype=np.int64)
-    parent = np.full(n, -1, dtype=np.int64)
+    launch, op, parent = out if out is not None else (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64))
+    for arr in (launch, op, parent):
+        arr.fill(-1)
 
     host_rows = np.flatnonzero(host)
     target_rows = np.flatnonzero(target)
