@@ -295,7 +295,7 @@ class Columns:
         return np.concatenate([r for r, _ in parts]), np.concatenate([v for _, v in parts])
 
     # -- one chunk ---------------------------------------------------------------------------
-    def add_events(self, events: list, chunk: bytes | None, texts: list[bytes] | None = None) -> None:
+    def add_events(self, events: list, chunk: bytes | memoryview | None, texts: list[bytes] | None = None) -> None:
         """Append one decoded chunk. `chunk` is its JSON text when it was decoded in one piece,
         else `texts` holds each event's text (both only used to re-read timestamps exactly)."""
         n = len(events)
@@ -670,7 +670,7 @@ def needs_precise_times(ts_us: np.ndarray) -> bool:
     return bool(len(finite)) and bool(np.abs(finite).max() >= FLOAT_SAFE_US)
 
 
-def precise_ts_ns(chunk: bytes, ts_us: np.ndarray) -> np.ndarray:
+def precise_ts_ns(chunk: bytes | memoryview, ts_us: np.ndarray) -> np.ndarray:
     """ts in integer nanoseconds from the number text of a chunk (a JSON array of events)."""
     finite = np.isfinite(ts_us)
     texts = _TS_TEXT.findall(chunk)

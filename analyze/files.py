@@ -59,7 +59,9 @@ def read_bytes(path: Path, warnings: list[str]) -> Buffer:
             size = os.fstat(fh.fileno()).st_size
             head = fh.read(2)
             if size >= MMAP_BYTES and head != GZIP_MAGIC:
-                data: Buffer = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                # Copy-on-write: the loader writes a bracket into the map around each chunk it
+                # decodes (and restores it), so chunks need no copy; the file never changes.
+                data: Buffer = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
             else:
                 data = head + fh.read()
     except IsADirectoryError:

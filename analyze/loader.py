@@ -136,12 +136,15 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
         start, opener = m.end(), _REST_OF_OBJECT
     else:
         raise TraceError(path, "not JSON (does not start with '{' or '[')")
-    region = memoryview(data)[start:]
+    whole = memoryview(data)
+    region = whole[start:]
     cols = dec.Columns(capacity=len(region) // BYTES_PER_ROW_RESERVED)
     spans = dec.chunk_spans(region, CHUNK_BYTES)
     for i, (a, b) in enumerate(spans):
         try:
-            if i < len(spans) - 1:
+            if i < len(spans) - 1 and not whole.readonly:
+                _decode_in_place(whole, start + a, start + b, cols, path)
+            elif i < len(spans) - 1:
                 _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols, path)
             else:
                 meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=False))
@@ -155,6 +158,18 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
     if show:
         print(file=sys.stderr)
     return meta, cols
+
+
+def _decode_in_place(whole: memoryview, a: int, b: int, cols: dec.Columns, path: Path) -> None:
+    """Decode the events whole[a:b] without copying them: the separator bytes on either side
+    (the array's "[" or a "," or whitespace before, the "," after) become the array's brackets
+    for the duration, then are restored."""
+    before, after = whole[a - 1], whole[b]
+    whole[a - 1], whole[b] = 0x5B, 0x5D  # "[", "]"
+    try:
+        _decode_chunk(whole[a - 1 : b + 1], cols, path)
+    finally:
+        whole[a - 1], whole[b] = before, after
 
 
 def _head_keys(data: bytes, key_at: int) -> dict[str, Any] | None:
@@ -229,7 +244,7 @@ def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path) -> None:
         events, texts = dec.decode_leniently(raws, cols)
         cols.add_events(events, None, texts)
         return
-    cols.add_events(events, chunk if isinstance(chunk, bytes) else bytes(chunk))
+    cols.add_events(events, chunk if isinstance(chunk, (bytes, memoryview)) else bytes(chunk))
 
 
 def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[str]) -> Trace:
