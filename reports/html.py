@@ -23,7 +23,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 # <style> and the style attributes of matplotlib's SVG).
 # Captions under each section's figures (figure names from reports.view).
 CAPTIONS = {
-    "decode_steps": "Wall time of each decode step; stacked parts are what the phases analysis attributed to host syncs, GPU work and the CPU.",
+    "decode_steps": "Wall time of each decode step (line) and its critical path split into CPU work, GPU work while "
+                    "the host was not waiting, and time the host sat blocked in a sync (taken out of the GPU part, "
+                    "where the critical path counts it).",
     "gap_histogram": "GPU idle gaps by length (log scale): many short gaps point at launch overhead, a few long ones at syncs or host work.",
     "attention": "GPU time per attention call against sequence length, log-log; lines are the fitted power laws (exponent 2 = quadratic).",
     "roofline": "Achieved throughput against arithmetic intensity; points under the sloped roof are memory-bound, under the flat roof compute-bound.",
