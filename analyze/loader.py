@@ -307,9 +307,14 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         else:
             out = pool.get(values.dtype)
             out.fill(dec.MISSING)
-        at = rows if perm is None else dest[rows]
-        ok = at >= 0
-        out[at[ok]] = values[ok]
+        if perm is None:
+            out[rows] = values
+        elif keep is None:  # nothing dropped: every row has a place
+            out[dest[rows]] = values
+        else:
+            at = dest[rows]
+            ok = at >= 0
+            out[at[ok]] = values[ok]
         return out
 
     data["dur"] = column("dur_ns")
