@@ -26,6 +26,7 @@ whose next work was not already a graph launch, stated per step, per token and p
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +142,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
     """Add cause and host-side columns to the gap table in place (vectorised per host thread)."""
     ev = trace.events
     n = len(gaps)
-    names = ev["name"].astype(object).to_numpy()
+    names = trace.names
     launch = ev["launch"].to_numpy()
     ts_col = ev["ts"].to_numpy()
     gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
@@ -393,7 +394,7 @@ def _savings(trace: Trace, table: pd.DataFrame, segments: Any) -> dict[str, Any]
 
 def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
     g = table[~table["graph_replay"]].sort_values("dur_us", ascending=False, kind="stable").head(TOP_GAPS)
-    names = trace.events["name"].astype(object).to_numpy()
+    names = trace.names
     host = HostLookup(trace)
     out = []
     for r in g.itertuples():
@@ -477,7 +478,9 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
             continue
         tops = [t for t in res.top if t["cause"] == cause]
         ops = [t["cpu_op"] for t in tops if t["cpu_op"]]
-        op = max(set(ops), key=ops.count) if ops else None
+        # Most frequent op; ties go to the one seen first (the longest gap's), not to set order,
+        # which changes with the string hash seed from run to run.
+        op = Counter(ops).most_common(1)[0][0] if ops else None
         stack = next((t["stack"] for t in tops if t["stack"]), None)
         phases = rows["phase"].dropna()
         out.append(Finding(

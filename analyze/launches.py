@@ -49,7 +49,7 @@ class LaunchesResult:
 
 def run(trace: Trace, ctx: Any = None) -> LaunchesResult:
     ev = trace.events
-    names = ev["name"].astype(object).to_numpy()
+    names = trace.names
     rt = trace.runtime
     call_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
     segments = getattr(ctx, "segments", None) if ctx is not None else None
@@ -172,7 +172,7 @@ def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]
         g = gaps.gaps
         before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
         cost = float(g.loc[before_small, "dur_us"].sum())
-    names = trace.events["name"].astype(object).to_numpy()
+    names = trace.names
     counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
     evidence = [{"kernel": k, "count": int(v),
                  "mean_us": round(float(small.loc[names[small["row"].to_numpy()] == k, "dur_us"].mean()), 3)}

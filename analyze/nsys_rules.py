@@ -59,7 +59,7 @@ def evaluate(trace: Trace, busy: Any, extra: dict[str, Any] | None = None) -> di
     out: dict[str, Any] = {}
     calls = sync_calls(trace)
     calls = calls[calls["source"] == "api"]
-    names = trace.events["name"].astype(object).to_numpy()
+    names = trace.names
     op_col = trace.events["op"].to_numpy()
     for rule, kinds in _KIND_OF_RULE.items():
         c = calls[calls["kind"].isin(kinds)]

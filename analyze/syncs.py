@@ -75,7 +75,7 @@ def api_kind(name: str) -> str | None:
 
 
 def _names(trace: Trace) -> np.ndarray:
-    return trace.events["name"].astype(object).to_numpy()
+    return trace.names
 
 
 _CALLS: "weakref.WeakKeyDictionary[Trace, pd.DataFrame]" = weakref.WeakKeyDictionary()
@@ -274,7 +274,7 @@ class HostLookup:
         hit = iv.enclosing(ts, end, t)
         if not len(hit):
             return None
-        names = self.trace.events["name"].astype(object).to_numpy()
+        names = self.trace.names
         return [str(n) for n in names[rows[hit]]]
 
 

@@ -93,6 +93,15 @@ class Trace:
     def flows(self) -> pd.DataFrame:
         return self._kind("flow")
 
+    @cached_property
+    def names(self) -> np.ndarray:
+        """Every event's name as a read-only object array indexed by row position (NaN where
+        none), converted from the categorical once per trace: detectors index it by row instead of
+        each converting the whole column (tens of milliseconds per million events)."""
+        names = self.events["name"].astype(object).to_numpy()
+        names.setflags(write=False)
+        return names
+
     # ---- metadata ----------------------------------------------------------------------
     @property
     def device_properties(self) -> list[dict[str, Any]]:
