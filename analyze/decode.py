@@ -336,8 +336,13 @@ class Columns:
         buf = self.dense.get(col)
         end = self.n + n
         if buf is None or end > len(buf):
-            grown = np.empty(max(end, self.capacity, 2 * len(buf) if buf is not None else 0),
-                             np.int32 if col in STR_COLS else np.int64)
+            dtype = np.int32 if col in STR_COLS else np.int64
+            want = max(end, self.capacity, 2 * len(buf) if buf is not None else 0)
+            try:
+                grown = np.empty(want, dtype)
+            except MemoryError:  # address space is not always free (strict overcommit)
+                self.capacity = 0
+                grown = np.empty(end + end // 2, dtype)
             if buf is None:
                 grown[: self.n] = _FILL[col]
             else:
