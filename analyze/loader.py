@@ -350,13 +350,13 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     for col, fallback in (("device", "pid"), ("stream", "tid")):
         np.copyto(data[col], data[fallback], where=on_gpu & (data[col] < 0))
     ph_cat_codes = cats["ph"]
-    flow_cats = np.isin(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS])
+    flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
     launch_flow = kinds["flow"] & flow_cats
     launch, op, parent = link_columns(
         ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
         flow_id=data["flow_id"], host=kinds["runtime"] | kinds["driver"], target=gpu_rows | kinds["cuda_sync"],
         cpu_op=kinds["cpu_op"], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
-        flow_end=launch_flow & np.isin(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")]),
+        flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
         out=(pool.get(np.int64), pool.get(np.int64), pool.get(np.int64)),
     )
     data["launch"], data["op"], data["parent"] = launch, op, parent
@@ -400,6 +400,14 @@ def _is_identity(order: np.ndarray) -> bool:
     return bool((order == np.arange(len(order))).all())
 
 
+def _in_codes(codes: np.ndarray, wanted: list[int], n_categories: int) -> np.ndarray:
+    """codes in wanted, for category codes (-1 = absent; wanted codes below 0 match nothing):
+    one table lookup per row (np.isin would build sorted or offset copies of the column)."""
+    table = np.zeros(n_categories + 1, dtype=bool)  # the last entry answers code -1
+    table[[c for c in wanted if c >= 0]] = True
+    return table[codes]
+
+
 def _code(categories: list[Any], value: str) -> int:
     """Code of a category, or -2 (matches nothing) when absent."""
     try:
@@ -421,9 +429,9 @@ def _kind_codes(cats: dict[str, np.ndarray], tables: dict[str, tuple[list[Any], 
     ph = cats["ph"]
     ph_cats = tables["ph"][0]
     kind[ph == _code(ph_cats, "M")] = kind_index["metadata"]
-    kind[np.isin(ph, [_code(ph_cats, p) for p in ("s", "t", "f")])] = kind_index["flow"]
+    kind[_in_codes(ph, [_code(ph_cats, p) for p in ("s", "t", "f")], len(ph_cats))] = kind_index["flow"]
     kind[ph == _code(ph_cats, "C")] = kind_index["counter"]
-    memory = (cats["name"] == _code(tables["name"][0], "[memory]")) & np.isin(ph, [_code(ph_cats, "i"), _code(ph_cats, "I")])
+    memory = (cats["name"] == _code(tables["name"][0], "[memory]")) & _in_codes(ph, [_code(ph_cats, "i"), _code(ph_cats, "I")], len(ph_cats))
     kind[memory] = kind_index["memory"]
     return kind
 
