@@ -303,7 +303,7 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     def sparse(name: str) -> np.ndarray:
         rows, values = cols.take_sparse(name)
         if values.dtype == object:
-            out = np.full(m, None, dtype=object)
+            out = np.empty(m, dtype=object)  # numpy fills new object arrays with None
         else:
             out = pool.get(values.dtype)
             out.fill(dec.MISSING)
