@@ -21,6 +21,7 @@ head shape, using the phase segments when the trace has them, else query length 
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,12 +139,19 @@ def _match_categories(names: pd.Categorical, compiled: list) -> np.ndarray:
     return idx[np.where(codes >= 0, codes, len(cats))]
 
 
+# Per trace: _op_spec's answer, computed once (the phases, attention and roofline sections all ask).
+_OP_SPEC: "weakref.WeakKeyDictionary[Trace, np.ndarray]" = weakref.WeakKeyDictionary()
+
+
 def _op_spec(trace: Trace) -> np.ndarray:
-    """Per event row, the index of the ATTENTION_OPS entry its cpu_op name matches (-1: none)."""
-    ev = trace.events
-    spec = _match_categories(ev["name"].array, _OPS_RE)
-    spec[ev["kind"].to_numpy(dtype=object) != "cpu_op"] = -1
-    return spec
+    """Per event row, the index of the ATTENTION_OPS entry its cpu_op name matches (-1: none).
+    A fresh array each call (callers may change it)."""
+    if trace not in _OP_SPEC:
+        ev = trace.events
+        spec = _match_categories(ev["name"].array, _OPS_RE)
+        spec[~(ev["kind"] == "cpu_op").to_numpy()] = -1
+        _OP_SPEC[trace] = spec
+    return _OP_SPEC[trace].copy()
 
 
 def attention_op_mask(trace: Trace) -> np.ndarray:

@@ -97,8 +97,14 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Group code of each (a, b) pair (e.g. device, stream) and the distinct pairs, sorted."""
     if len(a) == 0:
         return np.empty(0, dtype=I64), np.empty((0, 2), dtype=I64)
-    pairs, codes = np.unique(np.stack([_arr(a), _arr(b)], axis=1), axis=0, return_inverse=True)
-    return codes.reshape(-1).astype(I64), pairs
+    # np.unique(axis=0) gives the same answer but sorts rows as opaque records, ten times slower.
+    a, b = _arr(a), _arr(b)
+    order = np.lexsort((b, a))
+    sa, sb = a[order], b[order]
+    first = np.r_[True, (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])]
+    codes = np.empty(len(a), dtype=I64)
+    codes[order] = np.cumsum(first) - 1
+    return codes, np.stack([sa[first], sb[first]], axis=1)
 
 
 def total(starts: np.ndarray, ends: np.ndarray) -> int:

@@ -175,7 +175,7 @@ def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
         phase = inferred if inferred is not None else phase
     from tokentrace.analyze.attention import dtype_name
 
-    df = pd.DataFrame({"row": rows, "name": ev["name"].to_numpy(dtype=object)[rows],
+    df = pd.DataFrame({"row": rows, "name": trace.names[rows],
                        "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
                        "dtype": [dtype_name(t) for t in ev["input_type"].to_numpy()[rows]],
                        "phase": phase, "gpu_ns": gpu_ns})
