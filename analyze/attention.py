@@ -32,7 +32,7 @@ from tokentrace.analyze.findings import Finding, severity_for
 from tokentrace.analyze.scaling import power_law
 from tokentrace.analyze.segments import Segments
 from tokentrace.analyze.shapes import US, climb_to, outermost, phase_labels, segments_of, value_codes
-from tokentrace.analyze.trace import Trace
+from tokentrace.analyze.trace import PYTHON_COLUMNS, Trace
 
 # ---- vocabulary ------------------------------------------------------------------------------
 FLASH, EFFICIENT, CUDNN, MATH, EAGER = "flash", "efficient", "cudnn", "math", "eager"
@@ -345,7 +345,7 @@ def _modules_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) 
     from tokentrace.analyze.links import innermost_containing, nest_parents
 
     out = np.full(len(ts), None, dtype=object)
-    py = trace.python
+    py = trace.narrow(("python_function",), PYTHON_COLUMNS)
     if py.empty or not len(ts):
         return out
     # The regex runs once per distinct function name, not per event.

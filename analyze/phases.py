@@ -37,7 +37,7 @@ from tokentrace.analyze.apis import EMBEDDING_OPS, TRAINING_OP_MARKERS
 from tokentrace.analyze.attention import ATTENTION_OPS, attention_op_mask, parse_shapes
 from tokentrace.analyze.findings import Finding
 from tokentrace.analyze.segments import SEGMENT_COLUMNS, Segments
-from tokentrace.analyze.trace import Trace
+from tokentrace.analyze.trace import PYTHON_COLUMNS, Trace
 
 US = 1000.0  # ns per microsecond
 
@@ -114,7 +114,7 @@ def _framework_markers(trace: Trace) -> pd.DataFrame | None:
         phase = m["mode"].str.upper().map(_SGLANG_PHASE).fillna("?")
         bs = pd.to_numeric(m["bs"], errors="coerce").fillna(-1).astype(np.int64)
         return _frame(sg["ts"], sg["end"], sg["name"].astype(str), sg["tid"], phase, batch=bs)
-    vl = _matching((ann, trace.python), _VLLM_STEP)
+    vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
     if not vl.empty:
         vl = _outermost(vl)
         return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl))

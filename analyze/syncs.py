@@ -35,7 +35,7 @@ from tokentrace.analyze.apis import (
     SYNC_MEMSET_APIS,
 )
 from tokentrace.analyze.findings import Finding, severity_for
-from tokentrace.analyze.trace import Trace
+from tokentrace.analyze.trace import PYTHON_COLUMNS, Trace
 
 US = 1000.0
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
@@ -257,7 +257,7 @@ class HostLookup:
     def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = (what, pid, tid)
         if key not in self._cache:
-            df = self.trace.cpu_ops if what == "op" else self.trace.python
+            df = self.trace.cpu_ops if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
             on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
             self._cache[key] = (df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on])
         return self._cache[key]
@@ -463,7 +463,7 @@ def _idle_caused(ctx: Any, calls: pd.DataFrame) -> np.ndarray:
 
 def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list[str] | None]:
     out: list[list[str] | None] = [recorded_stack(trace, int(r)) for r in items["op_row"].to_numpy()]
-    if trace.python.empty or not len(items):
+    if trace.narrow(("python_function",), PYTHON_COLUMNS).empty or not len(items):
         return out
     host = HostLookup(trace)
     longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]

@@ -29,6 +29,10 @@ import pandas as pd
 
 from tokentrace.analyze.apis import GPU_KINDS, HOST_API_KINDS
 
+# The columns of Python frames (python_function events) the detectors read: one narrow frame
+# (`trace.narrow(("python_function",), PYTHON_COLUMNS)`) serves them all.
+PYTHON_COLUMNS: tuple[str, ...] = ("ts", "end", "name", "pid", "tid")
+
 
 @dataclass(eq=False)
 class Trace:
@@ -92,6 +96,20 @@ class Trace:
     @cached_property
     def flows(self) -> pd.DataFrame:
         return self._kind("flow")
+
+    def narrow(self, kinds: tuple[str, ...], columns: tuple[str, ...]) -> pd.DataFrame:
+        """`self._kind(*kinds)[list(columns)]` (same rows, index, order and dtypes) without copying
+        every column of the wide view: for a detector that reads a few columns of a large kind
+        (Python frames, memory events). Cached per (kinds, columns); treat it as read-only."""
+        key = (tuple(kinds), tuple(columns))
+        cache = self._narrow_cache
+        if key not in cache:
+            cache[key] = self.events.loc[self.events["kind"].isin(kinds).to_numpy(), list(columns)]
+        return cache[key]
+
+    @cached_property
+    def _narrow_cache(self) -> dict[tuple[tuple[str, ...], tuple[str, ...]], pd.DataFrame]:
+        return {}
 
     @cached_property
     def names(self) -> np.ndarray:
