@@ -92,7 +92,7 @@ def spec_for_trace(trace: Any) -> tuple[str | None, GpuSpec | None]:
     """(reported name, spec) of the GPU that ran most of the trace's kernels."""
     props = [p for p in trace.device_properties if isinstance(p, dict)]
     device = None
-    kernels = trace.kernels
+    kernels = trace.narrow(("kernel",), ("device",))  # not trace.kernels: one column is enough
     if not kernels.empty:
         counts = kernels["device"].value_counts()
         device = int(counts.index[0]) if len(counts) else None
