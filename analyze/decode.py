@@ -253,7 +253,8 @@ _TS_DECODER = msgspec.json.Decoder(_TsText)
 
 @dataclass
 class Columns:
-    """Growing column store: per-chunk arrays, categorical dictionaries, counts of repairs."""
+    """Growing column store: whole-trace buffers of the dense columns, per-chunk (row, value)
+    parts of the arg columns, categorical dictionaries, counts of repairs."""
 
     # Whole-trace buffers of the dense columns, filled chunk by chunk and grown geometrically:
     # the frame build permutes them without concatenating parts, and reuses each buffer once

@@ -4,6 +4,9 @@ Owns the orchestration of reading (analyze.files), cutting the events array into
 boundaries (no first pass over the whole document), decoding them (analyze.decode, with
 analyze.repair as the slow path for damaged files) and building the Trace: rows sorted by time,
 normalised kinds, GPU device/stream, and the link columns kernel -> launch -> op (analyze.links).
+
+Fresh memory is a large part of a big load (page faults), so a mapped file's chunks are decoded
+in place (no copy) and the frame build recycles each consumed buffer for the next column.
 """
 
 from __future__ import annotations
