@@ -408,7 +408,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     ops = trace.cpu_ops
     if ops.empty:
         return _empty_calls()
-    names = ops["name"].to_numpy(dtype=object)
+    names = trace.names[ops.index.to_numpy(np.int64)]
     is_mm = np.isin(names, MATMUL_OPS)
     is_sm = np.isin(names, SOFTMAX_OPS)
     if not is_sm.any() or is_mm.sum() < 2:
@@ -426,7 +426,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     pid, tid, ts = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows], ev["ts"].to_numpy()[rows]
     o = np.lexsort((ts, tid, pid))
     rows, pid, tid = rows[o], pid[o], tid[o]
-    nm = ev["name"].to_numpy(dtype=object)[rows]
+    nm = trace.names[rows]
     mm, sm = np.isin(nm, MATMUL_OPS), np.isin(nm, SOFTMAX_OPS)
     same = (pid[:-2] == pid[2:]) & (tid[:-2] == tid[2:])
     trip = np.flatnonzero(same & mm[:-2] & sm[1:-1] & mm[2:])

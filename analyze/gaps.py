@@ -250,10 +250,9 @@ class _ThreadIntervals:
     def __init__(self, trace: Trace, calls: pd.DataFrame) -> None:
         self.trace = trace
         ev = trace.events
-        kind = ev["kind"].to_numpy(dtype=object)
         self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
         self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-        self.native = np.flatnonzero(np.isin(kind, ("cpu_op",) + HOST_API_KINDS))
+        self.native = np.flatnonzero(ev["kind"].isin(("cpu_op",) + HOST_API_KINDS).to_numpy())
         self.py = None
         # Ops that launched GPU work themselves or through a descendant.
         rt = trace.runtime

@@ -151,7 +151,7 @@ def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
     ops = trace.cpu_ops
     if ops.empty:
         return pd.DataFrame()
-    names = ops["name"].to_numpy(dtype=object)
+    names = trace.names[ops.index.to_numpy(np.int64)]
     sel = np.isin(names, GEMM_OPS)
     if not sel.any():
         return pd.DataFrame()

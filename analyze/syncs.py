@@ -211,7 +211,8 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     innermost enclosing op; -1 when the call ran outside every op. Op rows map to themselves."""
     ev = trace.events
     rows = np.asarray(rows, dtype=np.int64)
-    kind = ev["kind"].to_numpy(dtype=object)[rows] if len(rows) else np.empty(0, dtype=object)
+    # The categorical's rows first, then to objects: converting the whole column costs.
+    kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
     inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
     is_sync_op = ev["name"].isin(SYNC_CAUSING_OPS).to_numpy() & (ev["kind"] == "cpu_op").to_numpy()
     parent = ev["parent"].to_numpy()
