@@ -101,20 +101,23 @@ def op_gpu(trace: Trace) -> OpGpu:
     dur = gpu["dur"].to_numpy()[linked].astype(float)
     self_ns = np.bincount(cur, weights=dur, minlength=n)
     self_count = np.bincount(cur, minlength=n)
-    total_ns = np.zeros(n)
-    total_count = np.zeros(n, dtype=np.int64)
     pair_op: list[np.ndarray] = []
     pair_gpu: list[np.ndarray] = []
+    pair_dur: list[np.ndarray] = []
     while len(cur):
-        total_ns += np.bincount(cur, weights=dur, minlength=n)
-        total_count += np.bincount(cur, minlength=n)
         pair_op.append(cur)
         pair_gpu.append(rows)
+        pair_dur.append(dur)
         cur = parent[cur]
         keep = cur >= 0
         cur, rows, dur = cur[keep], rows[keep], dur[keep]
-    cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
-    return OpGpu(self_ns, total_ns, self_count, total_count, cat(pair_op), cat(pair_gpu))
+    cat = lambda parts, dtype: np.concatenate(parts) if parts else np.empty(0, dtype)  # noqa: E731
+    all_op = cat(pair_op, np.int64)
+    # One count over all levels, not one full-length array per level (ops nest tens deep). The
+    # weights are integer nanoseconds, so float sums are exact in any order.
+    total_ns = np.bincount(all_op, weights=cat(pair_dur, float), minlength=n).astype(float, copy=False)
+    total_count = np.bincount(all_op, minlength=n).astype(np.int64)
+    return OpGpu(self_ns, total_ns, self_count, total_count, all_op, cat(pair_gpu, np.int64))
 
 
 # ---- phases --------------------------------------------------------------------------------
