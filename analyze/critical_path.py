@@ -324,14 +324,16 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     ev_ts = trace.events["ts"].to_numpy(np.int64)
 
     rt = trace.runtime
-    rt = rt[name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)]
-    rseg = segs.locate_times(rt["ts"].to_numpy(np.int64))
+    # Columns, not rt[mask]: filtering the view would copy every column of the runtime calls.
+    keep = name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)
+    r_ts = rt["ts"].to_numpy(np.int64)[keep]
+    rseg = segs.locate_times(r_ts)
     tids = table["tid"].to_numpy(np.int64)
     on_thread = rseg >= 0
-    on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[on_thread] == tids[rseg[on_thread]]
+    on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[keep][on_thread] == tids[rseg[on_thread]]
     host = pd.DataFrame({
-        "seg": rseg, "row": rt.index.to_numpy(np.int64), "ts": rt["ts"].to_numpy(np.int64),
-        "end": rt["end"].to_numpy(np.int64), "blocking": name_mask(rt["name"], BLOCKING_APIS),
+        "seg": rseg, "row": rt.index.to_numpy(np.int64)[keep], "ts": r_ts,
+        "end": rt["end"].to_numpy(np.int64)[keep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep],
     })[on_thread].sort_values(["seg", "ts"])
 
     gpu = trace.gpu
