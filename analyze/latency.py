@@ -67,11 +67,13 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np
     calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
     for earlier work; it is not the step's first operation."""
     rt = trace.runtime
-    host = pd.concat([trace.cpu_ops[["ts", "tid"]], rt.loc[name_mask(rt["name"], LAUNCH_APIS), ["ts", "tid"]]])
-    ts = host["ts"].to_numpy(np.int64)
+    ops = trace.cpu_ops
+    launch = name_mask(rt["name"], LAUNCH_APIS)
+    ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
+    tid = np.concatenate([ops["tid"].to_numpy(np.int64), rt["tid"].to_numpy(np.int64)[launch]])
     seg = segs.locate_times(ts)
     ok = seg >= 0
-    ok[ok] = host["tid"].to_numpy(np.int64)[ok] == tid_of_seg[seg[ok]]
+    ok[ok] = tid[ok] == tid_of_seg[seg[ok]]
     return seg[ok], ts[ok]
 
 
