@@ -421,7 +421,7 @@ def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 _REC = {
-    "launch_bound": "Capture the repeated step (the decode step) in a CUDA graph (torch.cuda.CUDAGraph, or "
+    "launch_bound": "Capture the repeated step (in LLM inference, the decode step) in a CUDA graph (torch.cuda.CUDAGraph, or "
                     "torch.compile(mode=\"reduce-overhead\") with a static KV cache) so one launch replaces "
                     "hundreds; fuse small elementwise kernels (torch.compile) to cut the launch count.",
     "cpu_busy": "Move this host work off the GPU's critical path: run it while the GPU works (launch the next "
