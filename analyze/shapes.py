@@ -123,17 +123,28 @@ def op_gpu(trace: Trace) -> OpGpu:
 # ---- phases --------------------------------------------------------------------------------
 
 
-def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(phase label, segment id) per event row; GPU rows count in the segment that launched them."""
+def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase code, phase labels, segment id) per event row, codes numbered in order of first
+    appearance like pd.factorize of the labels. Labels are resolved per segment and factorized as
+    integers: factorizing a million label strings is what would cost."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(segments) == 0:
-        return np.full(len(rows), NO_PHASE, dtype=object), np.full(len(rows), -1, dtype=np.int64)
+        labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
+        return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
     seg = segments.locate_rows(trace, rows)
     table = segments.table
-    lut = pd.Series(table["phase"].astype(str).to_numpy(), index=table["seg"].to_numpy(np.int64))
-    phase = lut.reindex(seg).to_numpy(dtype=object)
-    phase = np.where(pd.isna(phase), OUTSIDE, phase)
-    return phase.astype(object), seg
+    # One code per distinct label text, OUTSIDE last, so equal texts of different segments share it.
+    text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE))
+    pos = pd.Index(table["seg"].to_numpy(np.int64)).get_indexer(seg)
+    text_of_row = np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
+    codes, used = pd.factorize(text_of_row)
+    return codes.astype(np.int64, copy=False), np.asarray(texts, dtype=object)[used], seg
+
+
+def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(phase label, segment id) per event row; GPU rows count in the segment that launched them."""
+    codes, labels, seg = phase_codes(trace, segments, rows)
+    return labels[codes].astype(object, copy=False), seg
 
 
 def dims_text(values: np.ndarray | pd.Series) -> np.ndarray:
@@ -233,8 +244,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ev = trace.events
     rows = ops.index.to_numpy(np.int64)
-    phase, _ = phase_labels(trace, segments, rows)
-    phase_c, phase_u = pd.factorize(phase)
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
     all_names, labels = name_codes(ev["name"])
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
     df = pd.DataFrame({
@@ -286,8 +296,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     # Shape codes once per distinct launching op, not once per kernel.
     uniq, inv = np.unique(np.maximum(op, 0), return_inverse=True)
     op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[uniq])[inv], -1)
-    phase, _ = phase_labels(trace, segments, rows)
-    phase_c, phase_u = pd.factorize(phase)
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
     df = pd.DataFrame({"k": all_names[rows], "o": np.where(has, all_names[np.maximum(op, 0)], -1), "d": op_dims,
                        "t": np.where(has, all_names[np.maximum(top, 0)], -1), "p": phase_c, "op_row": op,
                        "dur": gpu["dur"].to_numpy()})

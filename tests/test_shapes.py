@@ -96,6 +96,30 @@ def test_climb_helpers():
     assert shapes.root_of(parent, start).tolist() == [0, 0, 4, -1]
 
 
+def test_value_codes_merge_equal_lists_held_by_different_objects():
+    shared = [[16, 64], [64, 128]]
+    values = np.empty(6, dtype=object)
+    # Same content as `shared` but a different object; None is absent.
+    values[:] = [[[1, 64]], shared, None, [[16, 64], [64, 128]], shared, [[1, 64]]]
+    assert shapes.value_codes(values).tolist() == [0, 1, -1, 1, 1, 0]
+    assert shapes.value_codes(pd.Series(values)).tolist() == [0, 1, -1, 1, 1, 0]
+    assert shapes.value_codes(np.empty(0, dtype=object)).tolist() == []
+
+
+def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
+    tr, seg = build(tmp_path)
+    ops = tr.cpu_ops
+    # The aten::linear of each call: one prefill segment, then two decode segments.
+    rows = ops.index[ops["name"] == "aten::linear"].to_numpy()
+    codes, labels, segs = shapes.phase_codes(tr, seg, rows)
+    assert labels[codes].tolist() == ["prefill", "decode", "decode"]
+    assert codes.tolist() == [0, 1, 1] and segs.tolist() == [0, 1, 2]
+    label, _ = shapes.phase_labels(tr, seg, rows)
+    assert label.tolist() == ["prefill", "decode", "decode"]
+    late = Segments(seg.table.iloc[1:].reset_index(drop=True), method="annotations")
+    assert shapes.phase_labels(tr, late, rows)[0].tolist() == [shapes.OUTSIDE, "decode", "decode"]
+
+
 def test_qwen_attribution_conserves_gpu_time():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
     res = shapes.run(tr)
