@@ -236,6 +236,30 @@ def _label(labels: np.ndarray, codes: np.ndarray, missing: Any = "") -> np.ndarr
     return np.where(codes >= 0, out, missing).astype(object)
 
 
+def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group id per row for each distinct combination of the integer key columns (at least one
+    row), numbered in order of first appearance as DataFrame.groupby(sort=False) numbers them, and
+    the first row of each group. Numpy sums over these ids replace a groupby of a million-row
+    DataFrame, whose construction alone copies every column into a new block."""
+    key = np.zeros(len(keys[0]), dtype=np.int64)
+    for k in keys:
+        k = np.asarray(k, dtype=np.int64)
+        lo = int(k.min())
+        span = int(k.max()) - lo + 1
+        if (int(key.max()) + 1) * span >= 2**62:  # renumber densely before the product overflows
+            key = pd.factorize(key)[0].astype(np.int64)
+        key = key * span + (k - lo)
+    gid = pd.factorize(key)[0].astype(np.int64)
+    # First appearances come in id order: a row starts a group iff its id exceeds all before it.
+    first = np.flatnonzero(np.r_[True, gid[1:] > np.maximum.accumulate(gid)[:-1]])
+    return gid, first
+
+
+def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
+    """Per-group sum. Inputs are integer-valued (ns, counts), so float sums are exact in any order."""
+    return np.bincount(gid, weights=np.asarray(values, dtype=float), minlength=k)
+
+
 def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     ops = trace.cpu_ops
     cols = ["name", "input_dims", "input_types", "phase", "calls", "cpu_total_us", "gpu_total_us", "gpu_self_us",
@@ -247,23 +271,22 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
     all_names, labels = name_codes(ev["name"])
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    df = pd.DataFrame({
-        "row": rows, "n": all_names[rows], "d": value_codes(ops["input_dims"].to_numpy()),
-        "t": value_codes(ops["input_type"].to_numpy()), "p": phase_c, "dur": ops["dur"].to_numpy(),
-        "gpu_total": att.total_ns[rows], "gpu_self": att.self_ns[rows], "kernels": att.total_count[rows],
+    gid, first = group_ids(all_names[rows], value_codes(ops["input_dims"].to_numpy()),
+                           value_codes(ops["input_type"].to_numpy()), phase_c)
+    n_groups = len(first)
+    out = pd.DataFrame({
+        "first_row": rows[first], "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
+        "cpu_total_us": _sum(gid, n_groups, ops["dur"].to_numpy()) / US,
+        "gpu_total_us": _sum(gid, n_groups, att.total_ns[rows]) / US,
+        "gpu_self_us": _sum(gid, n_groups, att.self_ns[rows]) / US,
+        "kernels": _sum(gid, n_groups, att.total_count[rows]).astype(np.int64),
     })
-    grp = df.groupby(["n", "d", "t", "p"], sort=False)
-    out = grp.agg(first_row=("row", "first"), calls=("row", "size"), cpu_total_us=("dur", "sum"),
-                  gpu_total_us=("gpu_total", "sum"), gpu_self_us=("gpu_self", "sum"), kernels=("kernels", "sum")).reset_index()
-    out["name"] = _label(labels, out["n"].to_numpy())
-    out["phase"] = np.asarray(phase_u, dtype=object)[out["p"].to_numpy()]
-    out["cpu_total_us"] /= US
-    out["gpu_total_us"] /= US
-    out["gpu_self_us"] /= US
+    out["name"] = _label(labels, all_names[rows[first]])
+    out["phase"] = np.asarray(phase_u, dtype=object)[phase_c[first]]
     out["gpu_mean_us"] = out["gpu_total_us"] / out["calls"]
     # The kernel that took most of each group's GPU time (over all nesting levels).
     group_of_row = np.full(len(ev), -1, dtype=np.int64)
-    group_of_row[rows] = grp.ngroup().to_numpy()
+    group_of_row[rows] = gid
     out["top_kernel"] = None
     out["top_kernel_us"] = np.nan
     if len(att.pair_op):
@@ -297,11 +320,16 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     uniq, inv = np.unique(np.maximum(op, 0), return_inverse=True)
     op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[uniq])[inv], -1)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
-    df = pd.DataFrame({"k": all_names[rows], "o": np.where(has, all_names[np.maximum(op, 0)], -1), "d": op_dims,
-                       "t": np.where(has, all_names[np.maximum(top, 0)], -1), "p": phase_c, "op_row": op,
-                       "dur": gpu["dur"].to_numpy()})
-    out = df.groupby(["k", "o", "d", "t", "p"], sort=False).agg(
-        calls=("dur", "size"), gpu_total_us=("dur", "sum"), gpu_max_us=("dur", "max"), op_row=("op_row", "first")).reset_index()
+    o = np.where(has, all_names[np.maximum(op, 0)], -1)
+    t = np.where(has, all_names[np.maximum(top, 0)], -1)
+    gid, first = group_ids(all_names[rows], o, op_dims, t, phase_c)
+    n_groups = len(first)
+    dur = gpu["dur"].to_numpy()
+    gpu_max = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(gpu_max, gid, dur.astype(np.int64, copy=False))
+    out = pd.DataFrame({"k": all_names[rows][first], "o": o[first], "t": t[first], "p": phase_c[first],
+                        "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
+                        "gpu_total_us": _sum(gid, n_groups, dur), "gpu_max_us": gpu_max, "op_row": op[first]})
     out["name"] = _label(labels, out["k"].to_numpy())
     out["op"] = _label(labels, out["o"].to_numpy())
     out["top_op"] = _label(labels, out["t"].to_numpy())

@@ -120,6 +120,18 @@ def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
     assert shapes.phase_labels(tr, late, rows)[0].tolist() == [shapes.OUTSIDE, "decode", "decode"]
 
 
+def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-1, 5, 500), rng.integers(-1, 3, 500)
+    gid, first = shapes.group_ids(a, b)
+    expect = pd.DataFrame({"a": a, "b": b}).groupby(["a", "b"], sort=False).ngroup().to_numpy()
+    assert gid.tolist() == expect.tolist()
+    assert first.tolist() == [int(np.flatnonzero(gid == g)[0]) for g in range(gid.max() + 1)]
+    # Keys wide enough that the combined key would overflow int64 without renumbering.
+    wide = np.array([0, 2**40, 0, 2**40])
+    assert shapes.group_ids(wide, wide, wide, np.array([0, 1, 0, 0]))[0].tolist() == [0, 1, 0, 2]
+
+
 def test_qwen_attribution_conserves_gpu_time():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
     res = shapes.run(tr)
