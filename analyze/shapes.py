@@ -116,7 +116,7 @@ def op_gpu(trace: Trace) -> OpGpu:
     # One count over all levels, not one full-length array per level (ops nest tens deep). The
     # weights are integer nanoseconds, so float sums are exact in any order.
     total_ns = np.bincount(all_op, weights=cat(pair_dur, float), minlength=n).astype(float, copy=False)
-    total_count = np.bincount(all_op, minlength=n).astype(np.int64)
+    total_count = np.bincount(all_op, minlength=n).astype(np.int64, copy=False)
     return OpGpu(self_ns, total_ns, self_count, total_count, all_op, cat(pair_gpu, np.int64))
 
 
@@ -225,9 +225,11 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
 
 
 def name_codes(names: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, labels) of a categorical name column; code -1 for a missing name."""
+    """(codes, labels) of a categorical name column; code -1 for a missing name. The codes keep the
+    categorical's own (narrow) integer type: widening all events' codes is a full-trace copy, and
+    callers index a subset first."""
     arr = names.array
-    return np.asarray(arr.codes, dtype=np.int64), np.asarray(arr.categories, dtype=object)
+    return np.asarray(arr.codes), np.asarray(arr.categories, dtype=object)
 
 
 def _label(labels: np.ndarray, codes: np.ndarray, missing: Any = "") -> np.ndarray:
@@ -290,7 +292,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     out["top_kernel"] = None
     out["top_kernel_us"] = np.nan
     if len(att.pair_op):
-        pairs = pd.DataFrame({"g": group_of_row[att.pair_op], "k": all_names[att.pair_gpu], "d": ev["dur"].to_numpy()[att.pair_gpu]})
+        pairs = pd.DataFrame({"g": group_of_row[att.pair_op], "k": all_names[att.pair_gpu].astype(np.int64), "d": ev["dur"].to_numpy()[att.pair_gpu]})
         pairs = pairs[pairs["g"] >= 0]
         by = pairs.groupby(["g", "k"], sort=False)["d"].sum().reset_index().sort_values(["g", "d"], ascending=[True, False])
         top = by.drop_duplicates("g").set_index("g")
