@@ -292,14 +292,22 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     out["top_kernel"] = None
     out["top_kernel_us"] = np.nan
     if len(att.pair_op):
-        pairs = pd.DataFrame({"g": group_of_row[att.pair_op], "k": all_names[att.pair_gpu].astype(np.int64), "d": ev["dur"].to_numpy()[att.pair_gpu]})
-        pairs = pairs[pairs["g"] >= 0]
-        by = pairs.groupby(["g", "k"], sort=False)["d"].sum().reset_index().sort_values(["g", "d"], ascending=[True, False])
-        top = by.drop_duplicates("g").set_index("g")
-        gid = np.arange(len(out))
-        k = top["k"].reindex(gid).fillna(-1).to_numpy(np.int64)
-        out["top_kernel"] = np.where(k >= 0, _label(labels, k), None)
-        out["top_kernel_us"] = top["d"].reindex(gid).to_numpy(dtype=float) / US
+        g = group_of_row[att.pair_op]
+        keep = g >= 0
+        g, k, d = g[keep], all_names[att.pair_gpu[keep]], ev["dur"].to_numpy()[att.pair_gpu[keep]]
+        top_k = np.full(n_groups, -1, dtype=np.int64)
+        top_us = np.full(n_groups, np.nan)
+        if len(g):
+            pair, pair_first = group_ids(g, k)
+            pair_ns = _sum(pair, len(pair_first), d)
+            pair_g = g[pair_first]
+            # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
+            order = np.lexsort((np.arange(len(pair_first)), -pair_ns, pair_g))
+            best = order[np.r_[True, pair_g[order][1:] != pair_g[order][:-1]]]
+            top_k[pair_g[best]] = k[pair_first][best]
+            top_us[pair_g[best]] = pair_ns[best] / US
+        out["top_kernel"] = np.where(top_k >= 0, _label(labels, top_k), None)
+        out["top_kernel_us"] = top_us
     first = out["first_row"].to_numpy()
     out["input_dims"] = ev["input_dims"].to_numpy()[first]
     out["input_types"] = ev["input_type"].to_numpy()[first]

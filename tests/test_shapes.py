@@ -132,6 +132,20 @@ def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
     assert shapes.group_ids(wide, wide, wide, np.array([0, 1, 0, 0]))[0].tolist() == [0, 1, 0, 2]
 
 
+def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("aten::tie", 100, 50, input_dims=[[4]], input_type=[BF16])
+    b.launch("kernel_b", 101, 200, 5)
+    b.launch("kernel_a", 102, 210, 5)
+    b.cpu_op("aten::most", 300, 50, input_dims=[[4]], input_type=[BF16])
+    b.launch("kernel_b", 301, 400, 5)
+    b.launch("kernel_a", 302, 410, 3)
+    b.launch("kernel_a", 303, 420, 3)
+    ops = shapes.run(b.load(tmp_path)).ops.set_index("name")
+    assert ops.loc["aten::tie", "top_kernel"] == "kernel_b" and ops.loc["aten::tie", "top_kernel_us"] == 5.0
+    assert ops.loc["aten::most", "top_kernel"] == "kernel_a" and ops.loc["aten::most", "top_kernel_us"] == 6.0
+
+
 def test_qwen_attribution_conserves_gpu_time():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
     res = shapes.run(tr)
