@@ -120,6 +120,29 @@ def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.nd
     return launch, op, parent
 
 
+def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray,
+                  op_rows: np.ndarray, at_rows: np.ndarray) -> np.ndarray:
+    """Row of the innermost cpu op on the same thread enclosing the start of each row in `at_rows`
+    (-1: none), from an existing `parent` column: the lookup link_columns does for launch calls,
+    for any other rows (memory events, instants) after the trace is built."""
+    at_rows = np.asarray(at_rows, dtype=np.int64)
+    op_rows = np.asarray(op_rows, dtype=np.int64)
+    if not len(op_rows) or not len(at_rows):
+        return np.full(len(at_rows), -1, dtype=np.int64)
+    threads = _thread_ids(np.concatenate([pid[op_rows], pid[at_rows]]), np.concatenate([tid[op_rows], tid[at_rows]]))
+    op_thread, at_thread = threads[: len(op_rows)], threads[len(op_rows):]
+    order = np.lexsort((-end[op_rows], ts[op_rows], op_thread))
+    rows = op_rows[order]
+    # Parents as positions in this op order (a cpu op's parent is a cpu op of the same thread).
+    pos = np.full(len(ts), -1, dtype=np.int64)
+    pos[rows] = np.arange(len(rows))
+    pr = parent[rows]
+    p = np.where(pr >= 0, pos[np.maximum(pr, 0)], -1)
+    last = _last_started(op_thread[order], ts[rows], at_thread, ts[at_rows])
+    hit = innermost_containing(ts[rows], end[rows], p, ts[at_rows], last)
+    return np.where(hit >= 0, rows[np.maximum(hit, 0)], -1)
+
+
 def _last_started(op_thread: np.ndarray, op_ts: np.ndarray, at_thread: np.ndarray, at: np.ndarray) -> np.ndarray:
     """For each (thread, instant), the position (in op order) of the last op of that thread that
     starts at or before the instant; -1 for none. Ops are sorted by (thread, ts)."""

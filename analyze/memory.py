@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analyze.findings import Finding, severity_for
-from tokentrace.analyze.links import innermost_containing
+from tokentrace.analyze.links import innermost_ops
 from tokentrace.analyze.segments import Segments
 from tokentrace.analyze.shapes import US, attribution, climb_to, phase_labels, records, segments_of, value_codes
 from tokentrace.analyze.trace import Trace
@@ -41,31 +41,10 @@ JSON_STEPS = 64
 
 def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Innermost cpu_op on the same thread around each event row's start (-1: none)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    out = np.full(len(rows), -1, dtype=np.int64)
-    ops = trace.cpu_ops
-    if ops.empty or not len(rows):
-        return out
     ev = trace.events
-    pid, tid, ts = ev["pid"].to_numpy(), ev["tid"].to_numpy(), ev["ts"].to_numpy()
-    end, parent = ev["end"].to_numpy(), ev["parent"].to_numpy()
-    op_rows = ops.index.to_numpy(np.int64)
-    op_rows = op_rows[np.lexsort((-end[op_rows], ts[op_rows], tid[op_rows], pid[op_rows]))]
-    op_groups = pd.Series(np.arange(len(op_rows))).groupby([pid[op_rows], tid[op_rows]]).indices
-    q_groups = pd.Series(np.arange(len(rows))).groupby([pid[rows], tid[rows]]).indices
-    local = np.full(len(ev), -1, dtype=np.int64)
-    for key, qi in q_groups.items():
-        oi = op_groups.get(key)
-        if oi is None:
-            continue
-        r = op_rows[oi]
-        local[r] = np.arange(len(r))
-        p = parent[r]
-        lp = np.where(p >= 0, local[np.maximum(p, 0)], -1)
-        hit = innermost_containing(ts[r], end[r], lp, ts[rows[qi]])
-        out[qi] = np.where(hit >= 0, r[np.maximum(hit, 0)], -1)
-        local[r] = -1
-    return out
+    return innermost_ops(ts=ev["ts"].to_numpy(), end=ev["end"].to_numpy(), pid=ev["pid"].to_numpy(),
+                         tid=ev["tid"].to_numpy(), parent=ev["parent"].to_numpy(),
+                         op_rows=trace.cpu_ops.index.to_numpy(np.int64), at_rows=rows)
 
 
 # ---- KV concatenation by shapes ------------------------------------------------------------------
