@@ -1,27 +1,33 @@
-"""Analysis side of tokentrace: loading traces and the detectors that read them (no torch here).
+"""tokentrace.analysis (the analyze/ folder): everything that reads traces, without torch.
 
-`tokentrace.analyze` is both this package and the API function the design promises
-(`tokentrace.analyze(trace_or_path) -> Analysis`): the module object is made callable, so the
-two names cannot shadow each other whichever is imported first.
+- `loading/`: trace files, JSON decoding, repair, links, the Trace model.
+- `detectors/`: one module per question (phases, gpu, gaps, launches, syncs, ...), independent.
+- `common/`: leaf helpers the detectors share; `apis.py`: the one vocabulary of API names.
+- `segments.py`, `findings.py`: the contracts between segmentation, detectors and reports.
+- `pipeline.py`: the registry and runner of detectors, `Options` and the `Analysis`.
+- `compare/`: metrics registry, diff, check, ranks, scaling, HTA cross-check.
+
+The user-facing functions are in `tokentrace.api` (`tokentrace.analyze(...)` and friends).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokentrace.analyze.loader import load, load_all
-from tokentrace.analyze.trace import Trace
+__all__ = ["Analysis", "Options", "Trace"]
 
-__all__ = ["load", "load_all", "Trace"]
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from tokentrace.analyze.analysis import analyze
-
-        return analyze(*args, **kwargs)
+if TYPE_CHECKING:
+    from tokentrace.analysis.loading.trace import Trace
+    from tokentrace.analysis.pipeline import Analysis, Options
 
 
-sys.modules[__name__].__class__ = _CallableModule
+def __getattr__(name: str) -> Any:
+    if name == "Trace":
+        from tokentrace.analysis.loading.trace import Trace
+
+        return Trace
+    if name in ("Analysis", "Options"):
+        from tokentrace.analysis import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'tokentrace.analysis' has no attribute {name!r}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tokentrace.analyze.trace import Trace
+from tokentrace.analysis.loading.trace import Trace
 
 SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
 

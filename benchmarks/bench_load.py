@@ -41,7 +41,7 @@ def rss_peak():
 
 if method == "tokentrace":
     import tokentrace
-    import tokentrace.analyze  # the analysis stack (numpy, pandas, msgspec): imports are not timed
+    import tokentrace.analysis  # the analysis stack (numpy, pandas, msgspec): imports are not timed
     base = rss_peak()
     t0 = time.perf_counter()
     t = tokentrace.load(path, progress=False)

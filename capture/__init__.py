@@ -1,4 +1,4 @@
-"""tokentrace.capture: record prefill and decode traces of Hugging Face models with torch.profiler.
+"""tokentrace.profiling (the capture/ folder): record prefill and decode traces of Hugging Face models with torch.profiler.
 
 The only part of tokentrace that imports torch and transformers, and only inside functions, so
 importing this package (and `tokentrace --help`) stays cheap and works without them.

@@ -1,4 +1,4 @@
-"""`tokentrace.capture.capture(...)`: the Python API of `tokentrace capture`, a sweep of runs.
+"""`tokentrace.profiling.capture(...)`: the Python API of `tokentrace capture`, a sweep of runs.
 
 Order matters for the "one clear line, nothing half-written" contract: every input is checked
 (model, device, dtype, attention backend, prompt lengths against the context, output folder)
@@ -11,10 +11,11 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Iterable, Iterator
+from typing import Any, ContextManager
 
 from tokentrace.errors import TokentraceError
 
@@ -83,8 +84,8 @@ def _progress(plans: list[RunPlan], enabled: bool) -> ContextManager[Iterable[Ru
 def capture(
     preset: str | None = None,
     model: str | None = None,
-    prompt_lens: int | Iterable[int] = (128,),
-    batches: int | Iterable[int] = (1,),
+    prompt_lens: int | str | Iterable[int | str] = (128,),
+    batches: int | str | Iterable[int | str] = (1,),
     max_new_tokens: int = 32,
     out_dir: str | os.PathLike[str] = "tokentrace_capture",
     device: str = "auto",

@@ -1,10 +1,10 @@
-"""`tokentrace.capture.profile(out_dir)`: the capture annotations and metadata around a user's own code.
+"""`tokentrace.profiling.profile(out_dir)`: the capture annotations and metadata around a user's own code.
 
 For inference code that is not a Hugging Face model (a server's engine loop, a custom sampler),
 this writes the same `tokentrace/...` record_function annotations, stage timings and metadata as
 `tokentrace capture`, so the analyzer splits its phases exactly too:
 
-    with tokentrace.capture.profile("out/mine", model=model, prompt_len=512) as p:
+    with tokentrace.profiling.profile("out/mine", model=model, prompt_len=512) as p:
         with p.phase("prefill"):
             logits = model(ids); tok = logits[:, -1].argmax(-1).cpu()
         for i in range(31):
@@ -22,10 +22,11 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .conventions import KIND_USER, PREFILL, RUN_JSON, SCHEMA_VERSION, TOKENIZE, decode_step_name, phase_name
 from .timing import StageTimer, Timings, timings_from_stages
@@ -45,7 +46,7 @@ class Profile:
         *,
         model: Any = None,
         model_name: str | None = None,
-        device: "str | torch.device | None" = None,
+        device: str | torch.device | None = None,
         prompt_len: int | None = None,
         batch: int | None = None,
         max_new_tokens: int | None = None,
@@ -107,8 +108,8 @@ class Profile:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Profile":
-        from .profiling import make_profiler
+    def __enter__(self) -> Profile:
+        from .sessions import make_profiler
 
         self._device = _device(self._device_arg, self.model)
         self._staging = self._atomic.__enter__()
@@ -137,7 +138,7 @@ class Profile:
     def _write(self, staging: Path) -> None:
         from .environment import dtype_name, gpu_name, versions
         from .models import config_summary
-        from .profiling import export_trace
+        from .sessions import export_trace
         from .writer import write_json
 
         assert self._timer is not None
@@ -187,7 +188,7 @@ def _model_dtype(model: Any) -> Any:
         return None
 
 
-def _device(device: Any, model: Any) -> "torch.device":
+def _device(device: Any, model: Any) -> torch.device:
     import torch
 
     if device is not None:

@@ -19,7 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
-def resolve_device(device: str) -> "torch.device":
+def resolve_device(device: str) -> torch.device:
     """`auto` -> cuda when available else cpu; `cuda`/`cuda:N` must exist (one-line error otherwise)."""
     import torch
 
@@ -41,7 +41,7 @@ def resolve_device(device: str) -> "torch.device":
     return dev
 
 
-def resolve_dtype(dtype: str, device: "torch.device") -> "torch.dtype":
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto` -> bfloat16 on CUDA (what inference serves in), float32 on CPU (where bf16 matmuls are slow)."""
     import torch
 
@@ -53,11 +53,11 @@ def resolve_dtype(dtype: str, device: "torch.device") -> "torch.dtype":
     return getattr(torch, name)
 
 
-def dtype_name(dtype: "torch.dtype") -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def gpu_name(device: "torch.device") -> str | None:
+def gpu_name(device: torch.device) -> str | None:
     import torch
 
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -75,7 +75,7 @@ def versions() -> dict[str, Any]:
     }
 
 
-def synchronize(device: "torch.device") -> None:
+def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work; a no-op on the CPU (which runs eagerly)."""
     import torch
 

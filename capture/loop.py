@@ -17,9 +17,10 @@ prefill eagerly also lets the static cache allocate its buffers outside any grap
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .conventions import PREFILL, decode_step_name
 
@@ -33,11 +34,11 @@ if TYPE_CHECKING:
 class LoopState:
     """One generation in progress: its cache, positions and the tokens delivered to the host so far."""
 
-    input_ids: "torch.Tensor"  # (batch, prompt_len) on the device
-    positions: "torch.Tensor"  # arange(prompt_len + max_new_tokens) on the device, sliced per stage
+    input_ids: torch.Tensor  # (batch, prompt_len) on the device
+    positions: torch.Tensor  # arange(prompt_len + max_new_tokens) on the device, sliced per stage
     cache: Any
     pos: int = 0
-    next_ids: "torch.Tensor | None" = None  # last sampled token per sequence, on the device
+    next_ids: torch.Tensor | None = None  # last sampled token per sequence, on the device
     host_tokens: list[list[int]] = field(default_factory=list)  # one list (over the batch) per stage
 
 
@@ -62,7 +63,7 @@ class DecodeLoop:
     def __init__(
         self,
         model: Any,
-        device: "torch.device",
+        device: torch.device,
         *,
         forward: Callable[..., Any] | None = None,  # the (compiled) forward for decode steps
         compile_mode: str = "none",
@@ -108,7 +109,7 @@ class DecodeLoop:
         self._static_key = (batch, max_len)
         return self._static
 
-    def start(self, input_ids: "torch.Tensor", max_new_tokens: int) -> LoopState:
+    def start(self, input_ids: torch.Tensor, max_new_tokens: int) -> LoopState:
         import torch
 
         batch, prompt_len = input_ids.shape
@@ -121,7 +122,7 @@ class DecodeLoop:
 
     # -- stages ---------------------------------------------------------------------------------
 
-    def _forward(self, ids: "torch.Tensor", positions: "torch.Tensor", cache: Any, decode: bool) -> "torch.Tensor":
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, decode: bool) -> torch.Tensor:
         import torch
 
         kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions.unsqueeze(0), self._cache_kw: cache, "use_cache": True}
@@ -137,7 +138,7 @@ class DecodeLoop:
             out = self.decode_forward(**kwargs)
         return out.logits[:, -1, :]
 
-    def _sample(self, logits: "torch.Tensor") -> "torch.Tensor":
+    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         import torch
 
         if self.temperature <= 0:
@@ -145,26 +146,26 @@ class DecodeLoop:
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         return torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
 
-    def _deliver(self, state: LoopState, next_ids: "torch.Tensor") -> None:
+    def _deliver(self, state: LoopState, next_ids: torch.Tensor) -> None:
         # The device-to-host copy that hands the token to the caller; it blocks until it is computed.
         state.host_tokens.append(next_ids.to("cpu").tolist())
         state.next_ids = next_ids
 
-    def prefill(self, state: LoopState, timer: "StageTimer | None" = None, annotate: bool = True) -> None:
+    def prefill(self, state: LoopState, timer: StageTimer | None = None, annotate: bool = True) -> None:
         prompt_len = state.input_ids.shape[1]
         with _annotation(PREFILL, annotate), (timer.stage(PREFILL) if timer else nullcontext()):
             logits = self._forward(state.input_ids, state.positions[:prompt_len], state.cache, decode=False)
             self._deliver(state, self._sample(logits))
         state.pos = prompt_len
 
-    def decode_step(self, state: LoopState, i: int, timer: "StageTimer | None" = None, annotate: bool = True) -> None:
+    def decode_step(self, state: LoopState, i: int, timer: StageTimer | None = None, annotate: bool = True) -> None:
         name = decode_step_name(i)
         with _annotation(name, annotate), (timer.stage(name) if timer else nullcontext()):
             logits = self._forward(state.next_ids[:, None], state.positions[state.pos : state.pos + 1], state.cache, decode=True)
             self._deliver(state, self._sample(logits))
         state.pos += 1
 
-    def run(self, input_ids: "torch.Tensor", max_new_tokens: int, timer: "StageTimer | None" = None, annotate: bool = True) -> LoopState:
+    def run(self, input_ids: torch.Tensor, max_new_tokens: int, timer: StageTimer | None = None, annotate: bool = True) -> LoopState:
         """Prefill plus `max_new_tokens - 1` decode steps (the first new token comes from prefill)."""
         state = self.start(input_ids, max_new_tokens)
         self.prefill(state, timer, annotate)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .timing import Timings
 
 
-def base_meta(source: ModelSource, device: "torch.device", dtype: "torch.dtype", opts: "CaptureOptions") -> dict[str, Any]:
+def base_meta(source: ModelSource, device: torch.device, dtype: torch.dtype, opts: CaptureOptions) -> dict[str, Any]:
     return {
         "schema": SCHEMA_VERSION,
         "model": source.model,
@@ -50,9 +50,9 @@ def run_meta(
     batch: int,
     compile: str,
     static_cache: bool,
-    timings: "Timings",
+    timings: Timings,
     command: str,
-    timings_profiled: "Timings | None" = None,
+    timings_profiled: Timings | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One trace's metadata: `timings` come from the unprofiled measured run (profiler overhead

@@ -88,7 +88,7 @@ def resolve_source(preset: str | None, model: str | None, local_files_only: bool
     return ModelSource(preset=None, model=model, config=config, local_files_only=local_files_only)
 
 
-def check_attn_implementation(name: str, device: "torch.device") -> None:
+def check_attn_implementation(name: str, device: torch.device) -> None:
     """Refuse attention backends that cannot run here before spending time building the model."""
     if name == "flash_attention_2":
         if importlib.util.find_spec("flash_attn") is None:
@@ -105,7 +105,7 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def load_model(source: ModelSource, device: "torch.device", dtype: "torch.dtype", attn_implementation: str, seed: int = 0) -> Any:
+def load_model(source: ModelSource, device: torch.device, dtype: torch.dtype, attn_implementation: str, seed: int = 0) -> Any:
     """Build (preset) or load (path/hub) the model on `device` in `dtype`, in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -8,8 +8,8 @@ months later says exactly how to make it again.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
 
 from tokentrace.errors import TokentraceError
 
@@ -75,7 +75,7 @@ class CaptureOptions:
     local_files_only: bool = False
     overwrite: bool = False
 
-    def validated(self) -> "CaptureOptions":
+    def validated(self) -> CaptureOptions:
         """A normalised copy (lists parsed, names checked); TokentraceError on the first bad value."""
         if self.mode not in MODES:
             raise TokentraceError(f"mode: unknown value '{self.mode}' (use {', '.join(MODES)})")

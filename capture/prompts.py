@@ -8,8 +8,9 @@ cut to exactly `prompt_len` tokens, so tokenization can be timed (and annotated)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +20,7 @@ _FILLER = "The quick brown fox jumps over the lazy dog while the profiler watche
 
 @dataclass
 class Prompt:
-    input_ids: "torch.Tensor"  # (batch, prompt_len) int64 on the CPU
+    input_ids: torch.Tensor  # (batch, prompt_len) int64 on the CPU
     # Re-runs the tokenization this prompt stands for (result discarded); None without a tokenizer.
     tokenize: Callable[[], Any] | None = None
 

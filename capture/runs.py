@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
 from .environment import synchronize
 from .loop import DecodeLoop
 from .metadata import run_meta
-from .profiling import export_trace, make_profiler
 from .prompts import Prompt
+from .sessions import export_trace, make_profiler
 from .timing import StageTimer, Timings, timings_from_stages
 from .writer import write_json
 
@@ -54,13 +55,13 @@ def _loop_timings(timer: StageTimer, steps: int, tokenize_us: float | None) -> T
     return timings_from_stages(timer.finish(), PREFILL, names, tokenize_us, "cuda_event" if timer.use_events else "perf_counter")
 
 
-def _peak_memory(device: "torch.device") -> int | None:
+def _peak_memory(device: torch.device) -> int | None:
     import torch
 
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
-def _reset_peak_memory(device: "torch.device") -> None:
+def _reset_peak_memory(device: torch.device) -> None:
     import torch
 
     if device.type == "cuda":
@@ -72,9 +73,9 @@ def run_manual(
     forward: Callable[..., Any],
     prompt: Prompt,
     plan: RunPlan,
-    opts: "CaptureOptions",
+    opts: CaptureOptions,
     base: dict[str, Any],
-    device: "torch.device",
+    device: torch.device,
     folder: Path,
 ) -> RunOutput:
     import torch
@@ -204,9 +205,9 @@ def run_generate(
     forward: Callable[..., Any],
     prompt: Prompt,
     plan: RunPlan,
-    opts: "CaptureOptions",
+    opts: CaptureOptions,
     base: dict[str, Any],
-    device: "torch.device",
+    device: torch.device,
     folder: Path,
 ) -> RunOutput:
     import torch

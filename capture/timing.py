@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 class StageTimer:
     """Times named stages in order; `finish()` returns {stage: microseconds}."""
 
-    def __init__(self, device: "torch.device") -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         self.use_events = device.type == "cuda"
         self._events: list[tuple[str, Any, Any]] = []

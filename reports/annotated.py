@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analyze.files import read_bytes
-from tokentrace.analyze.repair import repair
+from tokentrace.analysis.loading.files import read_bytes
+from tokentrace.analysis.loading.repair import repair
 from tokentrace.errors import TraceError
 
 PROCESS_NAME = "tokentrace"

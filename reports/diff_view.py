@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from tokentrace.analyze.metrics import fmt_value
+from tokentrace.analysis.compare.metrics import fmt_value
 from tokentrace.reports import format as fmt
 
 PHASE_ORDER = ("prefill", "decode", "all")
@@ -133,8 +133,9 @@ def md_text(text: Any) -> str:
 
 def environment() -> Any:
     """Jinja2 environment over reports/templates; HTML templates autoescape, Markdown ones use md_code."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
     from pathlib import Path
+
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
     env = Environment(
         loader=FileSystemLoader(str(Path(__file__).parent / "templates")),

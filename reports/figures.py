@@ -19,9 +19,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-import numpy as np
-
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402

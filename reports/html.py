@@ -9,8 +9,9 @@ allows nothing but inline styles makes the page inert even if a string slipped t
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jinja2
 from markupsafe import Markup

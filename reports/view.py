@@ -22,13 +22,14 @@ DataFrames (optional, for figures): phases.steps, phases.segments.table, gpu bus
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tokentrace.analyze.metrics import BY_KEY, dig
+from tokentrace.analysis.compare.metrics import BY_KEY, dig
 from tokentrace.reports import format as fmt
 
 # Order and titles of the report's sections (the JSON summary's section keys).

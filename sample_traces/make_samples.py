@@ -7,8 +7,8 @@
     python3 sample_traces/make_samples.py --copy-to "$OUT"        # also copy results out of a remote job
 
 Run from anywhere; needs torch, transformers and click. It works without installing tokentrace:
-when `tokentrace.capture` is not importable it puts the repository root on sys.path and registers
-the `capture/` folder as `tokentrace.capture` (the mapping pyproject.toml declares). Nothing from
+when `tokentrace.profiling` is not importable it puts the repository root on sys.path and registers
+the `capture/` folder as `tokentrace.profiling` (the mapping pyproject.toml declares). Nothing from
 tokentrace's analysis side (msgspec, pandas) is imported. Each sample is written atomically into
 its own folder (replacing an older copy); a failing sample is reported and the others still run.
 
@@ -82,9 +82,9 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def import_capture() -> Any:
-    """`tokentrace.capture`, installed or straight from this checkout."""
+    """`tokentrace.profiling`, installed or straight from this checkout."""
     try:
-        return importlib.import_module("tokentrace.capture")
+        return importlib.import_module("tokentrace.profiling")
     except ImportError:
         pass
     sys.path.insert(0, str(REPO))
@@ -93,12 +93,12 @@ def import_capture() -> Any:
     import tokentrace  # the lazy top-level package: imports nothing of the analysis side
 
     spec = importlib.util.spec_from_file_location(
-        "tokentrace.capture", REPO / "capture" / "__init__.py", submodule_search_locations=[str(REPO / "capture")]
+        "tokentrace.profiling", REPO / "capture" / "__init__.py", submodule_search_locations=[str(REPO / "capture")]
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["tokentrace.capture"] = module
-    tokentrace.capture = module  # type: ignore[attr-defined]
+    sys.modules["tokentrace.profiling"] = module
+    tokentrace.profiling = module  # type: ignore[attr-defined]
     spec.loader.exec_module(module)
     return module
 

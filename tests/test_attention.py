@@ -12,10 +12,10 @@ from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import attention
-from tokentrace.analyze.analysis import Context, Options
-from tokentrace.analyze.scaling import fit_sweep, power_law
-from tokentrace.analyze.segments import Segments
+from tokentrace.analysis.compare.scaling import fit_sweep, power_law
+from tokentrace.analysis.detectors import attention
+from tokentrace.analysis.pipeline import Context, Options
+from tokentrace.analysis.segments import Segments
 
 FLASH_KERNEL = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)"
 GEMM_KERNEL = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"

@@ -15,9 +15,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import tokentrace  # noqa: E402
-import tokentrace.capture as tc  # noqa: E402
 from capture_checks import check_phase_annotations, check_run_folder, check_timings, read_trace  # noqa: E402
+
+import tokentrace  # noqa: E402
+import tokentrace.profiling as tc  # noqa: E402
 from tokentrace.errors import TokentraceError  # noqa: E402
 
 NEW = 5  # max_new_tokens: the prefill token plus 4 decode steps
@@ -77,8 +78,8 @@ def test_traces_load_with_tokentrace_load(sweep: tc.CaptureResult) -> None:
 def test_greedy_tokens_are_reproducible_and_static_cache_matches_dynamic() -> None:
     import torch
 
-    from tokentrace.capture.loop import DecodeLoop
-    from tokentrace.capture.models import load_model, resolve_source
+    from tokentrace.profiling.loop import DecodeLoop
+    from tokentrace.profiling.models import load_model, resolve_source
 
     src = resolve_source("tiny-llama", None)
     model = load_model(src, torch.device("cpu"), torch.float32, "sdpa")
@@ -118,8 +119,8 @@ def _save_local_model(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from tokentrace.capture.presets import build_config, get_preset
-    from tokentrace.capture.prompts import _FILLER
+    from tokentrace.profiling.presets import build_config, get_preset
+    from tokentrace.profiling.prompts import _FILLER
 
     words = sorted(set(_FILLER.replace(".", " .").split()))
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
@@ -151,7 +152,7 @@ def test_local_model_folder_with_tokenizer_times_tokenization(tmp_path: Path) ->
 def test_user_context_manager(tmp_path: Path) -> None:
     import torch
 
-    from tokentrace.capture.models import load_model, resolve_source
+    from tokentrace.profiling.models import load_model, resolve_source
 
     model = load_model(resolve_source("tiny-llama", None), torch.device("cpu"), torch.float32, "sdpa")
     ids = torch.randint(0, 1024, (1, 8))
@@ -250,7 +251,7 @@ def test_empty_existing_out_dir_is_used(tmp_path: Path) -> None:
 
 
 def test_failure_mid_sweep_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tokentrace.capture import runs
+    from tokentrace.profiling import runs
 
     calls = []
     real = runs.run_manual
@@ -270,8 +271,8 @@ def test_failure_mid_sweep_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_presets_cover_the_real_architectures() -> None:
-    from tokentrace.capture.models import config_summary
-    from tokentrace.capture.presets import build_config
+    from tokentrace.profiling.models import config_summary
+    from tokentrace.profiling.presets import build_config
 
     want = {
         "gpt2": (12, 12, 12, 768, 50257, 1024),
@@ -287,7 +288,7 @@ def test_presets_cover_the_real_architectures() -> None:
 def test_finalize_trace_inserts_metadata_and_flags_missing_gpu_activity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import gzip
 
-    from tokentrace.capture.writer import finalize_trace
+    from tokentrace.profiling.writer import finalize_trace
 
     raw = tmp_path / "raw.json"
     raw.write_text('{\n  "schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2}]}')

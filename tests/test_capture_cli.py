@@ -8,19 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from capture_checks import check_run_folder
+from click.testing import CliRunner
 
 
 def test_capture_cli_module_imports_without_torch() -> None:
     # `tokentrace --help` must work on a laptop without torch: the command module may not import it.
-    code = "import sys, tokentrace.capture.cli, tokentrace.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, tokentrace.cli.capture, tokentrace.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_list_presets() -> None:
-    from tokentrace.capture.cli import capture_cmd
+    from tokentrace.cli.capture import capture_cmd
 
     result = CliRunner().invoke(capture_cmd, ["--list-presets"])
     assert result.exit_code == 0
@@ -105,7 +104,7 @@ def test_cli_cuda_without_cuda(tmp_path: Path) -> None:
 
 def test_capture_cmd_raises_tokentrace_error_standalone(tmp_path: Path) -> None:
     # Without the main CLI around it the command raises the error the main CLI turns into exit 2.
-    from tokentrace.capture.cli import capture_cmd
+    from tokentrace.cli.capture import capture_cmd
     from tokentrace.errors import TokentraceError
 
     with pytest.raises(TokentraceError, match="output folder is required"):

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from tracebuilder import TraceBuilder
 
-from tokentrace.analyze.check import check, load_config
+from tokentrace.analysis.compare.check import check, load_config
 from tokentrace.cli import main
 from tokentrace.errors import TokentraceError
 

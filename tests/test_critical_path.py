@@ -12,8 +12,8 @@ from conftest import real_trace_params
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import critical_path as cp
-from tokentrace.analyze import phases
+from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.detectors import phases
 
 
 def host(*calls: tuple[int, int, int, bool]) -> pd.DataFrame:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from conftest import REAL_TRACES, real_trace_params
 from tracebuilder import TraceBuilder
 
-from tokentrace.analyze.diff import diff, match_items, normalize_name, side_of
-from tokentrace.analyze.metrics import headline
+from tokentrace.analysis.compare.diff import diff, match_items, normalize_name, side_of
+from tokentrace.analysis.compare.metrics import headline
 from tokentrace.cli import main
 
 STEP_US = 200.0
@@ -241,7 +241,7 @@ def test_headline_reads_every_registered_metric_safely():
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="capture needs torch and transformers")
 def test_slow_capture_diff_eager_vs_reduce_overhead(tmp_path):
     """SLOW (about 15 s): two CPU captures of the tiniest preset, eager vs torch.compile reduce-overhead."""
-    from tokentrace.capture import capture
+    from tokentrace.profiling import capture
 
     res = capture(preset="tiny-gpt2", prompt_lens=16, max_new_tokens=4, out_dir=tmp_path / "cap", device="cpu",
                   compile=["none", "reduce-overhead"], warmup=1, traces=["combined"], progress=False,

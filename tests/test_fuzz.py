@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tracebuilder import TraceBuilder
 
 import tokentrace

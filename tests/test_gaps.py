@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from conftest import real_trace_params, shared_trace
-from tokentrace.analyze.gaps import OUTSIDE
+from tokentrace.analysis.detectors.syncs import OUTSIDE
 
 
 def _gaps(builder, tmp_path, **opts):

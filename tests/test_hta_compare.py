@@ -7,12 +7,13 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import real_trace_params
 
 import tokentrace
-from conftest import real_trace_params
-from tokentrace.analyze.hta_compare import HINT, hta_caveats, hta_lines, hta_temporal_breakdown
+from tokentrace.analysis.compare.hta_compare import HINT, hta_caveats, hta_comparison, hta_temporal_breakdown
 from tokentrace.cli import main
 from tokentrace.errors import TokentraceError
+from tokentrace.reports.text import hta_text
 
 
 def _hta_importable() -> bool:
@@ -62,7 +63,7 @@ def test_idle_and_busy_within_one_percent_of_span(path):
 @needs_hta
 def test_hta_lines_and_cli_flag(builder, tmp_path):
     path = _built(builder, tmp_path)
-    lines = hta_lines(tokentrace.analyze(path))
+    lines = hta_text(hta_comparison(tokentrace.analyze(path))).splitlines()
     assert lines[0].startswith("GPU time (us)")
     idle = [ln for ln in lines if ln.startswith("idle")][0]
     assert idle.split()[1:] == ["140.0", "140.0", "0.000"]
@@ -75,7 +76,7 @@ def test_hta_lines_and_cli_flag(builder, tmp_path):
 def test_trace_hta_cannot_read_gives_a_line_not_a_traceback(builder, tmp_path):
     builder.cpu_op("aten::add", 0, 10)  # no GPU rows: HTA's breakdown fails on it
     path = builder.write(tmp_path / "cpu.pt.trace.json")
-    lines = hta_lines(tokentrace.analyze(path))
+    lines = hta_text(hta_comparison(tokentrace.analyze(path))).splitlines()
     assert len(lines) == 1 and lines[0].startswith("HTA comparison:") and "HTA could not analyse" in lines[0]
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import real_trace_params
 
 import tokentrace
-from conftest import real_trace_params
 
 
 def _launches(builder, tmp_path):
@@ -100,7 +100,7 @@ def test_real_traces_launch_stats(path):
     j = a.to_json()["launches"]
     assert "error" not in j
     rt = a.trace.runtime
-    from tokentrace.analyze.apis import LAUNCH_APIS
+    from tokentrace.analysis.apis import LAUNCH_APIS
 
     assert j["count"] == int(rt["name"].isin(LAUNCH_APIS).sum())
     act = a.launches.activities

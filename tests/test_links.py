@@ -7,11 +7,10 @@ import random
 
 import numpy as np
 import pytest
-
 from tracebuilder import GPU_PID, HOST_PID, TraceBuilder
 
 import tokentrace
-from tokentrace.analyze.links import innermost_containing, nest_parents
+from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 
 
 def _row(trace, name: str, nth: int = 0) -> int:

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-
 from tracebuilder import HOST_PID, TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import decode, loader
+from tokentrace.analysis.loading import json_decode as decode
+from tokentrace.analysis.loading import loader
 from tokentrace.cli import main
 from tokentrace.errors import TraceError
 

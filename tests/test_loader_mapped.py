@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import files, loader
+from tokentrace.analysis.loading import files, loader
 
 
 def _trace() -> TraceBuilder:

@@ -7,21 +7,21 @@ import json
 import re
 from collections import Counter, defaultdict
 from decimal import Decimal
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from tokentrace.analyze.apis import CATEGORY_KIND
+from tokentrace.analysis.apis import CATEGORY_KIND
 
 GPU_CATS = {c for c, k in CATEGORY_KIND.items() if k in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync")}
 HOST_CATS = {c for c, k in CATEGORY_KIND.items() if k in ("runtime", "driver")}
 OP_CATS = {c for c, k in CATEGORY_KIND.items() if k == "cpu_op"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def naive(path, exact: bool = True) -> tuple[dict, list[dict]]:
     """The document read with the standard library; numbers with decimals as Decimal (exact)."""
     with gzip.open(path, "rt") as fh:
@@ -30,7 +30,7 @@ def naive(path, exact: bool = True) -> tuple[dict, list[dict]]:
     return (doc if isinstance(doc, dict) else {}), events
 
 
-@lru_cache(maxsize=None)
+@cache
 def loaded(path):
     return tokentrace.load(path)
 

@@ -10,9 +10,9 @@ from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import memory
-from tokentrace.analyze.analysis import Context, Options
-from tokentrace.analyze.segments import Segments
+from tokentrace.analysis.detectors import memory
+from tokentrace.analysis.pipeline import Context, Options
+from tokentrace.analysis.segments import Segments
 
 CAT_KERNEL = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<OpaqueType<2u>, unsigned int, 4, 64, 64>"
 COPY_KERNEL = "void at::native::index_copy_kernel_impl<OpaqueType<2u> >"

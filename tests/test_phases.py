@@ -10,7 +10,7 @@ from conftest import real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import phases
+from tokentrace.analysis.detectors import phases
 
 PROMPTS = (16, 64, 128, 512)
 DECODE_PER_REQUEST = 64  # 4 x 64 = 256 decode steps
@@ -342,7 +342,7 @@ CAPTURE_STAGES_WITHIN = 0.75
 
 @pytest.fixture(scope="module")
 def tiny_capture(tmp_path_factory):
-    tc = pytest.importorskip("tokentrace.capture")
+    tc = pytest.importorskip("tokentrace.profiling")
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("cap") / "run"

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from tracebuilder import TraceBuilder
 
-from tokentrace.analyze.ranks import analyze_rank, analyze_ranks
+from tokentrace.analysis.compare.ranks import analyze_rank, analyze_ranks
 from tokentrace.cli import main
 
 # Decode step durations (us) of each rank; no ties, so slowest and fastest are unambiguous.

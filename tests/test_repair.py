@@ -8,11 +8,10 @@ import json
 import zlib
 
 import pytest
-
 from tracebuilder import HOST_PID, TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import repair as repair_mod
+from tokentrace.analysis.loading import repair as repair_mod
 from tokentrace.errors import TraceError
 
 N_OPS = 40

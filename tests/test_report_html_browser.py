@@ -7,11 +7,11 @@ to run or to load), so an empty console also says the page stayed inert and offl
 from __future__ import annotations
 
 import pytest
-
-import tokentrace
 from chromium import load, scan
 from conftest import SAMPLE_TRACES, shared_trace
 from report_traces import llm_trace
+
+import tokentrace
 from tokentrace.reports import format as fmt
 from tokentrace.reports.html import render_html
 from tokentrace.reports.view import SECTION_TITLES

@@ -10,12 +10,12 @@ import time
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-
-import tokentrace
 from chromium import scan
+from click.testing import CliRunner
 from conftest import REAL_TRACES, real_trace_params
 from report_traces import STEP_US, cpu_only_trace, llm_trace
+
+import tokentrace
 from tokentrace.cli import main
 from tokentrace.reports import format as fmt
 from tokentrace.reports import view as rv

@@ -10,9 +10,10 @@ from conftest import real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import attention, gpu_specs, roofline
-from tokentrace.analyze.analysis import Context, Options
-from tokentrace.analyze.segments import Segments
+from tokentrace.analysis.common import gpu_specs
+from tokentrace.analysis.detectors import attention, roofline
+from tokentrace.analysis.pipeline import Context, Options
+from tokentrace.analysis.segments import Segments
 
 BF16 = "c10::BFloat16"
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"

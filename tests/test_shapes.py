@@ -11,9 +11,9 @@ from conftest import real_trace_params, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analyze import shapes
-from tokentrace.analyze.analysis import Context, Options
-from tokentrace.analyze.segments import Segments
+from tokentrace.analysis.detectors import shapes
+from tokentrace.analysis.pipeline import Context, Options
+from tokentrace.analysis.segments import Segments
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 ADD = "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<c10::BFloat16> >"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from conftest import real_trace_params, shared_trace
-from tokentrace.analyze.syncs import recommendation, sync_calls
+from tokentrace.analysis.detectors.syncs import recommendation, sync_calls
 
 
 def _syncs(builder, tmp_path):

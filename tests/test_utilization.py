@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import real_trace_params
 
 import tokentrace
-from conftest import real_trace_params
-from tokentrace.analyze import intervals as iv
-from tokentrace.analyze.analysis import Context, Options
-from tokentrace.analyze.nsys_rules import evaluate
-from tokentrace.analyze.utilization import device_busy, run
-
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.nsys_rules import evaluate
+from tokentrace.analysis.detectors.utilization import device_busy, run
+from tokentrace.analysis.pipeline import Context, Options
 
 # ---- interval helpers ------------------------------------------------------------------------
 
@@ -129,7 +128,7 @@ def test_nsys_rules_on_built_trace(builder, tmp_path):
     builder.launch("Memset (Device)", 2600, 2610, 5, api="cudaMemset", launch_dur=12.0, cat="gpu_memset")
     trace = builder.load(tmp_path)
     busy = device_busy(trace)
-    rules = evaluate(trace, busy, {"nsys_gap_ms": 1.0, "nsys_util_chunks": 4, "nsys_util_threshold": 50})
+    rules = evaluate(trace, busy, gap_ms=1.0, chunks=4, threshold=50)
     assert rules["cuda_api_sync"]["count"] == 1 and rules["cuda_api_sync"]["total_us"] == 40.0
     assert rules["cuda_memcpy_async"]["count"] == 1 and rules["cuda_memcpy_async"]["total_us"] == 30.0
     assert rules["cuda_memcpy_sync"]["count"] == 1 and rules["cuda_memcpy_sync"]["total_us"] == 20.0

@@ -13,10 +13,10 @@ import re
 
 import numpy as np
 import pytest
-
-import tokentrace
 from chromium import load, scan
 from report_traces import Names, llm_trace
+
+import tokentrace
 from tokentrace.reports import figures
 from tokentrace.reports.html import render_html
 from tokentrace.reports.markdown import md_escape, render_markdown

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 HOST_PID = 4242
 HOST_TID = 4242

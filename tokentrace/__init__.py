@@ -1,30 +1,44 @@
 """tokentrace: turn PyTorch profiler traces of LLM inference into answers.
 
-The Python API: `load(path) -> Trace`, `load_all(*paths) -> list[Trace]`,
-`analyze(trace_or_path) -> Analysis`. Attributes are imported lazily so that the capture side
-(`tokentrace.capture`, which runs on a GPU box with torch) never pulls in the analysis stack.
+The Python API, one plain typed function per command: `load`, `load_all`, `analyze`, `report`,
+`diff`, `check`, `scaling`, `ranks`, `capture` (see `tokentrace.api`). Importing this package
+is cheap: the analysis stack (numpy, pandas) loads on first use, torch only inside `capture`.
+
+Subpackages: `tokentrace.analysis` (the analyze/ folder: loading, detectors, comparison tools),
+`tokentrace.reports` (renderers), `tokentrace.profiling` (the capture/ folder: torch.profiler
+captures), `tokentrace.cli` (the command line).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tokentrace.api import analyze, capture, check, diff, load, load_all, ranks, report, scaling
+from tokentrace.errors import TokentraceError, TraceError
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_all", "analyze", "Trace", "Analysis", "TokentraceError", "TraceError", "__version__"]
+__all__ = [
+    "Analysis", "Trace", "TokentraceError", "TraceError", "__version__",
+    "analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling",
+]
+
+if TYPE_CHECKING:
+    from tokentrace.analysis.loading.trace import Trace
+    from tokentrace.analysis.pipeline import Analysis
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
+    # The two model classes, loaded on first use so that `import tokentrace` stays light.
+    if name == "Trace":
+        from tokentrace.analysis.loading.trace import Trace
 
-    if name in ("load", "load_all", "Trace"):
-        return getattr(importlib.import_module("tokentrace.analyze"), name)
-    if name == "analyze":
-        # The package module itself is callable: tokentrace.analyze(path) -> Analysis.
-        return importlib.import_module("tokentrace.analyze")
+        return Trace
     if name == "Analysis":
-        return importlib.import_module("tokentrace.analyze.analysis").Analysis
-    if name in ("TokentraceError", "TraceError"):
-        from tokentrace import errors
+        from tokentrace.analysis.pipeline import Analysis
 
-        return getattr(errors, name)
+        return Analysis
     raise AttributeError(f"module 'tokentrace' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,399 @@
+"""What bounds a step: its dependency graph (networkx) and critical path, split into host and GPU time.
+
+One directed acyclic graph per step, kept small: the step's launch and blocking runtime calls on
+its own thread (every other host activity, ops and Python, lives in the gaps between them) and the
+GPU activity the step launched. Edge weights are *work*, so the longest path is the chain of work
+that set the step's length:
+
+- host chain, in time order: call start -> call end weighted with the call's duration (0 for a
+  blocking call: the host waits, it does not work), call end -> next call start weighted with the
+  gap (host time in ops and Python); the step start S -> the first call, the last call -> the
+  step end E weighted with the host time left in the step (none once the host has finished);
+- launch -> GPU activity start, weight 0 (time in the launch queue is not work);
+- kernel order on each stream (in launch order, as streams are FIFO), weighted with the earlier
+  activity's duration;
+- sync: GPU activity -> end of each blocking call that follows its launch, weighted with the
+  activity's duration (the host resumes only after the device work it waits for);
+- each stream's last activity -> E, weighted with its duration.
+
+GPU work launched before the step but still running when it starts (a deep launch queue, an
+asynchronous scheduler) is carried in, clipped to the step start: the step's syncs wait for it.
+Time on neither side (launch-queue latency, a blocking call waiting on device work the trace did
+not record) is the step's `wait`, reported beside the shares rather than hidden in one of them.
+
+Edges leaving a host node are CPU time, edges leaving a GPU node are GPU time. A CPU-bound decode
+step (the host launches slower than the GPU runs) has a path along the host chain with only the
+last kernel on the GPU; a GPU-bound one has a path through the back-to-back kernels of a stream.
+The share of CPU time on the critical path is the measured form of "decode is launch-bound".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import LAUNCH_APIS
+from tokentrace.analysis.common.latency import BLOCKING_APIS, name_mask
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+# A side owning at least this share of the critical path bounds the step; between the two
+# thresholds neither side dominates ("mixed"). 0.6 keeps a step with a near-even split (where
+# launch-latency attribution alone could tip it) from being called bound either way.
+BOUND_SHARE = 0.6
+# Most steps of one phase given a graph. A graph costs O(calls + kernels) Python work (tens of
+# milliseconds for a 1B model's decode step); decode steps repeat one structure, so beyond this many
+# an evenly spaced sample (first and last included) stands for the rest and the cost stays bounded.
+MAX_GRAPH_STEPS = 16
+# How far back (in launch order) to look for GPU work still running when a step starts. CUDA's
+# launch queue holds about a thousand entries, so work launched further back has started already.
+CARRY_WINDOW = 2048
+
+# Steps with at most this many graph nodes get a networkx graph; larger ones the equivalent
+# prefix-sum walk `step_path` (identical paths, tested), since building and walking a graph of
+# thousands of nodes in networkx costs tens of milliseconds per step on a large model.
+NX_MAX_NODES = 256
+
+S, E = -1, -2  # the step's start and end nodes
+
+
+def verdict(cpu_share: float | None) -> str | None:
+    if cpu_share is None or not np.isfinite(cpu_share):
+        return None
+    if cpu_share >= BOUND_SHARE:
+        return "cpu-bound"
+    if 1.0 - cpu_share >= BOUND_SHARE:
+        return "gpu-bound"
+    return "mixed"
+
+
+@dataclass
+class StepPath:
+    """A step's critical path: CPU and GPU work on it (ns) and its nodes."""
+
+    cpu_ns: int
+    gpu_ns: int
+    nodes: list
+
+    @property
+    def cpu_share(self) -> float | None:
+        total = self.cpu_ns + self.gpu_ns
+        return self.cpu_ns / total if total > 0 else None
+
+
+def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) -> nx.DiGraph:
+    """The dependency graph of one step.
+
+    host: the step's launch/blocking calls on its thread, columns row, ts, end, blocking (sorted by ts).
+    gpu: its GPU activity, columns ts, end, stream, launch (row of the launching call or -1), launch_ts.
+    Nodes are ints, so graphs stay cheap: host call i is node i (its start; a blocking call also
+    has node nh + i, its end), GPU activity j is node 2*nh + j (`G.graph["gpu_from"]`), S and E
+    are -1 and -2. A non-blocking call and the host gap after it are one edge to the next call.
+    """
+    hts = host["ts"].to_numpy(np.int64)
+    hend = host["end"].to_numpy(np.int64)
+    hblock = host["blocking"].to_numpy(bool)
+    hrow = host["row"].to_numpy(np.int64)
+    nh = len(hts)
+    G = nx.DiGraph(gpu_from=2 * nh)
+    edges: list[tuple[int, int, int]] = []
+    if nh:
+        edges.append((S, 0, max(0, int(hts[0]) - start)))
+        # Where the host goes on from each call: its start (non-blocking) or its end (blocking).
+        out_node = np.where(hblock, nh + np.arange(nh), np.arange(nh))
+        out_time = np.where(hblock, hend, hts)
+        to_time = np.r_[hts[1:], host_end]
+        weight = np.maximum(0, to_time - out_time)
+        nxt = np.r_[np.arange(1, nh), E]
+        edges.extend(zip(out_node.tolist(), nxt.tolist(), weight.tolist()))
+        edges.extend((int(b), nh + int(b), 0) for b in np.flatnonzero(hblock))
+    else:
+        edges.append((S, E, max(0, host_end - start)))
+
+    if len(gpu):
+        gts = gpu["ts"].to_numpy(np.int64)
+        gdur = np.maximum(gpu["end"].to_numpy(np.int64) - gts, 0)
+        stream = gpu["stream"].to_numpy(np.int64)
+        launch = gpu["launch"].to_numpy(np.int64)
+        base = 2 * nh
+        # Position in the host chain of the call that launched each activity (or of the last call
+        # before it): orders launches and decides which blocking calls wait for it.
+        ci = np.searchsorted(hts, gpu["launch_ts"].to_numpy(np.int64), side="right") - 1 if nh else np.full(len(gts), -1)
+        here = (ci >= 0) & (launch >= 0)
+        here[here] = hrow[ci[here]] == launch[here]
+        hj = np.flatnonzero(here)
+        edges.extend(zip(ci[hj].tolist(), (base + hj).tolist(), [0] * len(hj)))
+        order = np.lexsort((gts, ci, stream))
+        block_idx = np.flatnonzero(hblock)
+        for s in np.unique(stream):
+            js = order[stream[order] == s]
+            edges.extend(zip((base + js[:-1]).tolist(), (base + js[1:]).tolist(), gdur[js[:-1]].tolist()))
+            edges.append((base + int(js[-1]), E, int(gdur[js[-1]])))
+            if len(block_idx):
+                # For each blocking call, the stream's last activity launched at or before it.
+                k = np.searchsorted(ci[js], block_idx, side="right") - 1
+                ok = k >= 0
+                src = js[k[ok]]
+                edges.extend(zip((base + src).tolist(), (nh + block_idx[ok]).tolist(), gdur[src].tolist()))
+    G.add_weighted_edges_from(edges)
+    G.graph["topo_order"] = _topological_order(G, nh, ci if len(gpu) else np.empty(0, np.int64), order if len(gpu) else None)
+    return G
+
+
+def _topological_order(G: nx.DiGraph, nh: int, ci: np.ndarray, order: np.ndarray | None) -> list[int]:
+    """Every edge runs forward in (chain position, call start < its GPU work < call end), GPU work
+    in stream order within one position, so sorting by that key is a topological order and
+    networkx need not sort the graph itself."""
+    keys: dict[int, tuple] = {S: (-2, 0, 0), E: (nh + 1, 0, 0)}
+    for i in range(nh):
+        keys[i] = (i, 0, 0)
+        keys[nh + i] = (i, 2, 0)
+    if order is not None:
+        for rank, j in enumerate(order.tolist()):
+            keys[2 * nh + j] = (int(ci[j]), 1, rank)
+    return sorted(G.nodes, key=keys.__getitem__)
+
+
+def longest_path(G: nx.DiGraph) -> StepPath:
+    nodes = nx.dag_longest_path(G, weight="weight", default_weight=0, topo_order=G.graph.get("topo_order"))
+    gpu_from = G.graph.get("gpu_from", 0)
+    cpu = gpu = 0
+    for u, v in zip(nodes[:-1], nodes[1:]):
+        w = int(G[u][v]["weight"])
+        if u >= gpu_from:
+            gpu += w
+        else:
+            cpu += w
+    return StepPath(cpu_ns=cpu, gpu_ns=gpu, nodes=nodes)
+
+
+_NEG = -(1 << 62)  # minus infinity for int64 path lengths (real lengths are far smaller)
+
+
+def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) -> StepPath:
+    """`longest_path(step_graph(host, gpu, start, host_end))` without building the graph.
+
+    The same longest path, node for node, ties broken as networkx breaks them (the first
+    predecessor added wins, the first node in topological order with the longest distance ends the
+    path), from the graph's shape: the host chain is a prefix sum between blocking calls, and along
+    each stream the distance is a running maximum over "launched here" and "queued behind the
+    previous activity" (d_k = C_k + max_m<=k (L_m - C_m), C the stream's prefix sum of
+    durations). Only blocking calls join the two, so the loop runs once per blocking call and
+    stream, not once per node. tests/test_critical_path.py checks it equals networkx on every step
+    of the real traces.
+    """
+    hts = host["ts"].to_numpy(np.int64)
+    hend = host["end"].to_numpy(np.int64)
+    hblock = host["blocking"].to_numpy(bool)
+    hrow = host["row"].to_numpy(np.int64)
+    nh, ng = len(hts), len(gpu)
+    base = 2 * nh
+    n = base + ng + 2
+    iS, iE = n - 2, n - 1  # internal indices of S and E
+    dist = np.zeros(n, np.int64)
+    pred = np.arange(n, dtype=np.int64)  # a node without predecessors is its own
+    # Edge weights of the host chain: call i's out node (start, or end when blocking) -> call i + 1.
+    if nh:
+        out_time = np.where(hblock, hend, hts)
+        w = np.maximum(0, np.r_[hts[1:], host_end] - out_time)
+        w_s = max(0, int(hts[0]) - start)
+    if ng:
+        gts = gpu["ts"].to_numpy(np.int64)
+        gdur = np.maximum(gpu["end"].to_numpy(np.int64) - gts, 0)
+        stream = gpu["stream"].to_numpy(np.int64)
+        launch = gpu["launch"].to_numpy(np.int64)
+        ci = np.searchsorted(hts, gpu["launch_ts"].to_numpy(np.int64), side="right") - 1 if nh else np.full(ng, -1)
+        here = (ci >= 0) & (launch >= 0)
+        here[here] = hrow[ci[here]] == launch[here]
+        order = np.lexsort((gts, ci, stream))
+        streams = np.unique(stream)
+        bounds = np.searchsorted(stream[order], streams, side="left").tolist() + [ng]
+        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(streams))]  # ascending stream id
+        chain_ci = [ci[js] for js in chains]
+    else:
+        chains, chain_ci = [], []
+    carry = [-1] * len(chains)  # per stream: its last node so far (internal index), -1 none
+    blocking = np.flatnonzero(hblock).tolist() if nh else []
+    prev_out, prev_w = iS, (w_s if nh else max(0, host_end - start))
+    lo = 0
+    for hi in blocking + ([nh - 1] if nh and (not blocking or blocking[-1] != nh - 1) else []) + ([] if nh else [-1]):
+        # Host starts lo..hi: one predecessor each, so a prefix sum.
+        if hi >= lo:
+            d0 = int(dist[prev_out]) + prev_w
+            dist[lo:hi + 1] = d0 + np.r_[0, np.cumsum(w[lo:hi])]
+            pred[lo] = prev_out
+            pred[lo + 1:hi + 1] = np.arange(lo, hi)
+        ci_lo = -1 if lo == 0 else lo
+        for k, js in enumerate(chains):
+            a, b = np.searchsorted(chain_ci[k], ci_lo, side="left"), np.searchsorted(chain_ci[k], hi, side="right")
+            if b <= a:
+                continue
+            nodes = js[a:b]
+            dur = gdur[nodes]
+            c = np.r_[0, np.cumsum(dur[:-1])]
+            h = here[nodes]
+            A = np.where(h, dist[np.maximum(ci[nodes], 0)] - c, _NEG)
+            last = carry[k]
+            if last >= 0:
+                m0 = int(dist[last]) + int(gdur[last - base])
+            else:
+                m0 = _NEG
+                if not h[0]:
+                    A[0] = 0  # the stream's first activity, launched by nothing here: a root
+            M = np.maximum.accumulate(np.r_[m0, A])
+            dist[base + nodes] = c + M[1:]
+            by_launch = h & (A >= M[:-1])
+            p = np.r_[last, base + nodes[:-1]]
+            p = np.where(by_launch, ci[nodes], p)
+            if last < 0 and not h[0]:
+                p[0] = base + nodes[0]
+            pred[base + nodes] = p
+            carry[k] = int(base + nodes[-1])
+        if hi >= 0 and hi < nh and hblock[hi]:
+            # The blocking call's end: its start first, then each stream's last activity so far.
+            best, arg = int(dist[hi]), hi
+            for last in carry:
+                if last >= 0:
+                    d = int(dist[last]) + int(gdur[last - base])
+                    if d > best:
+                        best, arg = d, last
+            dist[nh + hi], pred[nh + hi] = best, arg
+            prev_out = nh + hi
+        elif hi >= 0:
+            prev_out = hi
+        if hi >= 0:
+            prev_w = int(w[hi])
+        lo = hi + 1
+    best, arg = int(dist[prev_out]) + prev_w, prev_out
+    for last in carry:
+        if last >= 0:
+            d = int(dist[last]) + int(gdur[last - base])
+            if d > best:
+                best, arg = d, last
+    dist[iE], pred[iE] = best, arg
+
+    # The path ends at the first node, in topological order, as far from S as E is.
+    if ng:
+        rank = np.empty(ng, np.int64)
+        rank[order] = np.arange(ng)
+        gkey = ci
+    else:
+        rank = gkey = np.empty(0, np.int64)
+    cand = np.r_[np.arange(nh), nh + np.flatnonzero(hblock) if nh else np.empty(0, np.int64), base + np.arange(ng), iS, iE]
+    k1 = np.r_[np.arange(nh), np.flatnonzero(hblock) if nh else np.empty(0, np.int64), gkey, -2, nh + 1]
+    k2 = np.r_[np.zeros(nh, np.int64), np.full(int(hblock.sum()) if nh else 0, 2), np.ones(ng, np.int64), 0, 0]
+    k3 = np.r_[np.zeros(nh + (int(hblock.sum()) if nh else 0), np.int64), rank, 0, 0]
+    hit = dist[cand] == best
+    end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
+    path = [end]
+    pl = pred.tolist()
+    while pl[path[-1]] != path[-1]:
+        path.append(pl[path[-1]])
+    path.reverse()
+    p = np.asarray(path, np.int64)
+    step = dist[p[1:]] - dist[p[:-1]]
+    on_gpu = (p[:-1] >= base) & (p[:-1] < iS)
+    nodes_out = np.where(p == iS, S, np.where(p == iE, E, p)).tolist()
+    return StepPath(cpu_ns=int(step[~on_gpu].sum()), gpu_ns=int(step[on_gpu].sum()), nodes=nodes_out)
+
+
+def sample(seg_ids: np.ndarray) -> np.ndarray:
+    """At most MAX_GRAPH_STEPS of a phase's steps, evenly spaced, first and last included."""
+    seg_ids = np.asarray(seg_ids, dtype=np.int64)
+    if len(seg_ids) <= MAX_GRAPH_STEPS:
+        return seg_ids
+    return seg_ids[np.unique(np.linspace(0, len(seg_ids) - 1, MAX_GRAPH_STEPS).round().astype(int))]
+
+
+def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.ndarray, seg_ids: np.ndarray) -> pd.DataFrame:
+    """Critical path of each listed segment: columns seg, cp_cpu, cp_gpu, cp_wait (ns), cpu_share,
+    gpu_share, bound.
+
+    host_end: per seg id, when the host's part of the step ends (its range's end); step_end: when
+    the step is over (its token ready, or the host end if later). Segments of a trace without GPU
+    activity get no row: there is nothing to weigh the host against.
+    """
+    cols = ["seg", "cp_cpu", "cp_gpu", "cp_wait", "cpu_share", "gpu_share", "bound"]
+    seg_ids = np.asarray(seg_ids, dtype=np.int64)
+    if trace.gpu.empty or not len(seg_ids):
+        return pd.DataFrame(columns=cols)
+    table = segs.table
+    ev_ts = trace.events["ts"].to_numpy(np.int64)
+
+    rt = trace.runtime
+    # Columns, not rt[mask]: filtering the view would copy every column of the runtime calls.
+    keep = name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)
+    r_ts = rt["ts"].to_numpy(np.int64)[keep]
+    rseg = segs.locate_times(r_ts)
+    tids = table["tid"].to_numpy(np.int64)
+    on_thread = rseg >= 0
+    on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[keep][on_thread] == tids[rseg[on_thread]]
+    host = pd.DataFrame({
+        "seg": rseg, "row": rt.index.to_numpy(np.int64)[keep], "ts": r_ts,
+        "end": rt["end"].to_numpy(np.int64)[keep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep],
+    })[on_thread].sort_values(["seg", "ts"])
+
+    gpu = trace.gpu
+    launch = gpu["launch"].to_numpy(np.int64)
+    gts = gpu["ts"].to_numpy(np.int64)
+    g = pd.DataFrame({
+        "seg": segs.locate_rows(trace, gpu.index), "row": gpu.index.to_numpy(np.int64), "ts": gts,
+        "end": gpu["end"].to_numpy(np.int64), "stream": gpu["stream"].to_numpy(np.int64), "launch": launch,
+        "launch_ts": np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts),
+    }).sort_values("launch_ts", kind="stable")
+    g_launch_ts = g["launch_ts"].to_numpy(np.int64)
+    g_end = g["end"].to_numpy(np.int64)
+    g_seg = g["seg"].to_numpy(np.int64)
+
+    wanted = set(seg_ids.tolist())
+    host_by = {k: v for k, v in host[host["seg"].isin(wanted)].groupby("seg")}
+    gpu_by = {k: v for k, v in g[g["seg"].isin(wanted)].groupby("seg")}
+    starts = table["start"].to_numpy(np.int64)
+    rows = []
+    for s in seg_ids:
+        start, hend, send = int(starts[s]), int(host_end[s]), int(step_end[s])
+        # GPU work launched before the step and still running at its start.
+        p = int(np.searchsorted(g_launch_ts, start, side="left"))
+        lo = max(0, p - CARRY_WINDOW)
+        carried = np.flatnonzero((g_end[lo:p] > start) & (g_seg[lo:p] != s)) + lo
+        mine = gpu_by.get(s, g.iloc[:0])
+        if len(carried):
+            c = g.iloc[carried].copy()
+            c["ts"] = np.maximum(c["ts"].to_numpy(np.int64), start)
+            mine = pd.concat([c, mine])
+        h = host_by.get(s, host.iloc[:0])
+        if 2 * len(h) + len(mine) <= NX_MAX_NODES:
+            path = longest_path(step_graph(h, mine, start, hend))
+        else:
+            path = step_path(h, mine, start, hend)
+        share = path.cpu_share
+        wait = max(0, send - start - path.cpu_ns - path.gpu_ns)
+        rows.append((int(s), path.cpu_ns, path.gpu_ns, wait, share, None if share is None else 1.0 - share, verdict(share)))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def aggregate(paths: pd.DataFrame) -> dict | None:
+    """CPU and GPU shares over several steps' critical paths (time-weighted), with the verdict."""
+    if paths is None or paths.empty:
+        return None
+    cpu = float(paths["cp_cpu"].sum())
+    gpu = float(paths["cp_gpu"].sum())
+    wait = float(paths["cp_wait"].sum())
+    if cpu + gpu <= 0:
+        return None
+    share = cpu / (cpu + gpu)
+    return {
+        "cpu_share": round(share, 4),
+        "gpu_share": round(1.0 - share, 4),
+        "verdict": verdict(share),
+        "critical_path_cpu_us": round(cpu / 1000.0, 3),
+        "critical_path_gpu_us": round(gpu / 1000.0, 3),
+        # Step time on neither side (launch latency, waits on unrecorded device work).
+        "wait_us": round(wait / 1000.0, 3),
+        "wait_share_of_step": round(wait / (cpu + gpu + wait), 4),
+        "steps_analysed": int(len(paths)),
+        "threshold_share": BOUND_SHARE,
+    }

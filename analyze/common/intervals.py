@@ -1,0 +1,193 @@
+"""Vectorised interval math on int64 nanosecond timelines: union, complement, overlap, lookup.
+
+Owns the generic operations the GPU-utilisation, gap, launch and sync detectors share, so each is
+written once. Intervals are half-open [start, end) pairs of numpy int64 arrays. "Merged" intervals
+are the output of `union`: sorted, disjoint and non-touching. Every function is O(n log n) numpy,
+no per-interval Python loop, because traces hold millions of GPU activities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+I64 = np.int64
+
+
+def _arr(x: Iterable[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=I64)
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge possibly overlapping intervals into sorted disjoint ones (touching intervals join)."""
+    s, e = _arr(starts), _arr(ends)
+    if len(s) == 0:
+        return s.copy(), e.copy()
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], np.maximum(e[order], s[order])
+    reach = np.maximum.accumulate(e)
+    # A new merged interval starts where the start lies beyond everything before it reached.
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return s[first], reach[last]
+
+
+def union_with_last(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Like `union` on intervals already sorted by start, plus for each merged interval the
+    position (in the input) of the first interval that opens it and of the one that reaches its end."""
+    s, e = _arr(starts), _arr(ends)
+    if len(s) == 0:
+        z = np.empty(0, dtype=I64)
+        return z, z.copy(), z.copy(), z.copy()
+    e = np.maximum(e, s)
+    reach = np.maximum.accumulate(e)
+    idx = np.arange(len(s), dtype=I64)
+    # Position of the interval currently holding the running maximum of ends.
+    holder = np.maximum.accumulate(np.where(e == reach, idx, 0))
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return s[first], reach[last], first.astype(I64), holder[last]
+
+
+def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`union` within each group (e.g. per device or per stream) in one vectorised pass.
+
+    Returns (group, start, end) of the merged intervals, sorted by group then start.
+    """
+    g, s, e = _arr(groups), _arr(starts), _arr(ends)
+    if len(s) == 0:
+        return g.copy(), s.copy(), e.copy()
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], np.maximum(e[order], s[order])
+    # Running max of ends within each group in one accumulate: express ends relative to the
+    # group's first start and lift each group above everything before it.
+    starts_at = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    group = np.cumsum(np.r_[True, g[1:] != g[:-1]]) - 1
+    base = s[starts_at][group]
+    rel = e - base
+    lift = np.r_[0, np.cumsum(np.maximum.reduceat(rel, starts_at) + 1)[:-1]][group]
+    reach = np.maximum.accumulate(rel + lift) - lift + base
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return g[first], s[first], reach[last]
+
+
+def group_extents(g: np.ndarray, ms: np.ndarray, me: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For `union_grouped` output: each group's id, first start, last end and covered length."""
+    if len(g) == 0:
+        z = np.empty(0, dtype=I64)
+        return z, z.copy(), z.copy(), z.copy()
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    last = np.r_[first[1:] - 1, len(g) - 1]
+    covered = np.add.reduceat(me - ms, first)
+    return g[first], ms[first], me[last], covered.astype(I64)
+
+
+def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group code of each (a, b) pair (e.g. device, stream) and the distinct pairs, sorted."""
+    if len(a) == 0:
+        return np.empty(0, dtype=I64), np.empty((0, 2), dtype=I64)
+    # np.unique(axis=0) gives the same answer but sorts rows as opaque records, ten times slower.
+    a, b = _arr(a), _arr(b)
+    order = np.lexsort((b, a))
+    sa, sb = a[order], b[order]
+    first = np.r_[True, (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])]
+    codes = np.empty(len(a), dtype=I64)
+    codes[order] = np.cumsum(first) - 1
+    return codes, np.stack([sa[first], sb[first]], axis=1)
+
+
+def total(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Total length covered by the intervals (overlaps counted once)."""
+    s, e = union(starts, ends)
+    return int((e - s).sum())
+
+
+def complement(starts: np.ndarray, ends: np.ndarray, lo: int | None = None, hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Uncovered stretches of [lo, hi) (default: first start to last end) between merged intervals."""
+    s, e = union(starts, ends)
+    if len(s) == 0:
+        if lo is not None and hi is not None and hi > lo:
+            return _arr([lo]), _arr([hi])
+        return s, e
+    lo = int(s[0]) if lo is None else int(lo)
+    hi = int(e[-1]) if hi is None else int(hi)
+    gs = np.r_[lo, e]
+    ge = np.r_[s, hi]
+    gs, ge = np.maximum(gs, lo), np.minimum(ge, hi)
+    keep = ge > gs
+    return gs[keep], ge[keep]
+
+
+def covered_before(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For merged intervals (ms, me), the covered length in (-inf, t) for each instant t."""
+    t = _arr(t)
+    if len(ms) == 0:
+        return np.zeros(len(t), dtype=I64)
+    cum = np.r_[0, np.cumsum(me - ms)]
+    k = np.searchsorted(ms, t, side="right")  # intervals starting at or before t
+    part = np.where(k > 0, np.clip(t - ms[np.maximum(k - 1, 0)], 0, (me - ms)[np.maximum(k - 1, 0)]), 0)
+    return cum[np.maximum(k - 1, 0)] * (k > 0) + part
+
+
+def overlap(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of [a, b) covered by the merged intervals (ms, me), for each query pair."""
+    a, b = _arr(a), _arr(b)
+    b = np.maximum(a, b)
+    return covered_before(ms, me, b) - covered_before(ms, me, a)
+
+
+def locate(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the merged (or any sorted disjoint) interval containing each instant, -1 if none."""
+    t = _arr(t)
+    if len(ms) == 0:
+        return np.full(len(t), -1, dtype=I64)
+    k = np.searchsorted(ms, t, side="right") - 1
+    ok = (k >= 0) & (t < me[np.maximum(k, 0)])
+    return np.where(ok, k, -1).astype(I64)
+
+
+def count_active(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Number of intervals with start <= t < end, for each instant (intervals may overlap)."""
+    s, e = np.sort(_arr(starts)), np.sort(_arr(ends))
+    t = _arr(t)
+    return (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(I64)
+
+
+def enclosing(starts: np.ndarray, ends: np.ndarray, t: int) -> np.ndarray:
+    """Positions of all intervals containing instant t, outermost first (for nested intervals such
+    as Python frames on one thread). O(n) per call: meant for a handful of instants, not per event."""
+    s, e = _arr(starts), _arr(ends)
+    hit = np.flatnonzero((s <= t) & (e > t))
+    if not len(hit):
+        return hit
+    # Outermost first: earlier start, then later end.
+    order = np.lexsort((-e[hit], s[hit]))
+    return hit[order]
+
+
+def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Boolean mask over positions: `rows` and every ancestor reachable through `parent` (-1 = none).
+
+    Nesting is interval containment, so this answers "which enclosing ranges contain one of these".
+    One vectorised step per nesting level (op trees are tens of levels deep, not thousands).
+    """
+    mark = np.zeros(len(parent), dtype=bool)
+    cur = np.unique(np.asarray(rows, dtype=I64))
+    cur = cur[cur >= 0]
+    while len(cur):
+        mark[cur] = True
+        nxt = parent[cur]
+        nxt = np.unique(nxt[nxt >= 0])
+        cur = nxt[~mark[nxt]]
+    return mark

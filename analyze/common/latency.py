@@ -1,0 +1,232 @@
+"""Per-step measures and the TTFT/TPOT math: what each prefill pass and decode step cost.
+
+Owns the numbers measured inside a segment (see analyze.segments): host span, GPU span, busy and
+idle time, kernels and launches, time blocked in syncs, and the moment the step's token reached
+the host. All per-event work is vectorised; the only Python loops run over segments.
+
+When is a token available on the host? A generation step ends by copying the sampled token to the
+host. So the token is ready at the end of the step's last device-to-host copy (and of the host
+sync that waits for it, when there is one), provided the copy comes after every kernel of the
+step; a copy in the middle of a forward (an attention mask read back, a `.item()`) delivers no
+token. Without such a copy the token is ready when the step's last GPU activity ends; on a trace
+without GPU activity (CPU capture), at the end of the step's host range.
+
+TTFT is measured from a prefill's first host operation (cpu op or launch) to its token; TPOT is the interval between
+successive tokens of one request (a decode step after the request's prefill or previous step).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import HOST_SYNC_APIS, LAUNCH_APIS, SYNC_MEMCPY_APIS, SYNC_MEMSET_APIS
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+US = 1000.0  # ns per microsecond
+# Host calls during which the host waits for the device; their duration is time blocked in syncs.
+BLOCKING_APIS: frozenset[str] = frozenset(HOST_SYNC_APIS + SYNC_MEMCPY_APIS + SYNC_MEMSET_APIS)
+# Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
+_DTOH = re.compile(r"DtoH|DeviceToHost|Device -> (?:Pinned|Pageable)", re.IGNORECASE)
+
+# How a step's token-ready time was found (per_step "token_source").
+TOKEN_SOURCES = ("dtoh_sync", "dtoh", "gpu_end", "host_end")
+
+MEASURE_COLUMNS = (
+    "first_op", "token_ready", "token_source", "gpu_first", "gpu_last", "gpu_busy", "kernels", "launches",
+    "sync_blocked", "blocking_calls",
+)
+
+
+def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray:
+    """Boolean mask of a categorical name column against a set of names (tested once per category)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        hit = np.fromiter((str(c) in wanted for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+    return names.astype(str).isin(wanted).to_numpy()
+
+
+def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of names matching a regex (searched once per category)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
+        codes = names.cat.codes.to_numpy()
+        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+    return names.astype(str).str.contains(pattern).to_numpy()
+
+
+def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(seg id, ts) of the operations that can open a step on its own thread: cpu ops and launch
+    calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
+    for earlier work; it is not the step's first operation."""
+    rt = trace.runtime
+    ops = trace.cpu_ops
+    launch = name_mask(rt["name"], LAUNCH_APIS)
+    ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
+    tid = np.concatenate([ops["tid"].to_numpy(np.int64), rt["tid"].to_numpy(np.int64)[launch]])
+    seg = segs.locate_times(ts)
+    ok = seg >= 0
+    ok[ok] = tid[ok] == tid_of_seg[seg[ok]]
+    return seg[ok], ts[ok]
+
+
+def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
+    """One row per segment (indexed by seg id) with the measures in MEASURE_COLUMNS (times in ns)."""
+    table = segs.table
+    n = len(table)
+    out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
+    if n == 0:
+        for c in MEASURE_COLUMNS:
+            out[c] = pd.Series(dtype="object" if c == "token_source" else "int64")
+        return out
+    start = table["start"].to_numpy(np.int64)
+    end = table["end"].to_numpy(np.int64)
+    tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
+
+    # First host operation of each step on the step's own thread.
+    hseg, hts = _first_ops(trace, segs, tid_of_seg)
+    first = pd.Series(hts).groupby(hseg).min()
+    first_op = start.copy()
+    first_op[first.index.to_numpy(np.int64)] = first.to_numpy(np.int64)
+
+    # Launch and blocking calls (all threads), located by their own start.
+    rt = trace.runtime
+    rseg = segs.locate_times(rt["ts"].to_numpy(np.int64))
+    is_launch = name_mask(rt["name"], LAUNCH_APIS)
+    is_block = name_mask(rt["name"], BLOCKING_APIS)
+    launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
+    bmask = (rseg >= 0) & is_block
+    blocked = np.bincount(rseg[bmask], weights=rt["dur"].to_numpy(np.int64)[bmask], minlength=n).astype(np.int64)
+    nblock = np.bincount(rseg[bmask], minlength=n)
+
+    # GPU activity, located by the launch that started it. Activity with no launch in the trace
+    # (launched before the profiler started) that runs before the step's first operation is what
+    # a leading sync waited for, not the step's work.
+    gpu = trace.gpu
+    grows = gpu.index.to_numpy(np.int64)
+    gseg = segs.locate_rows(trace, grows)
+    gk = gseg >= 0
+    orphan = gpu["launch"].to_numpy(np.int64) < 0
+    gk[gk & orphan] = gpu["ts"].to_numpy(np.int64)[gk & orphan] >= first_op[gseg[gk & orphan]]
+    g = pd.DataFrame({
+        "seg": gseg[gk],
+        "ts": gpu["ts"].to_numpy(np.int64)[gk],
+        "end": gpu["end"].to_numpy(np.int64)[gk],
+        "kernel": (gpu["kind"] == "kernel").to_numpy()[gk],
+        "dtoh": ((gpu["kind"] == "gpu_memcpy").to_numpy() & regex_mask(gpu["name"], _DTOH))[gk],
+        "launch": gpu["launch"].to_numpy(np.int64)[gk],
+    })
+    gpu_first = np.full(n, -1, np.int64)
+    gpu_last = np.full(n, -1, np.int64)
+    busy = np.zeros(n, np.int64)
+    kernels = np.zeros(n, np.int64)
+    if len(g):
+        by = g.groupby("seg")
+        idx = by.size().index.to_numpy(np.int64)
+        gpu_first[idx] = by["ts"].min().to_numpy(np.int64)
+        gpu_last[idx] = by["end"].max().to_numpy(np.int64)
+        kernels[:] = np.bincount(g["seg"].to_numpy(np.int64), weights=g["kernel"].to_numpy(), minlength=n).astype(np.int64)
+        ms, s0, e0 = iv.union_grouped(g["seg"].to_numpy(np.int64), g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+        busy[:] = np.bincount(ms, weights=(e0 - s0), minlength=n).astype(np.int64)
+
+    ready, source = _token_ready(trace, g, rt, rseg, bmask, end, gpu_last, kernels, n)
+    out["first_op"] = first_op
+    out["token_ready"] = ready
+    out["token_source"] = source
+    out["gpu_first"] = gpu_first
+    out["gpu_last"] = gpu_last
+    out["gpu_busy"] = busy
+    out["kernels"] = kernels
+    out["launches"] = launches.astype(np.int64)
+    out["sync_blocked"] = blocked
+    out["blocking_calls"] = nblock.astype(np.int64)
+    return out
+
+
+def _token_ready(trace: Trace, g: pd.DataFrame, rt: pd.DataFrame, rseg: np.ndarray, bmask: np.ndarray,
+                 end: np.ndarray, gpu_last: np.ndarray, kernels: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token-ready time (ns) and its source for each segment; see the module docstring."""
+    ready = np.where(gpu_last >= 0, gpu_last, end)
+    source = np.where(gpu_last >= 0, "gpu_end", "host_end").astype(object)
+    if not len(g) or not g["dtoh"].any():
+        return ready, source
+    kern_last = g[g["kernel"]].groupby("seg")["end"].max()
+    last_kernel_end = np.full(n, np.iinfo(np.int64).min, np.int64)
+    last_kernel_end[kern_last.index.to_numpy(np.int64)] = kern_last.to_numpy(np.int64)
+    copies = g[g["dtoh"]].sort_values(["seg", "ts"]).groupby("seg").tail(1)
+    copies = copies[copies["end"].to_numpy() >= last_kernel_end[copies["seg"].to_numpy(np.int64)]]
+    if copies.empty:
+        return ready, source
+    ev_ts = trace.events["ts"].to_numpy(np.int64)
+    launch_ts = np.where(copies["launch"].to_numpy() >= 0, ev_ts[np.maximum(copies["launch"].to_numpy(), 0)], copies["ts"].to_numpy())
+    # The first blocking host call at or after the copy's launch, within the same step.
+    bseg = rseg[bmask]
+    bts = rt["ts"].to_numpy(np.int64)[bmask]
+    bend = rt["end"].to_numpy(np.int64)[bmask]
+    order = np.lexsort((bts, bseg))
+    bseg, bts, bend = bseg[order], bts[order], bend[order]
+    for seg, cts, cend in zip(copies["seg"].to_numpy(np.int64), launch_ts, copies["end"].to_numpy(np.int64)):
+        lo, hi = np.searchsorted(bseg, seg, "left"), np.searchsorted(bseg, seg, "right")
+        k = lo + np.searchsorted(bts[lo:hi], cts, "left")
+        if k < hi:
+            ready[seg] = max(int(cend), int(bend[k]))
+            source[seg] = "dtoh_sync"
+        else:
+            ready[seg] = int(cend)
+            source[seg] = "dtoh"
+    return ready, source
+
+
+# ---- TTFT / TPOT ----------------------------------------------------------------------------------
+
+def token_intervals(phase: np.ndarray, ready: np.ndarray, first_op: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For segments in time order: request id (one per prefill; -1 before the first), the interval
+    since the request's previous token (ns; the step's own duration when there is no previous
+    token in the trace), and whether that interval is a true token-to-token interval."""
+    is_prefill = phase == "prefill"
+    request = np.cumsum(is_prefill) - 1
+    produces = np.isin(phase, ("prefill", "decode"))
+    interval = ready - first_op
+    has_prev = np.zeros(len(phase), dtype=bool)
+    idx = np.flatnonzero(produces)
+    if len(idx) > 1:
+        same = request[idx[1:]] == request[idx[:-1]]
+        cur, prev = idx[1:][same], idx[:-1][same]
+        dec = phase[cur] == "decode"
+        cur, prev = cur[dec], prev[dec]
+        interval[cur] = ready[cur] - ready[prev]
+        has_prev[cur] = True
+    return request, interval, has_prev
+
+
+def percentiles(values_us: np.ndarray) -> dict[str, float] | None:
+    """p50/p90/mean/max (numpy's linear percentiles, as the capture module's timings use)."""
+    v = np.asarray(values_us, dtype=float)
+    if not len(v):
+        return None
+    return {
+        "p50": round(float(np.percentile(v, 50)), 3),
+        "p90": round(float(np.percentile(v, 90)), 3),
+        "mean": round(float(v.mean()), 3),
+        "max": round(float(v.max()), 3),
+    }
+
+
+# Fewest decode steps over which a TPOT slope means anything (two points always fit a line).
+MIN_STEPS_FOR_SLOPE = 3
+
+
+def slope(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Least-squares slope of y against x, None with too few points or x constant."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(x) < MIN_STEPS_FOR_SLOPE or np.ptp(x) == 0:
+        return None
+    return float(np.polyfit(x, y, 1)[0])

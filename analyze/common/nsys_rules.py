@@ -1,0 +1,114 @@
+"""Parity with Nsight Systems' expert-system rules (`nsys analyze`), evaluated on Kineto traces.
+
+nsys cannot read PyTorch profiler traces, so users coming from it get the same six rules here,
+with nsys' default thresholds (each overridable through the Options field in brackets):
+
+- cuda_api_sync: host calls that block until GPU work completes (device/stream/event
+  synchronize, hip twins included).
+- cuda_memcpy_sync: synchronous memcpy calls (cudaMemcpy and friends).
+- cuda_memcpy_async: asynchronous memcpy calls whose host memory is pageable, which the driver
+  performs synchronously (Kineto names the copy "... Pageable ...").
+- cuda_memset_sync: synchronous memset calls.
+- gpu_gaps: per device, idle stretches longer than the threshold between the first and last GPU
+  activity [nsys_gap_ms, default 500 ms, nsys' default]. tokentrace's own gap detector uses a
+  few microseconds (Options.min_gap_us) because decode kernels last microseconds.
+- gpu_time_util: per device, the first-to-last GPU activity span split into equal chunks
+  [nsys_util_chunks, default 30]; chunks with time utilisation below the threshold
+  [nsys_util_threshold, percent, default 50] are reported.
+
+Which calls count as a sync is defined once, in analyze.syncs; this module only applies the rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.detectors.syncs import sync_calls
+from tokentrace.analysis.loading.trace import Trace
+
+US = 1000.0
+# nsys defaults (nsys analyze --help-rules): gap threshold 500 ms; 30 chunks; 50 % utilisation.
+GAP_MS = 500.0
+UTIL_CHUNKS = 30
+UTIL_THRESHOLD_PCT = 50.0
+ROWS = 10  # rows listed per rule (longest first); counts and totals cover all
+
+DESCRIPTIONS = {
+    "cuda_api_sync": "Synchronization APIs that block the host until issued GPU work completes.",
+    "cuda_memcpy_sync": "Synchronous memcpy: the host waits for the transfer.",
+    "cuda_memcpy_async": "Asynchronous memcpy with pageable host memory, performed synchronously by the driver.",
+    "cuda_memset_sync": "Synchronous memset: the host waits for it.",
+    "gpu_gaps": "GPU idle stretches longer than the threshold between the first and last GPU activity.",
+    "gpu_time_util": "Chunks of the GPU timeline whose time utilization is below the threshold.",
+}
+_KIND_OF_RULE = {"cuda_api_sync": ("device_sync", "stream_sync", "event_sync"), "cuda_memcpy_sync": ("memcpy_sync",),
+                 "cuda_memcpy_async": ("memcpy_pageable",), "cuda_memset_sync": ("memset_sync",)}
+
+
+def evaluate(trace: Trace, busy: Any, *, gap_ms: float = GAP_MS, chunks: int = UTIL_CHUNKS,
+             threshold: float = UTIL_THRESHOLD_PCT) -> dict[str, Any]:
+    """All six rules: {rule: {description, params, count, total_us, rows}}."""
+    t0 = trace.span_ns[0]
+    out: dict[str, Any] = {}
+    calls = sync_calls(trace)
+    calls = calls[calls["source"] == "api"]
+    names = trace.names
+    op_col = trace.events["op"].to_numpy()
+    for rule, kinds in _KIND_OF_RULE.items():
+        c = calls[calls["kind"].isin(kinds)]
+        dur = (c["end"] - c["ts"]).to_numpy(np.int64)
+        order = np.argsort(-dur, kind="stable")[:ROWS]
+        rows = []
+        for i in order:
+            r = int(c["row"].iat[i])
+            op = op_col[r]
+            rows.append({"api": c["api"].iat[i], "start_us": round((c["ts"].iat[i] - t0) / US, 3),
+                         "dur_us": round(dur[i] / US, 3), "op": str(names[op]) if op >= 0 else None})
+        out[rule] = {"description": DESCRIPTIONS[rule], "params": {}, "count": len(c),
+                     "total_us": round(float(dur.sum()) / US, 3), "rows": rows}
+    out["gpu_gaps"] = _gpu_gaps(busy, gap_ms, t0)
+    out["gpu_time_util"] = _gpu_time_util(busy, chunks, threshold, t0)
+    return out
+
+
+def _gpu_gaps(busy: Any, gap_ms: float, t0: int) -> dict[str, Any]:
+    limit = int(gap_ms * 1e6)
+    found = []
+    for d in busy.devices:
+        gs, ge = busy.ends[d][:-1], busy.starts[d][1:]
+        keep = (ge - gs) > limit
+        found.append(pd.DataFrame({"device": d, "start": gs[keep], "dur": (ge - gs)[keep]}))
+    df = pd.concat(found, ignore_index=True) if found else pd.DataFrame({"device": [], "start": [], "dur": []})
+    top = df.sort_values("dur", ascending=False).head(ROWS)
+    return {"description": DESCRIPTIONS["gpu_gaps"], "params": {"gap_ms": gap_ms}, "count": len(df),
+            "total_us": round(float(df["dur"].sum()) / US, 3),
+            "rows": [{"device": int(r.device), "start_us": round((r.start - t0) / US, 3), "dur_us": round(r.dur / US, 3)}
+                     for r in top.itertuples()]}
+
+
+def _gpu_time_util(busy: Any, chunks: int, threshold_pct: float, t0: int) -> dict[str, Any]:
+    rows = []
+    total = 0
+    chunks = max(chunks, 1)
+    for d in busy.devices:
+        ms, me = busy.starts[d], busy.ends[d]
+        lo, hi = int(ms[0]), int(me[-1])
+        if hi <= lo:
+            continue
+        edges = lo + ((hi - lo) * np.arange(chunks + 1, dtype=np.float64) / chunks).astype(np.int64)
+        edges[-1] = hi
+        a, b = edges[:-1], edges[1:]
+        cov = iv.overlap(ms, me, a, b)
+        width = np.maximum(b - a, 1)
+        util = 100.0 * cov / width
+        low = np.flatnonzero(util < threshold_pct)
+        total += int((b - a)[low].sum())
+        rows.extend({"device": d, "start_us": round((a[i] - t0) / US, 3), "end_us": round((b[i] - t0) / US, 3),
+                     "utilization_pct": round(float(util[i]), 2)} for i in low)
+    rows.sort(key=lambda r: r["utilization_pct"])
+    return {"description": DESCRIPTIONS["gpu_time_util"], "params": {"chunks": chunks, "threshold_pct": threshold_pct},
+            "count": len(rows), "total_us": round(total / US, 3), "rows": rows[:ROWS]}

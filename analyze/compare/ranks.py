@@ -1,0 +1,169 @@
+"""Many ranks: analyse one trace per rank in parallel, then compare the ranks step by step.
+
+Owns `analyze_rank(path, options) -> dict`, the per-rank unit of work: a top-level, picklable
+function from a path to plain data, so a process pool runs it here and a distributed engine (Ray,
+Dask, a batch job per file) can run it later without change. `analyze_ranks(paths)` runs it over
+worker processes and joins the results into a per-rank table, the step times of every rank, the
+slowest rank of each step, and the skew (slowest minus fastest) per step.
+
+Steps are the segments of the phases detector (decode steps, prefill passes, ProfilerStep#N),
+matched across ranks by (phase, index). A trace without segments counts as one step: its span.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.errors import TokentraceError
+
+RANK_COLUMNS = ["rank", "path", "device", "duration_us", "steps", "step_total_us", "step_mean_us", "step_max_us",
+                "gpu_busy_us", "gpu_utilization", "ttft_us", "tpot_p50_us", "syncs", "findings", "error"]
+STEP_COLUMNS = ["phase", "index", "ranks", "slowest_rank", "slowest_us", "fastest_rank", "fastest_us", "mean_us",
+                "skew_us", "skew_pct"]
+
+
+def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Analyse one rank's trace; plain, picklable data out (never raises for a bad trace: `error` says why)."""
+    from tokentrace.analysis.compare.metrics import headline
+    from tokentrace.api import analyze
+
+    try:
+        analysis = analyze(path, **(options or {}))
+    except TokentraceError as exc:
+        return {"path": str(path), "rank": None, "error": str(exc), "steps": [], "metrics": {}}
+    trace = analysis.trace
+    t0 = trace.span_ns[0]
+    phases = analysis.results.get("phases")
+    seg = getattr(getattr(phases, "segments", None), "table", None)
+    if seg is not None and len(seg):
+        steps = [{"phase": str(p), "index": int(i), "name": str(n), "start_us": (int(s) - t0) / 1000.0,
+                  "dur_us": (int(e) - int(s)) / 1000.0}
+                 for p, i, n, s, e in zip(seg["phase"], seg["index"], seg["name"], seg["start"], seg["end"])]
+    else:
+        steps = [{"phase": "all", "index": 0, "name": "trace", "start_us": 0.0, "dur_us": trace.duration_ns / 1000.0}]
+    summary = analysis.to_json()
+    return {
+        "path": str(path),
+        "rank": int(trace.rank),
+        "device": trace.gpu_name,
+        "duration_us": trace.duration_ns / 1000.0,
+        "metrics": headline(summary),
+        "findings": len(summary.get("findings", [])),
+        "steps": steps,
+        "error": None,
+    }
+
+
+@dataclass
+class RanksResult:
+    ranks: pd.DataFrame  # one row per rank (RANK_COLUMNS)
+    step_times: pd.DataFrame  # long form: rank, phase, index, name, start_us, dur_us
+    per_step: pd.DataFrame  # one row per (phase, index) (STEP_COLUMNS)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def slowest_rank(self) -> int | None:
+        """The rank with the most total step time (the one the others wait for)."""
+        ok = self.ranks[self.ranks["error"].isna()]
+        if ok.empty:
+            return None
+        return int(ok.loc[ok["step_total_us"].idxmax(), "rank"])
+
+    def to_json(self) -> dict[str, Any]:
+        from tokentrace.analysis.compare.diff import records
+
+        ps = self.per_step
+        slowest_counts = {str(int(k)): int(v) for k, v in ps["slowest_rank"].value_counts().sort_index().items()} if len(ps) else {}
+        return {
+            "ranks": records(self.ranks),
+            "steps": records(ps),
+            "slowest_rank": self.slowest_rank,
+            "slowest_rank_per_step_counts": slowest_counts,
+            "max_skew_us": None if ps.empty else round(float(ps["skew_us"].max()), 3),
+            "mean_skew_us": None if ps.empty else round(float(ps["skew_us"].mean()), 3),
+            "notes": self.notes,
+        }
+
+
+def _rank_row(r: dict[str, Any]) -> dict[str, Any]:
+    m = r.get("metrics", {})
+    durs = [s["dur_us"] for s in r.get("steps", [])]
+    return {
+        "rank": r.get("rank"), "path": r["path"], "device": r.get("device"), "duration_us": r.get("duration_us"),
+        "steps": len(durs), "step_total_us": float(sum(durs)) if durs else None,
+        "step_mean_us": float(np.mean(durs)) if durs else None, "step_max_us": float(max(durs)) if durs else None,
+        "gpu_busy_us": m.get("gpu_busy_us"), "gpu_utilization": m.get("gpu_utilization"), "ttft_us": m.get("ttft_us"),
+        "tpot_p50_us": m.get("tpot_p50_us"), "syncs": m.get("syncs"), "findings": r.get("findings"),
+        "error": r.get("error"),
+    }
+
+
+def combine(results: list[dict[str, Any]]) -> RanksResult:
+    """Join per-rank results (from analyze_rank, run anywhere) into the cross-rank tables."""
+    notes: list[str] = []
+    ok = [dict(r) for r in results if not r.get("error")]  # copies: ranks may be renumbered below
+    for r in results:
+        if r.get("error"):
+            notes.append(f"{r['path']}: not analysed ({r['error']})")
+    # Ranks must be distinct to compare; files without rank info (all 0) get their file order.
+    if len({r["rank"] for r in ok}) < len(ok):
+        notes.append("rank numbers are missing or repeated in the traces: ranks are numbered by file order")
+        for i, r in enumerate(ok):
+            r["rank"] = i
+    ranks = pd.DataFrame([_rank_row(r) for r in ok + [r for r in results if r.get("error")]], columns=RANK_COLUMNS)
+    rows = [{"rank": r["rank"], **s} for r in ok for s in r["steps"]]
+    steps = pd.DataFrame(rows, columns=["rank", "phase", "index", "name", "start_us", "dur_us"])
+    if steps.empty:
+        return RanksResult(ranks, steps, pd.DataFrame(columns=STEP_COLUMNS), notes)
+    steps = steps.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
+    g = steps.groupby(["phase", "index"], sort=False)["dur_us"]
+    slow, fast = steps.loc[g.idxmax()], steps.loc[g.idxmin()]
+    per = pd.DataFrame({
+        "phase": slow["phase"].to_numpy(), "index": slow["index"].to_numpy(),
+        "slowest_rank": slow["rank"].to_numpy(), "slowest_us": slow["dur_us"].to_numpy(),
+        "fastest_rank": fast["rank"].to_numpy(), "fastest_us": fast["dur_us"].to_numpy(),
+    })
+    stats = g.agg(ranks="size", mean_us="mean").reset_index()
+    per = per.merge(stats, on=["phase", "index"], how="left")
+    per["skew_us"] = per["slowest_us"] - per["fastest_us"]
+    per["skew_pct"] = np.where(per["mean_us"] > 0, per["skew_us"] / per["mean_us"].where(per["mean_us"] > 0, 1.0) * 100.0, np.nan)
+    short = per[per["ranks"] < len(ok)]
+    if len(short):
+        notes.append(f"{len(short)} steps are missing on some ranks: their skew covers only the ranks that have them")
+    # Steps in time order of the first rank that has them.
+    order = steps.groupby(["phase", "index"], sort=False)["start_us"].min().reset_index()
+    per = order.merge(per, on=["phase", "index"]).sort_values("start_us", kind="stable").drop(columns="start_us")
+    return RanksResult(ranks, steps, per[STEP_COLUMNS].reset_index(drop=True), notes)
+
+
+def rank_files(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """The trace files named by paths (files, or directories of rank traces)."""
+    from tokentrace.analysis.loading.files import find_trace_files
+
+    files = [str(p) for p in find_trace_files([Path(p) for p in paths])]
+    if not files:
+        raise TokentraceError("ranks: no trace files given")
+    return files
+
+
+def analyze_ranks(paths: Iterable[str | os.PathLike], *, workers: int | None = None,
+                  options: dict[str, Any] | None = None) -> RanksResult:
+    """Analyse every rank trace under `paths` in worker processes (one per CPU by default) and compare."""
+    files = rank_files(paths)
+    n = min(len(files), workers or os.cpu_count() or 1)
+    if n <= 1:
+        results = [analyze_rank(f, options) for f in files]
+    else:
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            results = list(pool.map(analyze_rank, files, [options] * len(files)))
+    if all(r.get("error") for r in results):
+        raise TokentraceError(results[0]["error"] if len(results) == 1 else f"ranks: no trace could be analysed ({results[0]['error']})")
+    return combine(results)

@@ -1,0 +1,202 @@
+"""Power-law fits of GPU time against sequence length, within one trace and across a sweep of traces.
+
+Owns the fit (`power_law`: y = c * x**k by least squares on log-log, with the exponent's standard
+error and the points it used) and the sweep (`fit_sweep`: one point per trace of a directory
+written by `tokentrace capture --prompt-lens ...`, x = the prompt length the capture recorded).
+The attention detector fits prefill (time per call vs query length) and decode (vs KV length)
+inside a trace with the same function, so both report the same record shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.errors import TokentraceError
+
+# Two points always fit a line exactly; a third is the least that says how well a power law holds
+# (and gives the exponent a standard error).
+MIN_FIT_POINTS = 3
+
+
+@dataclass
+class PowerFit:
+    exponent: float
+    exponent_stderr: float | None
+    coefficient: float  # y = coefficient * x ** exponent (y in the unit given, usually us)
+    r2: float | None
+    points: list[tuple[float, float]]  # (x, median y at that x), sorted by x
+    samples: int  # raw observations behind the points
+
+    def record(self, **labels: Any) -> dict[str, Any]:
+        """The JSON form every fit shares: labels (phase, op, backend, ...) then the numbers."""
+        return {
+            **labels,
+            "exponent": round(self.exponent, 4),
+            "exponent_stderr": None if self.exponent_stderr is None else round(self.exponent_stderr, 4),
+            "coefficient": self.coefficient,
+            "r2": None if self.r2 is None else round(self.r2, 4),
+            "samples": self.samples,
+            # Largest over smallest x: a power law fitted over a narrow range says little.
+            "x_span": round(self.points[-1][0] / self.points[0][0], 3) if self.points else None,
+            "points": [[_num(x), round(y, 3)] for x, y in self.points],
+        }
+
+
+def _num(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def power_law(x: Iterable[float], y: Iterable[float], *, min_points: int = MIN_FIT_POINTS) -> PowerFit | None:
+    """Fit y = c * x**k. Repeated x values are reduced to their median y first (robust to a slow
+    outlier call); None when fewer than `min_points` distinct positive x remain."""
+    xa = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=float)
+    ya = np.asarray(list(y) if not isinstance(y, np.ndarray) else y, dtype=float)
+    ok = np.isfinite(xa) & np.isfinite(ya) & (xa > 0) & (ya > 0)
+    xa, ya = xa[ok], ya[ok]
+    if len(xa) == 0:
+        return None
+    med = pd.Series(ya).groupby(xa).median()
+    if len(med) < max(2, min_points):
+        return None
+    px = med.index.to_numpy(float)
+    py = med.to_numpy(float)
+    lx, ly = np.log(px), np.log(py)
+    slope, intercept = np.polyfit(lx, ly, 1)
+    resid = ly - (slope * lx + intercept)
+    ssr = float(resid @ resid)
+    sxx = float(((lx - lx.mean()) ** 2).sum())
+    sst = float(((ly - ly.mean()) ** 2).sum())
+    n = len(px)
+    stderr = float(np.sqrt(ssr / (n - 2) / sxx)) if n > 2 and sxx > 0 else None
+    r2 = 1.0 - ssr / sst if sst > 0 else None
+    return PowerFit(float(slope), stderr, float(np.exp(intercept)), r2, list(zip(px.tolist(), py.tolist())), int(len(xa)))
+
+
+# ---- sweeps across traces ------------------------------------------------------------------
+
+
+@dataclass
+class Sweep:
+    """Prefill attention cost per trace of a sweep, and its fit against the prompt length."""
+
+    traces: pd.DataFrame  # path, prompt_len, prompt_len_source, batch, op, backend, time, calls, median_us, total_us
+    fits: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        rows = [
+            {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+            for r in self.traces.to_dict("records")
+        ]
+        return {"traces": rows, "fits": self.fits, "notes": self.notes}
+
+
+def _preferred_traces(folder: Path) -> list[Path]:
+    """Trace files under a sweep folder: per run folder, the prefill trace if the capture wrote
+    one (it holds only the prompt's forward), else the combined one, else every trace there."""
+    from tokentrace.analysis.loading.files import TRACE_SUFFIXES
+    from tokentrace.profiling.conventions import KIND_COMBINED, KIND_PREFILL, trace_file_name
+
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                   and p.name != "run.json" and not p.name.startswith("."))
+    by_dir: dict[Path, list[Path]] = {}
+    for p in found:
+        by_dir.setdefault(p.parent, []).append(p)
+    out: list[Path] = []
+    for _, files in sorted(by_dir.items()):
+        names = {f.name: f for f in files}
+        pick = next((names[trace_file_name(k)] for k in (KIND_PREFILL, KIND_COMBINED) if trace_file_name(k) in names), None)
+        out.extend([pick] if pick is not None else files)
+    return out
+
+
+def _expand(items: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Trace) -> list[Trace | Path]:
+    if isinstance(items, (str, os.PathLike, Trace)):
+        items = [items]
+    out: list[Trace | Path] = []
+    for it in items:
+        if isinstance(it, Trace):
+            out.append(it)
+            continue
+        p = Path(it)
+        if p.is_dir():
+            files = _preferred_traces(p)
+            if not files:
+                raise TokentraceError(f"{p}: directory holds no trace files")
+            out.extend(files)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise TokentraceError(f"{p}: no such file or directory")
+    return out
+
+
+def sweep_rows(trace: Trace) -> list[dict[str, Any]]:
+    """One row per (attention op, backend, batch) of a trace's prefill calls: the x and y of a sweep point."""
+    from tokentrace.analysis.detectors.attention import find_calls, time_column
+
+    calls = find_calls(trace)
+    cap = trace.capture
+    time_col = time_column(trace)
+    pre = calls[(calls["phase"] == "prefill") & (calls[time_col] > 0)] if not calls.empty else calls
+    if pre.empty:
+        return []
+    prompt_len = cap.get("prompt_len")
+    source = "capture"
+    if not isinstance(prompt_len, (int, float)) or isinstance(prompt_len, bool):
+        q = pre["q_len"].dropna()
+        prompt_len = float(q.median()) if len(q) else None
+        source = "query_len" if prompt_len is not None else "unknown"
+    batch = cap.get("batch")
+    if not isinstance(batch, int):
+        b = pre["batch"].dropna()
+        batch = int(b.median()) if len(b) else None
+    rows = []
+    for (op, backend), g in pre.groupby(["op", "backend"], sort=True, observed=True):
+        rows.append({"path": trace.path, "prompt_len": prompt_len, "prompt_len_source": source, "batch": batch,
+                     "op": op, "backend": backend, "time": time_col.removesuffix("_us"), "calls": int(len(g)),
+                     "median_us": float(g[time_col].median()), "total_us": float(g[time_col].sum())})
+    return rows
+
+
+def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Trace) -> Sweep:
+    """Prefill attention time per call (GPU; host time for CPU-only traces) vs prompt length S
+    across traces (one point per trace).
+
+    Accepts Trace objects, trace files, or directories (searched recursively, as `tokentrace
+    capture --prompt-lens` writes one folder per run). S is `trace.capture["prompt_len"]`, else
+    the median query length of the trace's prefill attention calls.
+    """
+    from tokentrace.analysis.loading.loader import load_file
+
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for item in _expand(traces_or_paths):
+        trace = item if isinstance(item, Trace) else load_file(item)
+        got = sweep_rows(trace)
+        if not got:
+            notes.append(f"{trace.path}: no prefill attention calls with GPU time")
+        rows.extend(got)
+    cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "time", "calls", "median_us", "total_us"]
+    table = pd.DataFrame(rows, columns=cols)
+    fits: list[dict[str, Any]] = []
+    if not table.empty:
+        keyed = table.assign(batch_key=table["batch"].fillna(-1))
+        for (op, backend, batch, time), g in keyed.groupby(["op", "backend", "batch_key", "time"], sort=True):
+            fit = power_law(g["prompt_len"].to_numpy(float), g["median_us"].to_numpy(float))
+            label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len", "time": time,
+                     "batch": None if batch == -1 else int(batch), "traces": int(len(g))}
+            if fit is None:
+                notes.append(f"{op} ({backend}, batch {label['batch']}): {g['prompt_len'].nunique()} prompt lengths; "
+                             f"a fit needs {MIN_FIT_POINTS}")
+                continue
+            fits.append(fit.record(**label))
+    return Sweep(table, fits, notes)

@@ -1,0 +1,492 @@
+"""The `gaps` section: GPU idle intervals, why the GPU was idle, and what fixing it would save.
+
+Owns finding idle stretches on each device (all streams merged: the device is idle only when
+every stream is) and per stream, and giving each device gap a cause from what the host thread that
+launched the next GPU work was doing between the moment the GPU went idle and the moment that
+launch call returned (the "host-bound part" of the gap; the rest, if any, the work sat queued):
+
+- sync / data_transfer: the host was blocked in a sync call or a synchronous (or pageable) copy
+  when the GPU drained (analyze.syncs defines those calls);
+- outside_region: the host-bound part lies mostly outside every annotated step or phase (only
+  when the trace has segments);
+- cpu_busy: the host spent at least HOST_BUSY_MIN_NS, and most of that part, in cpu ops that
+  launch nothing, in Python, or in untraced code, rather than on the way to a launch;
+- gpu_wait: the next work had been queued for longer than QUEUED_WAIT_MIN_NS (and longer than
+  the host-bound part) and still did not start: the stream waited on an event of another stream
+  (cudaStreamWaitEvent) or on GPU work the trace does not show;
+- launch_bound: everything else: the next launch call began after the GPU went idle while the
+  host was in launching ops (framework and launch overhead), or the work was already queued and
+  started a few microseconds late (launch latency).
+
+Idle between two kernels of the same CUDA/HIP graph launch is graph replay, not host overhead: it
+is counted apart (`graph_replay`) and never as a gap or as launch overhead. The savings estimate
+for CUDA graphs / torch.compile(mode="reduce-overhead") is the launch-bound idle per decode step
+whose next work was not already a graph launch, stated per step, per token and per request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.detectors.syncs import (
+    SYNC_RETURN_SLACK_NS,
+    TRANSFER_KINDS,
+    HostLookup,
+    decode_scale,
+    jsonable,
+    recorded_stack,
+    segment_labels,
+    sync_calls,
+)
+from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.trace import Trace
+
+US = 1000.0
+CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait")
+# A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
+# on current CPUs, so host stretches of 50 us or more without a launch are other work, not
+# per-launch overhead, and CUDA graphs would not remove them.
+HOST_BUSY_MIN_NS = 50_000
+# No single launch path takes a millisecond: a host-bound stretch that long is host work
+# (autotuning, compilation, allocation, data loading) even inside the op that finally launches.
+LAUNCH_PATH_MAX_NS = 1_000_000
+# GPU launch latency (queue to start) is a few microseconds; queued work that waits longer is
+# held back by a dependency, not by the launch.
+QUEUED_WAIT_MIN_NS = 50_000
+TOP_GAPS = 20
+
+
+@dataclass
+class GapsResult:
+    table: pd.DataFrame  # one row per device gap >= min gap (graph-replay gaps included, flagged)
+    streams: pd.DataFrame  # per (device, stream): gaps >= min gap on that stream alone
+    min_gap_us: float
+    by_phase: dict[str, Any]
+    savings: dict[str, Any]
+    top: list[dict[str, Any]]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def gaps(self) -> pd.DataFrame:
+        """The real gaps: device idle >= min gap, graph-replay idle left out."""
+        return self.table[~self.table["graph_replay"]]
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.gaps
+        rep = self.table[self.table["graph_replay"]]
+        by_cause = {c: {"count": int((g["cause"] == c).sum()), "total_us": round(float(g.loc[g["cause"] == c, "dur_us"].sum()), 3)}
+                    for c in CAUSES}
+        return {
+            "count": len(g),
+            "total_us": round(float(g["dur_us"].sum()), 3),
+            "min_gap_us": self.min_gap_us,
+            "by_cause": by_cause,
+            "graph_replay": {"count": len(rep), "total_us": round(float(rep["dur_us"].sum()), 3)},
+            "by_phase": self.by_phase,
+            "streams": [{"device": int(r.device), "stream": int(r.stream), "count": int(r.count), "total_us": round(float(r.total_us), 3)}
+                        for r in self.streams.itertuples()],
+            "savings": self.savings,
+            "top": self.top,
+        }
+
+
+def run(trace: Trace, ctx: Any = None) -> GapsResult:
+    min_gap_us = float(getattr(getattr(ctx, "options", None), "min_gap_us", 3.0))
+    min_gap = int(round(min_gap_us * US))
+    segments = getattr(ctx, "segments", None) if ctx is not None else None
+    busy = getattr(ctx.results.get("gpu"), "busy", None) if ctx is not None else None
+    if busy is None:
+        from tokentrace.analysis.detectors.utilization import device_busy
+
+        busy = device_busy(trace)
+    table = find_gaps(trace, busy, min_gap)
+    calls = sync_calls(trace)
+    classify(trace, table, calls, segments)
+    streams = stream_gaps(trace, min_gap)
+    by_phase = _by_phase(table, segments)
+    savings = _savings(trace, table, segments)
+    top = _top(trace, table)
+    res = GapsResult(table=table, streams=streams, min_gap_us=min_gap_us, by_phase=by_phase, savings=savings, top=top)
+    res.findings = _findings(trace, res)
+    return res
+
+
+def find_gaps(trace: Trace, busy: Any, min_gap_ns: int) -> pd.DataFrame:
+    """Idle stretches between the merged busy intervals of each device, at least min_gap_ns long."""
+    parts = []
+    for d in busy.devices:
+        ms, me = busy.starts[d], busy.ends[d]
+        if len(ms) < 2:
+            continue
+        gs, ge = me[:-1], ms[1:]
+        keep = (ge - gs) >= max(min_gap_ns, 1)
+        parts.append(pd.DataFrame({
+            "device": d, "start": gs[keep], "end": ge[keep],
+            "prev_row": busy.closer[d][:-1][keep], "next_row": busy.opener[d][1:][keep],
+        }))
+    cols = {"device": np.int64, "start": np.int64, "end": np.int64, "prev_row": np.int64, "next_row": np.int64}
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+    return pd.concat(parts, ignore_index=True).astype(cols)
+
+
+def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Any) -> None:
+    """Add cause and host-side columns to the gap table in place (vectorised per host thread)."""
+    ev = trace.events
+    n = len(gaps)
+    names = trace.names
+    launch = ev["launch"].to_numpy()
+    ts_col = ev["ts"].to_numpy()
+    gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
+    nxt, prv = gaps["next_row"].to_numpy(np.int64), gaps["prev_row"].to_numpy(np.int64)
+    ln = launch[nxt] if n else np.zeros(0, np.int64)
+    lp = launch[prv] if n else np.zeros(0, np.int64)
+    is_graph = np.isin(names[np.maximum(ln, 0)], GRAPH_LAUNCH_APIS) & (ln >= 0) if n else np.zeros(0, bool)
+    graph_replay = is_graph & (ln == lp)
+    # The host thread that launched the next work; unlinked work falls back to the thread that
+    # launched most work on that device.
+    pid = np.where(ln >= 0, ev["pid"].to_numpy()[np.maximum(ln, 0)], -1) if n else np.zeros(0, np.int64)
+    tid = np.where(ln >= 0, ev["tid"].to_numpy()[np.maximum(ln, 0)], -1) if n else np.zeros(0, np.int64)
+    main = _main_threads(trace)
+    dev = gaps["device"].to_numpy(np.int64)
+    for d, (p, t) in main.items():
+        m = (ln < 0) & (dev == d)
+        pid[m], tid[m] = p, t
+    launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
+    launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
+    # The host-bound part ends when the launch call returns: time inside the call is host time
+    # (a call that loads a module can take milliseconds), not time the work sat in the queue.
+    he = np.clip(launch_end, gs, ge)
+    part = he - gs
+    t_free = np.zeros(n, np.int64)
+    t_sync = np.zeros(n, np.int64)
+    t_xfer = np.zeros(n, np.int64)
+    sync_row = np.full(n, -1, np.int64)
+    gpu_wait_row = np.full(n, -1, np.int64)
+    if n:
+        th = _ThreadIntervals(trace, calls)
+        keys = pd.MultiIndex.from_arrays([pid, tid])
+        for (p, t), idx in pd.Series(np.arange(n)).groupby(keys).indices.items():
+            a, b = gs[idx], he[idx]
+            u = th.get(int(p), int(t))
+            native = iv.overlap(u["native_s"], u["native_e"], a, b)
+            t_free[idx] = iv.overlap(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
+            # Blocking calls count up to the next launch call (a synchronous copy's own call does
+            # not idle the GPU before the copy); one that returned within the slack before the
+            # GPU went idle still drained it.
+            b2 = np.clip(launch_ts[idx], a, b)
+            a2 = np.where(b2 > a, a - SYNC_RETURN_SLACK_NS, a)
+            t_sync[idx] = iv.overlap(u["sync_s"], u["sync_e"], a2, b2)
+            t_xfer[idx] = iv.overlap(u["xfer_s"], u["xfer_e"], a2, b2)
+            sync_row[idx] = _responsible_call(u, a2, b2)
+            gpu_wait_row[idx] = _last_before(u["wait_ts"], u["wait_row"], launch_ts[idx])
+    queued = np.where(ln >= 0, ge - he, 0)
+    waited = (queued > QUEUED_WAIT_MIN_NS) & (queued >= part) & ~graph_replay
+    busy_host = ((t_free >= HOST_BUSY_MIN_NS) & (2 * t_free >= part)) | (part >= LAUNCH_PATH_MAX_NS)
+    blocked = (part > 0) & ((t_sync + t_xfer) > 0) & ~busy_host & ~waited & ~graph_replay
+    seg, outside = _segment_of(trace, gaps, segments, gs, ge, he)
+    outside &= part > 0
+    cause = np.select([waited, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
+                      ["gpu_wait", "data_transfer", "sync", "outside_region", "cpu_busy"], "launch_bound").astype(object)
+    detail = np.select(
+        [graph_replay, ln < 0, is_graph, waited & (gpu_wait_row >= 0), waited, launch_end <= gs, launch_ts < gs],
+        ["between kernels of one graph replay", "next work not linked to a launch call",
+         "before a graph launch", "queued work waited on an event of another stream",
+         "queued work did not start (GPU work missing from the trace?)", "queued before the GPU went idle (launch latency)",
+         "launch call in progress when the GPU went idle"],
+        "launch call began after the GPU went idle").astype(object)
+    gaps["dur_us"] = (ge - gs) / US
+    gaps["start_us"] = (gs - trace.span_ns[0]) / US
+    gaps["stream"] = ev["stream"].to_numpy()[nxt] if n else np.zeros(0, np.int64)
+    gaps["launch_row"] = ln
+    gaps["launch_api"] = pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None) if n else [], index=gaps.index, dtype=object)
+    gaps["pid"], gaps["tid"] = pid, tid
+    gaps["host_bound_us"] = part / US
+    gaps["host_free_us"] = t_free / US
+    gaps["host_blocked_us"] = (t_sync + t_xfer) / US
+    gaps["sync_row"] = np.where(blocked, sync_row, np.where(waited, gpu_wait_row, -1))
+    gaps["graph_replay"] = graph_replay
+    gaps["graph_launch"] = is_graph
+    gaps["cause"] = np.where(graph_replay, "graph_replay", cause)
+    gaps["detail"] = detail
+    gaps["seg"] = seg
+    gaps["phase"], gaps["step"], gaps["region"] = segment_labels(segments, seg, gaps.index)
+    gaps["prev"] = names[prv] if n else np.zeros(0, object)
+    gaps["next"] = names[nxt] if n else np.zeros(0, object)
+    op_col = ev["op"].to_numpy()
+    nop = op_col[np.maximum(ln, 0)] if n else np.zeros(0, np.int64)
+    gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None) if n else [],
+                                index=gaps.index, dtype=object)
+
+
+def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
+    """Per device, the host thread that launched most of its work."""
+    gpu = trace.gpu
+    ln = gpu["launch"].to_numpy()
+    ok = ln >= 0
+    if not ok.any():
+        rt = trace.runtime
+        if rt.empty:
+            return {}
+        p, t = rt.groupby(["pid", "tid"]).size().idxmax()
+        return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
+    ev = trace.events
+    df = pd.DataFrame({"device": gpu["device"].to_numpy()[ok], "pid": ev["pid"].to_numpy()[ln[ok]], "tid": ev["tid"].to_numpy()[ln[ok]]})
+    top = df.groupby(["device", "pid", "tid"]).size().reset_index(name="n").sort_values("n").drop_duplicates("device", keep="last")
+    return {int(r.device): (int(r.pid), int(r.tid)) for r in top.itertuples()}
+
+
+class _ThreadIntervals:
+    """Per host thread, merged intervals of what the host was doing (built lazily, once per thread)."""
+
+    def __init__(self, trace: Trace, calls: pd.DataFrame) -> None:
+        self.trace = trace
+        ev = trace.events
+        self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
+        self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+        self.native = np.flatnonzero(ev["kind"].isin(("cpu_op",) + HOST_API_KINDS).to_numpy())
+        self.py = None
+        # Ops that launched GPU work themselves or through a descendant.
+        rt = trace.runtime
+        launch_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
+        launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
+        ops = trace.cpu_ops.index.to_numpy(np.int64)
+        self.nolaunch = ops[~launching[ops]]
+        self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]
+        self.waits = calls[(calls["kind"] == "gpu_wait") & (calls["pid"] >= 0)]
+        self.cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+
+    def _on(self, rows: np.ndarray, p: int, t: int) -> np.ndarray:
+        return rows[(self.pid[rows] == p) & (self.tid[rows] == t)]
+
+    def get(self, p: int, t: int) -> dict[str, np.ndarray]:
+        key = (p, t)
+        if key in self.cache:
+            return self.cache[key]
+        u: dict[str, np.ndarray] = {}
+        r = self._on(self.native, p, t)
+        u["native_s"], u["native_e"] = iv.union(self.ts[r], self.end[r])
+        r = self._on(self.nolaunch, p, t)
+        u["nolaunch_s"], u["nolaunch_e"] = iv.union(self.ts[r], self.end[r])
+        c = self.calls[(self.calls["pid"] == p) & (self.calls["tid"] == t)]
+        xfer = c["kind"].isin(TRANSFER_KINDS).to_numpy()
+        cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+        u["sync_s"], u["sync_e"] = iv.union(cs[~xfer], ce[~xfer])
+        u["xfer_s"], u["xfer_e"] = iv.union(cs[xfer], ce[xfer])
+        order = np.argsort(cs, kind="stable")
+        u["call_ts"], u["call_end"], u["call_row"] = cs[order], ce[order], c["row"].to_numpy(np.int64)[order]
+        w = self.waits[(self.waits["pid"] == p) & (self.waits["tid"] == t)]  # sorted by ts already
+        u["wait_ts"], u["wait_row"] = w["ts"].to_numpy(np.int64), w["row"].to_numpy(np.int64)
+        self.cache[key] = u
+        return u
+
+
+def _responsible_call(u: dict[str, np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The blocking call that overlaps [a, b): the last one to start before b, if it ends after a."""
+    if not len(u["call_ts"]):
+        return np.full(len(a), -1, np.int64)
+    k = np.searchsorted(u["call_ts"], b, side="left") - 1
+    ok = (k >= 0) & (u["call_end"][np.maximum(k, 0)] > a)
+    return np.where(ok, u["call_row"][np.maximum(k, 0)], -1)
+
+
+def _last_before(ts: np.ndarray, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Row of the last event (ts sorted) starting at or before each instant, -1 if none."""
+    if not len(ts):
+        return np.full(len(t), -1, np.int64)
+    k = np.searchsorted(ts, t, side="right") - 1
+    return np.where(k >= 0, rows[np.maximum(k, 0)], -1)
+
+
+def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Any, gs: np.ndarray, ge: np.ndarray,
+                he: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segment each gap delays (that of the next work's launch, else the one holding the gap's
+    start), and whether the host-bound part lay mostly outside every segment."""
+    n = len(gaps)
+    if segments is None or len(segments) == 0 or not n:
+        return np.full(n, -1, np.int64), np.zeros(n, bool)
+    seg = segments.locate_rows(trace, gaps["next_row"].to_numpy(np.int64))
+    seg = np.where(seg >= 0, seg, segments.locate_times(gs))
+    ss, se = iv.union(segments.table["start"].to_numpy(np.int64), segments.table["end"].to_numpy(np.int64))
+    a = gs
+    b = np.where(he > gs, he, ge)
+    inside = iv.overlap(ss, se, a, b)
+    return seg.astype(np.int64), 2 * inside < (b - a)
+
+
+def stream_gaps(trace: Trace, min_gap_ns: int) -> pd.DataFrame:
+    """Idle stretches on each stream alone (another stream may have kept the device busy)."""
+    gpu = trace.gpu
+    cols = ["device", "stream", "count", "total_us"]
+    if gpu.empty:
+        return pd.DataFrame(columns=cols)
+    codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
+    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
+    same = g[1:] == g[:-1]
+    gap = ms[1:] - me[:-1]
+    keep = same & (gap >= max(min_gap_ns, 1))
+    cnt = np.bincount(g[1:][keep], minlength=len(uniq))
+    tot = np.bincount(g[1:][keep], weights=gap[keep], minlength=len(uniq))
+    return pd.DataFrame({
+        "device": [int(k[0]) for k in uniq], "stream": [int(k[1]) for k in uniq], "count": cnt, "total_us": tot / US,
+    }).sort_values(["device", "stream"]).reset_index(drop=True)
+
+
+def _by_phase(table: pd.DataFrame, segments: Any) -> dict[str, Any]:
+    g = table[~table["graph_replay"]]
+    out: dict[str, Any] = {}
+    if g.empty:
+        return out
+    phase = g["phase"].fillna("none").astype(str)
+    steps = segments.table.groupby("phase").size() if segments is not None and len(segments) else pd.Series(dtype=int)
+    for ph, grp in g.groupby(phase.to_numpy()):
+        n_steps = int(steps.get(ph, 0))
+        tot = float(grp["dur_us"].sum())
+        out[str(ph)] = {
+            "count": len(grp), "total_us": round(tot, 3), "segments": n_steps,
+            "per_step_us": round(tot / n_steps, 3) if n_steps else None,
+            "by_cause": {c: round(float(grp.loc[grp["cause"] == c, "dur_us"].sum()), 3) for c in CAUSES},
+        }
+    return out
+
+
+def _fixable(table: pd.DataFrame) -> pd.Series:
+    """Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph."""
+    return (table["cause"] == "launch_bound") & ~table["graph_launch"]
+
+
+def _savings(trace: Trace, table: pd.DataFrame, segments: Any) -> dict[str, Any]:
+    scale = decode_scale(trace, segments)
+    fix = table[_fixable(table)]
+    if scale["steps"]:
+        scope = "decode"
+        lb = float(fix.loc[fix["phase"] == "decode", "dur_us"].sum())
+        per_step = lb / scale["steps"]
+    else:
+        scope = "whole trace (no decode steps found)"
+        lb = float(fix["dur_us"].sum())
+        per_step = None
+    tok = scale["tokens_per_step"]
+    spr = scale["steps_per_request"]
+    return {"cuda_graphs": {
+        "scope": scope,
+        "launch_bound_us": round(lb, 3),
+        "decode_steps": scale["steps"],
+        "per_step_us": None if per_step is None else round(per_step, 3),
+        # Each step emits one token per sequence: every request's time per output token falls by
+        # the per-step saving; per token of batch throughput it is that divided by the batch.
+        "per_token_us": None if per_step is None else round(per_step, 3),
+        "per_batch_token_us": None if per_step is None or not tok else round(per_step / tok, 3),
+        "tokens_per_step": tok,
+        "per_request_us": None if per_step is None or not spr else round(per_step * spr, 3),
+        "steps_per_request": spr,
+    }}
+
+
+def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
+    g = table[~table["graph_replay"]].sort_values("dur_us", ascending=False, kind="stable").head(TOP_GAPS)
+    names = trace.names
+    host = HostLookup(trace)
+    out = []
+    for r in g.itertuples():
+        op_row, stack = -1, None
+        if r.pid >= 0 or r.tid >= 0:
+            # What the host was doing in the middle of the part of the gap it was responsible for.
+            mid = int(r.start + max(int(r.host_bound_us * US), 1) // 2)
+            op_row, stack = host.op_at(int(r.pid), int(r.tid), mid), host.python_stack(int(r.pid), int(r.tid), mid)
+        cpu_op = str(names[op_row]) if op_row >= 0 else None
+        detail = r.detail
+        if r.cause == "cpu_busy":
+            # The launch timing says little here; say what the host did instead of launching.
+            where = f"in {cpu_op}" if cpu_op else "outside any profiled op (Python or untraced code)"
+            detail = f"host busy {float(r.host_free_us):.0f} us without launching, {where}"
+        out.append({k: jsonable(v) for k, v in {
+            "device": int(r.device), "stream": int(r.stream), "start_us": round(float(r.start_us), 3),
+            "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": detail, "phase": r.phase,
+            "step": r.step, "region": r.region, "prev": r.prev, "next": r.next, "launch_api": r.launch_api,
+            "cpu_op": cpu_op, "next_op": r.next_op,
+            "stack": stack or recorded_stack(trace, op_row),
+            "host_bound_us": round(float(r.host_bound_us), 3), "host_free_us": round(float(r.host_free_us), 3),
+            "host_blocked_us": round(float(r.host_blocked_us), 3),
+        }.items()})
+    return out
+
+
+_REC = {
+    "launch_bound": "Capture the repeated step (in LLM inference, the decode step) in a CUDA graph (torch.cuda.CUDAGraph, or "
+                    "torch.compile(mode=\"reduce-overhead\") with a static KV cache) so one launch replaces "
+                    "hundreds; fuse small elementwise kernels (torch.compile) to cut the launch count.",
+    "cpu_busy": "Move this host work off the GPU's critical path: run it while the GPU works (launch the next "
+                "step first), do it on another thread, or batch it across steps.",
+    "gpu_wait": "Work was queued but waited on another stream or event: check the cross-stream dependency "
+                "(cudaStreamWaitEvent, overlap schedulers, collectives) and whether the producer can run earlier.",
+    "outside_region": "The GPU waits between steps while the host runs code outside the annotated steps "
+                      "(scheduling, detokenisation, logging): overlap it with the next step or make it cheaper.",
+}
+
+
+def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
+    out: list[Finding] = []
+    g = res.gaps
+    if g.empty:
+        return out
+    span_us = trace.duration_ns / US
+    sav = res.savings["cuda_graphs"]
+    decode = sav["decode_steps"] > 0
+    evidence_cols = ["start_us", "dur_us", "cause", "detail", "phase", "step", "prev", "next", "next_op"]
+
+    def evidence(rows: pd.DataFrame) -> list[dict[str, Any]]:
+        top = rows.loc[rows["dur_us"].nlargest(5).index, evidence_cols]
+        return [{k: (round(v, 3) if isinstance(v, float) else jsonable(v)) for k, v in r.items()} for r in top.to_dict("records")]
+
+    lb = g[g["cause"] == "launch_bound"]
+    fixable = lb[~lb["graph_launch"]]
+    groups = [("launch_bound_decode", lb[lb["phase"] == "decode"], fixable[fixable["phase"] == "decode"], "decode"),
+              ("launch_bound", lb[lb["phase"] != "decode"], fixable[fixable["phase"] != "decode"], None)] if decode else \
+             [("launch_bound", lb, fixable, None)]
+    for fid, rows, fix, phase in groups:
+        cost = float(rows["dur_us"].sum())
+        if cost <= 0:
+            continue
+        save = float(fix["dur_us"].sum())
+        per_step = cost / sav["decode_steps"] if phase == "decode" else None
+        detail = f"{len(rows)} launch-bound gaps, {cost:.1f} us of GPU idle"
+        if phase == "decode":
+            detail += (f" ({per_step:.1f} us per decode step over {sav['decode_steps']} steps;"
+                       f" CUDA graphs could save about {sav['per_step_us']:.1f} us per step and per output token")
+            detail += f", {sav['per_request_us']:.0f} us per request)" if sav["per_request_us"] else ")"
+        out.append(Finding(
+            id=fid, title="GPU idle waiting for kernel launches" + (" in decode" if phase else ""), category="gaps",
+            recommendation=_REC["launch_bound"], cost_total_us=cost, cost_per_step_us=per_step, est_savings_us=min(save, cost),
+            severity=severity_for(cost, span_us), phase=phase, evidence=evidence(rows), detail=detail + ".",
+        ))
+    for cause, fid, title in (("cpu_busy", "host_busy_gaps", "GPU idle while the host runs CPU work without launching"),
+                              ("outside_region", "idle_between_regions", "GPU idle between annotated steps"),
+                              ("gpu_wait", "gpu_wait_gaps", "GPU idle with work queued behind a dependency")):
+        rows = g[g["cause"] == cause]
+        cost = float(rows["dur_us"].sum())
+        if cost <= 0:
+            continue
+        tops = [t for t in res.top if t["cause"] == cause]
+        ops = [t["cpu_op"] for t in tops if t["cpu_op"]]
+        # Most frequent op; ties go to the one seen first (the longest gap's), not to set order,
+        # which changes with the string hash seed from run to run.
+        op = Counter(ops).most_common(1)[0][0] if ops else None
+        stack = next((t["stack"] for t in tops if t["stack"]), None)
+        phases = rows["phase"].dropna()
+        out.append(Finding(
+            id=fid, title=title, category="gaps", recommendation=_REC[cause], cost_total_us=cost,
+            # What a queued stream waits for is often outside the trace: no saving is claimed for it.
+            est_savings_us=0.0 if cause == "gpu_wait" else cost, severity=severity_for(cost, span_us),
+            phase=str(phases.mode().iat[0]) if len(phases) else None, op=op, stack=stack, evidence=evidence(rows),
+            detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
+                   + ("; the awaited work is not in the trace, so no saving is estimated" if cause == "gpu_wait" else "") + ".",
+        ))
+    return out

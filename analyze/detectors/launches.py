@@ -1,0 +1,193 @@
+"""The `launches` section: what launching GPU work costs the host, and whether the GPU keeps up.
+
+Owns the launch statistics: time in launch calls per API, launch-to-start delay, kernels shorter
+than their own launch call, the share of small kernels, and the launch queue depth per stream
+(how much work was already waiting when each launch was issued: zero means the GPU was starved).
+CUDA/HIP graph launches own many kernels; only the first kernel of a replay has a launch-to-start
+delay, and graph kernels are never counted as per-kernel launch overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
+from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.trace import Trace
+
+US = 1000.0
+# Kernels under 10 us are where a launch (5-10 us of host time, a few us of GPU launch latency)
+# costs as much as the work itself: fusing them or replaying them from a graph pays off.
+SMALL_KERNEL_NS = 10_000
+# The small-kernel finding needs most launched kernels to be small and most launches to find an
+# empty queue (the GPU starved at launch time); otherwise launch cost is hidden behind GPU work.
+SMALL_SHARE_MIN = 0.5
+STARVED_SHARE_MIN = 0.5
+
+
+def _stats(x: np.ndarray) -> dict[str, float | None]:
+    if not len(x):
+        return {"mean": None, "p50": None, "p90": None, "max": None}
+    return {"mean": round(float(x.mean()), 3), "p50": round(float(np.percentile(x, 50)), 3),
+            "p90": round(float(np.percentile(x, 90)), 3), "max": round(float(x.max()), 3)}
+
+
+@dataclass
+class LaunchesResult:
+    activities: pd.DataFrame  # one row per GPU activity with a launch: api, graph, delay_us, depth, ...
+    calls: pd.DataFrame  # one row per launch call: api, dur_us, seg
+    summary: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.summary
+
+
+def run(trace: Trace, ctx: Any = None) -> LaunchesResult:
+    ev = trace.events
+    names = trace.names
+    rt = trace.runtime
+    call_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
+    segments = getattr(ctx, "segments", None) if ctx is not None else None
+    calls = pd.DataFrame({
+        "row": call_rows, "api": names[call_rows], "ts": ev["ts"].to_numpy()[call_rows],
+        "dur_us": ev["dur"].to_numpy()[call_rows] / US,
+    })
+    calls["graph"] = calls["api"].isin(GRAPH_LAUNCH_APIS)
+    calls["seg"] = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and len(segments) else -1
+    act = _activities(trace, names)
+    summary = _summary(trace, calls, act, segments)
+    res = LaunchesResult(activities=act, calls=calls, summary=summary)
+    res.findings = _findings(trace, ctx, act, summary)
+    return res
+
+
+def _activities(trace: Trace, names: np.ndarray) -> pd.DataFrame:
+    ev = trace.events
+    gpu = trace.gpu
+    gpu = gpu[gpu["launch"] >= 0]
+    ln = gpu["launch"].to_numpy(np.int64)
+    api = names[ln]
+    graph = np.isin(api, GRAPH_LAUNCH_APIS)
+    act = pd.DataFrame({
+        "row": gpu.index.to_numpy(np.int64), "kind": gpu["kind"].astype(object).to_numpy(), "device": gpu["device"].to_numpy(),
+        "stream": gpu["stream"].to_numpy(), "ts": gpu["ts"].to_numpy(), "end": gpu["end"].to_numpy(),
+        "dur_us": gpu["dur"].to_numpy() / US, "launch": ln, "api": api, "graph": graph,
+        "launch_ts": ev["ts"].to_numpy()[ln], "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
+    })
+    # A graph replay's kernels share one launch: only the first one started "because of" it.
+    first_of_launch = ~act.sort_values("ts", kind="stable")["launch"].duplicated().reindex(act.index).to_numpy()
+    act["counts_launch"] = ~graph | first_of_launch
+    act["delay_us"] = np.where(act["counts_launch"], (act["ts"] - act["launch_ts"]) / US, np.nan)
+    act["depth"] = _queue_depth(act)
+    return act
+
+
+def _queue_depth(act: pd.DataFrame) -> np.ndarray:
+    """Activities already launched on the same stream and not yet finished when each one's launch
+    call began. Graph kernels enter the queue together with their replay's launch."""
+    depth = np.zeros(len(act), dtype=np.int64)
+    if act.empty:
+        return depth
+    for _, idx in act.groupby(["device", "stream"]).indices.items():
+        lt = act["launch_ts"].to_numpy()[idx]
+        en = act["end"].to_numpy()[idx]
+        launched = np.searchsorted(np.sort(lt), lt, side="left")  # launched strictly before
+        finished = np.searchsorted(np.sort(en), lt, side="right")  # ended at or before
+        depth[idx] = np.maximum(launched - finished, 0)
+    return depth
+
+
+def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any) -> dict[str, Any]:
+    per_api = {str(a): {"count": int(len(g)), "total_us": round(float(g["dur_us"].sum()), 3), **{f"{k}_us": v for k, v in _stats(g["dur_us"].to_numpy()).items()}}
+               for a, g in calls.groupby("api", sort=True)}
+    kern = act[act["kind"] == "kernel"]
+    own = kern[~kern["graph"]]
+    # Counted on the columns: building the trace.kernels view (every column) only to count is costly.
+    ev = trace.events
+    is_kernel = (ev["kind"] == "kernel").to_numpy()
+    n_kernels = int(is_kernel.sum())
+    small_all = int((is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)).sum())
+    small_own = int((own["dur_us"] * US < SMALL_KERNEL_NS).sum())
+    shorter = own[own["dur_us"] < own["launch_dur_us"]]
+    counted = act[act["counts_launch"] & ~act["graph"]]
+    depth = counted["depth"].to_numpy()
+    streams = []
+    for (d, s), g in counted.groupby(["device", "stream"], sort=True):
+        dep = g["depth"].to_numpy()
+        streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
+                        "depth_p50": float(np.percentile(dep, 50)), "depth_max": int(dep.max()),
+                        "starved_share": round(float((dep == 0).mean()), 4)})
+    graph_calls = calls[calls["graph"]]
+    graph_kernels = act[act["graph"]]
+    per_graph = graph_kernels.groupby("launch").size()
+    by_phase: dict[str, Any] = {}
+    if segments is not None and len(segments):
+        seg_phase = segments.table.set_index("seg")["phase"]
+        steps = segments.table.groupby("phase").size()
+        located = calls[calls["seg"] >= 0]
+        for ph, g in located.groupby(seg_phase.reindex(located["seg"]).to_numpy()):
+            n_steps = int(steps.get(ph, 0)) or 1
+            by_phase[str(ph)] = {"launches": len(g), "graph_launches": int(g["graph"].sum()),
+                                 "launches_per_step": round(len(g) / n_steps, 3),
+                                 "launch_api_us_per_step": round(float(g["dur_us"].sum()) / n_steps, 3)}
+    return {
+        "count": len(calls),
+        "api_total_us": round(float(calls["dur_us"].sum()), 3),
+        "api_per_call_us": _stats(calls["dur_us"].to_numpy()),
+        "by_api": per_api,
+        "launch_to_start_us": _stats(act["delay_us"].dropna().to_numpy()),
+        "kernels": n_kernels,
+        "kernels_launched_singly": len(own),
+        "shorter_than_launch": {"count": len(shorter), "share": round(len(shorter) / len(own), 4) if len(own) else None},
+        "small_kernel_us": SMALL_KERNEL_NS / US,
+        "small_kernels": {"count": small_all, "share": round(small_all / n_kernels, 4) if n_kernels else None,
+                          "launched_singly": small_own,
+                          "share_of_singly_launched": round(small_own / len(own), 4) if len(own) else None},
+        "queue_depth": {**_stats(depth.astype(float)), "starved_share": round(float((depth == 0).mean()), 4) if len(depth) else None,
+                        "streams": streams},
+        "graphs": {"launches": len(graph_calls), "kernels": len(graph_kernels),
+                   "kernels_per_launch": _stats(per_graph.to_numpy().astype(float))},
+        "by_phase": by_phase,
+    }
+
+
+def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
+    own = act[(act["kind"] == "kernel") & ~act["graph"]]
+    if own.empty:
+        return []
+    small = own[own["dur_us"] * US < SMALL_KERNEL_NS]
+    share = len(small) / len(own)
+    starved = summary["queue_depth"]["starved_share"] or 0.0
+    if share < SMALL_SHARE_MIN or starved < STARVED_SHARE_MIN:
+        return []
+    shorter = own[own["dur_us"] < own["launch_dur_us"]]
+    # The cost is the GPU idle measured right before these kernels: launch-bound gaps whose next
+    # work is a small kernel. Those gaps are also in the launch-bound finding, which claims the
+    # saving; this finding names the other remedy (fusion) without counting the time twice.
+    gaps = ctx.results.get("gaps") if ctx is not None else None
+    cost = 0.0
+    if gaps is not None and hasattr(gaps, "gaps"):
+        g = gaps.gaps
+        before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
+        cost = float(g.loc[before_small, "dur_us"].sum())
+    names = trace.names
+    counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
+    evidence = [{"kernel": k, "count": int(v),
+                 "mean_us": round(float(small.loc[names[small["row"].to_numpy()] == k, "dur_us"].mean()), 3)}
+                for k, v in counts.items()]
+    return [Finding(
+        id="small_kernels", title="Many small kernels launched one by one while the GPU starves", category="launches",
+        recommendation="Fuse small elementwise/normalisation kernels (torch.compile), and capture the step in a CUDA graph "
+                       "so one launch replaces many.",
+        cost_total_us=cost, est_savings_us=0.0, severity=severity_for(cost, trace.duration_ns / US),
+        evidence=evidence,
+        detail=(f"{len(small)} of {len(own)} singly launched kernels ({share:.0%}) run under {SMALL_KERNEL_NS / US:.0f} us; "
+                f"{len(shorter)} run shorter than their own launch call; {starved:.0%} of launches found an empty queue; "
+                f"{cost:.1f} us of launch-bound GPU idle precedes them (its saving is counted once, under the "
+                f"launch-bound finding)."),
+    )]

@@ -1,0 +1,336 @@
+"""The `memory` section: GPU memory over time from profile_memory events, growth per decode step,
+the peak, and the KV cache that is rebuilt by concatenation every step.
+
+Owns the reading of `[memory]` events (`trace.memory`: signed `mem_bytes` per allocation / free,
+`total_allocated` and `total_reserved` after it, `device_type`/`device_id`) and the detection of
+the reallocating KV cache: Hugging Face's DynamicCache (and hand-written loops) append each new
+token with `torch.cat([cache, new], dim=-2)`, which allocates a whole new cache tensor per layer,
+copies the old one into it and frees the old one, every step. The copy and the allocation volume
+then grow with the step; a pre-allocated (static) cache writes only the new token. Evidence is
+taken from the cat ops' shapes (the cache length grows call after call) and, when memory events
+were recorded, from the bytes allocated inside aten::cat per decode step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.detectors.shapes import US, attribution, climb_to, phase_labels, records, segments_of, value_codes
+from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.links import innermost_ops
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+CAT_OPS = ("aten::cat", "aten::_cat", "aten::concat", "aten::concatenate")
+# c10::DeviceType of host memory; every other type is an accelerator (CUDA 1, HIP 6, XPU 12, MPS 13...).
+CPU_DEVICE_TYPE = 0
+# Fewest distinct cache lengths (steps) before growth is called a pattern rather than a coincidence.
+MIN_GROWTH_STEPS = 3
+# Correlation of per-step cat allocation volume with the step index above which the volume is
+# said to grow with the step (a linear trend explains >= 81% of its variance).
+GROWTH_MIN_R = 0.9
+# Points of the allocated/reserved timeline in the JSON summary (the DataFrame keeps every event).
+TIMELINE_POINTS = 200
+# Steps listed in the JSON summary (first and last ones; the DataFrame keeps all).
+JSON_STEPS = 64
+
+
+def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Innermost cpu_op on the same thread around each event row's start (-1: none)."""
+    ev = trace.events
+    return innermost_ops(ts=ev["ts"].to_numpy(), end=ev["end"].to_numpy(), pid=ev["pid"].to_numpy(),
+                         tid=ev["tid"].to_numpy(), parent=ev["parent"].to_numpy(),
+                         op_rows=trace.cpu_ops.index.to_numpy(np.int64), at_rows=rows)
+
+
+# ---- KV concatenation by shapes ------------------------------------------------------------------
+
+
+def _kv_cat_shape(dims: Any) -> tuple[int, int, int, tuple] | None:
+    """(seq dim, cache length, new length, the other dims) when a cat appends a slice to a cache:
+    two tensors of rank 3-4 that differ in exactly one dim (not the last, the head dim)."""
+    if not isinstance(dims, list) or not dims or not isinstance(dims[0], list) or len(dims[0]) != 2:
+        return None
+    a, b = dims[0]
+    if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b) or len(a) not in (3, 4):
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(diff) != 1 or diff[0] == len(a) - 1:
+        return None
+    d = diff[0]
+    if not (isinstance(a[d], int) and isinstance(b[d], int)) or a[d] < b[d]:
+        return None
+    other = tuple(x for i, x in enumerate(a) if i != d)
+    return d, int(a[d]), int(b[d]), other
+
+
+def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
+    """aten::cat calls that append to a cache tensor whose length grows across calls."""
+    cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us", "cpu_us"]
+    ops = trace.cpu_ops
+    if ops.empty:
+        return pd.DataFrame(columns=cols)
+    cats = ops[ops["name"].isin(CAT_OPS).to_numpy()]
+    if cats.empty:
+        return pd.DataFrame(columns=cols)
+    codes = value_codes(cats["input_dims"].to_numpy())
+    first = pd.Series(cats.index.to_numpy(), index=codes).groupby(level=0).first()
+    # Parsed once per distinct shape list: a decode step's cats share one or two.
+    parsed = {c: _kv_cat_shape(trace.events.at[r, "input_dims"]) for c, r in first.items() if c >= 0}
+    got = [parsed.get(c) for c in codes]
+    keep = np.array([g is not None for g in got], dtype=bool)
+    if not keep.any():
+        return pd.DataFrame(columns=cols)
+    g = [x for x in got if x is not None]
+    rows = cats.index.to_numpy(np.int64)[keep]
+    df = pd.DataFrame({"row": rows, "ts": cats["ts"].to_numpy()[keep], "seq_dim": [x[0] for x in g],
+                       "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
+                       "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
+    df["gpu_us"] = attribution(trace, ctx).total_ns[rows] / US
+    df["cpu_us"] = trace.events["dur"].to_numpy()[rows] / US
+    # A cache grows: the same tensor shape (but its length) appended to at several, increasing lengths.
+    growing = df.groupby("key")["cache_len"].agg(lambda s: s.nunique() >= MIN_GROWTH_STEPS and s.is_monotonic_increasing)
+    return df[df["key"].map(growing)].reset_index(drop=True)[cols]
+
+
+# ---- the detector --------------------------------------------------------------------------------
+
+
+@dataclass
+class Memory:
+    timeline: pd.DataFrame  # every GPU memory event of the main device: ts, bytes, allocated, reserved, op, in_cat
+    steps: pd.DataFrame  # per step: alloc / free volume, net growth, cat allocations, kv-cat copies
+    kv_cat: pd.DataFrame  # the cache-appending cat calls (see kv_cat_calls)
+    summary: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        steps = self.steps
+        if len(steps) > JSON_STEPS:
+            steps = pd.concat([steps.head(JSON_STEPS // 2), steps.tail(JSON_STEPS // 2)])
+        return {**self.summary, "steps": records(steps), "steps_total": int(len(self.steps))}
+
+
+# The columns of `trace.memory` this section reads (a narrow copy costs a fraction of the view).
+MEMORY_COLUMNS = ("ts", "mem_bytes", "total_allocated", "total_reserved", "device_type", "device_id")
+
+
+def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+    gpu = mem[mem["device_type"].to_numpy() != CPU_DEVICE_TYPE]
+    if gpu.empty:
+        return gpu, None
+    counts = gpu.groupby(["device_type", "device_id"]).size().sort_values(ascending=False)
+    dt, di = counts.index[0]
+    sel = gpu[(gpu["device_type"] == dt) & (gpu["device_id"] == di)]
+    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(len(counts))}
+
+
+def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float]]:
+    """At most TIMELINE_POINTS [t_us, max allocated, max reserved] over equal time bins (peaks kept)."""
+    if not len(ts):
+        return []
+    if len(ts) <= TIMELINE_POINTS:
+        return [[round((t - t0) / US, 3), int(a), _int_or_none(r)] for t, a, r in zip(ts, alloc, reserved)]
+    edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
+    b = np.searchsorted(ts, edges[:-1], side="left")
+    b = np.unique(b[b < len(ts)])
+    amax = np.maximum.reduceat(alloc, b)
+    rmax = np.fmax.reduceat(reserved, b)
+    return [[round((ts[i] - t0) / US, 3), int(a), _int_or_none(r)] for i, a, r in zip(b, amax, rmax)]
+
+
+def _int_or_none(v: float) -> int | None:
+    return int(v) if np.isfinite(v) else None
+
+
+def _trend(y: np.ndarray) -> tuple[float | None, float | None]:
+    """(slope per step, Pearson r) of a per-step series against the step index."""
+    if len(y) < MIN_GROWTH_STEPS:
+        return None, None
+    x = np.arange(len(y), dtype=float)
+    y = y.astype(float)
+    slope = float(np.polyfit(x, y, 1)[0])
+    if np.std(y) == 0:
+        return slope, None
+    return slope, float(np.corrcoef(x, y)[0, 1])
+
+
+def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame) -> pd.DataFrame:
+    """Per decode step (segments), or per cache length of the kv cats when the trace has no segments."""
+    cols = ["phase", "index", "alloc_bytes", "alloc_count", "freed_bytes", "net_growth_bytes", "cat_alloc_bytes",
+            "kv_cat_calls", "kv_cat_gpu_us", "cache_len"]
+    dec = segments.of_phase("decode") if len(segments) else pd.DataFrame()
+    if len(dec):
+        seg_ids = dec["seg"].to_numpy(np.int64)
+        t_seg = segments.locate_times(tl["ts"].to_numpy(np.int64)) if len(tl) else np.empty(0, np.int64)
+        k_seg = segments.locate_times(kv["ts"].to_numpy(np.int64)) if len(kv) else np.empty(0, np.int64)
+        starts = dec["start"].to_numpy(np.int64)
+        ends = dec["end"].to_numpy(np.int64)
+        out = pd.DataFrame({"phase": "decode", "index": dec["index"].to_numpy()}, index=seg_ids)
+    elif len(kv):
+        # No segments: each distinct cache length is one step of the generation.
+        lens = np.sort(kv["cache_len"].unique())
+        k_seg = np.searchsorted(lens, kv["cache_len"].to_numpy())
+        first_ts = kv.groupby(k_seg)["ts"].min().to_numpy(np.int64)
+        t_seg = np.searchsorted(first_ts, tl["ts"].to_numpy(np.int64), side="right") - 1 if len(tl) else np.empty(0, np.int64)
+        starts = first_ts
+        ends = np.r_[first_ts[1:], np.iinfo(np.int64).max]
+        seg_ids = np.arange(len(lens))
+        out = pd.DataFrame({"phase": "inferred", "index": seg_ids}, index=seg_ids)
+    else:
+        return pd.DataFrame(columns=cols)
+    if len(tl):
+        b = tl["bytes"].to_numpy()
+        pos = b > 0
+        t = pd.DataFrame({"seg": t_seg, "alloc": np.where(pos, b, 0), "n": pos.astype(int), "free": np.where(pos, 0, -b),
+                          "cat": np.where(pos & tl["in_cat"].to_numpy(), b, 0)})
+        agg = t[t["seg"] >= 0].groupby("seg").sum()
+        out["alloc_bytes"] = agg["alloc"].reindex(seg_ids, fill_value=0).to_numpy()
+        out["alloc_count"] = agg["n"].reindex(seg_ids, fill_value=0).to_numpy()
+        out["freed_bytes"] = agg["free"].reindex(seg_ids, fill_value=0).to_numpy()
+        out["cat_alloc_bytes"] = agg["cat"].reindex(seg_ids, fill_value=0).to_numpy()
+        ts = tl["ts"].to_numpy(np.int64)
+        alloc = tl["allocated"].to_numpy()
+        before0 = int(alloc[0] - b[0])
+
+        def level(at: np.ndarray) -> np.ndarray:
+            i = np.searchsorted(ts, at, side="left") - 1
+            return np.where(i >= 0, alloc[np.maximum(i, 0)], before0)
+
+        out["net_growth_bytes"] = level(ends) - level(starts)
+    else:
+        for c in ("alloc_bytes", "alloc_count", "freed_bytes", "net_growth_bytes", "cat_alloc_bytes"):
+            out[c] = np.nan
+    if len(kv):
+        kk = kv.assign(seg=k_seg)
+        kk = kk[kk["seg"] >= 0].groupby("seg").agg(n=("row", "size"), us=("gpu_us", "sum"), L=("cache_len", "max"))
+        out["kv_cat_calls"] = kk["n"].reindex(seg_ids, fill_value=0).to_numpy()
+        out["kv_cat_gpu_us"] = kk["us"].reindex(seg_ids, fill_value=0.0).to_numpy()
+        out["cache_len"] = kk["L"].reindex(seg_ids).to_numpy()
+    else:
+        out["kv_cat_calls"], out["kv_cat_gpu_us"], out["cache_len"] = 0, 0.0, np.nan
+    return out.reset_index(drop=True)[cols]
+
+
+def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.DataFrame, pattern: dict[str, Any]) -> Finding:
+    from tokentrace.analysis.detectors.attention import time_column
+
+    time_col = time_column(trace)  # host time of the cat ops in a CPU-only trace
+    cost = float(kv[time_col].sum()) if len(kv) else float(pattern.get("cat_gpu_us") or 0.0)
+    if len(kv):
+        # A static cache writes only the appended slice: the copy of the old cache_len is what goes.
+        frac = kv["cache_len"].to_numpy(float) / (kv["cache_len"] + kv["new_len"]).to_numpy(float)
+        save = float((kv[time_col].to_numpy(float) * frac).sum())
+    else:
+        vol = steps["cat_alloc_bytes"].to_numpy(float)
+        slope = pattern.get("cat_alloc_slope_bytes_per_step") or 0.0
+        save = cost * max(0.0, 1.0 - slope / vol.mean()) if vol.mean() > 0 else 0.0
+    nsteps = int((steps["kv_cat_calls"] > 0).sum()) if len(steps) and len(kv) else int(len(steps)) or None
+    copied = None
+    if len(kv) and len(tl) and tl["in_cat"].any():
+        copied = int(steps["cat_alloc_bytes"].iloc[-1]) if len(steps) else None
+    detail = (f"{len(kv) if len(kv) else 'aten::cat'} cache-appending cat calls"
+              + (f", cache length {int(kv['cache_len'].min())} -> {int(kv['cache_len'].max())}" if len(kv) else "")
+              + f"; {cost:.0f} us of {time_col[:3].upper()} time copying the cache"
+              + (f"; the last step allocated {copied / 2**20:.1f} MiB inside cat" if copied else "")
+              + (f"; allocation inside cat grows {pattern['cat_alloc_slope_bytes_per_step'] / 2**10:.1f} KiB per step "
+                 f"(r = {pattern['cat_alloc_r']:.2f})" if pattern.get("cat_alloc_r") is not None else "")
+              + ".")
+    first_ts = int(kv["ts"].min()) if len(kv) else int(tl["ts"].min())
+    last_ts = int(kv["ts"].max()) if len(kv) else int(tl["ts"].max())
+    t0 = trace.span_ns[0]
+    return Finding(
+        id="kv_cache_realloc", category="memory", phase="decode",
+        title="KV cache rebuilt by torch.cat every decode step",
+        detail=detail,
+        recommendation=("Pre-allocate the cache for the maximum length and write each new token in place: "
+                        "generate(..., cache_implementation=\"static\") or transformers.StaticCache in Hugging Face, "
+                        "index_copy_ / slice assignment into a [batch, kv_heads, max_len, head_dim] buffer in your own "
+                        "loop. Static shapes also make the decode step CUDA-graph-able (torch.compile mode=\"reduce-overhead\")."),
+        cost_total_us=cost, cost_per_step_us=cost / nsteps if nsteps else None, est_savings_us=min(save, cost),
+        severity=severity_for(cost, trace.duration_ns / US), op="aten::cat",
+        time_range_us=((first_ts - t0) / US, (last_ts - t0) / US),
+        evidence=records(steps.tail(5)) if len(steps) else [],
+    )
+
+
+def run(trace: Trace, ctx: Any = None) -> Memory:
+    segments = segments_of(ctx)
+    ev = trace.events
+    all_mem = trace.narrow(("memory",), MEMORY_COLUMNS)
+    mem, device = _main_device(all_mem)
+    mem = mem.sort_values("ts", kind="stable")
+    rows = mem.index.to_numpy(np.int64)
+    enc = enclosing_ops(trace, rows)
+    is_cat = np.zeros(len(ev), dtype=bool)
+    ops = trace.cpu_ops
+    if len(ops):
+        is_cat[ops.index.to_numpy(np.int64)[ops["name"].isin(CAT_OPS).to_numpy()]] = True
+    in_cat = climb_to(ev["parent"].to_numpy(), enc, is_cat) >= 0
+    names = trace.names
+    allocated = mem["total_allocated"].to_numpy()
+    reserved = mem["total_reserved"].to_numpy().astype(float)
+    # 2021-era traces carry only the signed sizes: the running sum is allocated memory relative to
+    # the trace start (what was allocated before the profiler started is not in the trace).
+    relative = bool(len(mem)) and bool((allocated < 0).all())
+    if relative:
+        allocated = np.cumsum(mem["mem_bytes"].to_numpy())
+    reserved[reserved < 0] = np.nan
+    tl = pd.DataFrame({"ts": mem["ts"].to_numpy(np.int64), "bytes": mem["mem_bytes"].to_numpy(),
+                       "allocated": allocated, "reserved": reserved,
+                       "op": np.where(enc >= 0, names[np.maximum(enc, 0)], None), "in_cat": in_cat})
+    phase, _ = phase_labels(trace, segments, rows)
+    tl["phase"] = phase
+    kv = kv_cat_calls(trace, ctx)
+    steps = _steps(trace, segments, tl, kv)
+
+    t0 = trace.span_ns[0]
+    summary: dict[str, Any] = {"device": device, "events": int(len(tl)), "host_events": int(len(all_mem) - len(tl)),
+                               "allocated_relative_to_start": relative}
+    if len(tl):
+        alloc = tl["allocated"].to_numpy()
+        reserved = tl["reserved"].to_numpy(float)
+        i = int(np.argmax(alloc))
+        summary.update({
+            "peak_allocated_bytes": int(alloc[i]),
+            "peak_reserved_bytes": int(np.nanmax(reserved)) if np.isfinite(reserved).any() else None,
+            "peak_time_us": round((int(tl["ts"].iloc[i]) - t0) / US, 3), "peak_phase": str(tl["phase"].iloc[i]),
+            "peak_op": tl["op"].iloc[i], "start_allocated_bytes": int(alloc[0] - tl["bytes"].iloc[0]),
+            "final_allocated_bytes": int(alloc[-1]),
+            "final_reserved_bytes": int(reserved[-1]) if np.isfinite(reserved[-1]) else None,
+            "alloc_bytes": int(tl["bytes"].clip(lower=0).sum()), "alloc_count": int((tl["bytes"] > 0).sum()),
+            "cat_alloc_bytes": int(tl["bytes"].where(tl["in_cat"] & (tl["bytes"] > 0), 0).sum()),
+            "timeline": _timeline_points(tl["ts"].to_numpy(np.int64), alloc, reserved, t0),
+        })
+    # Growth per step, and its trend with the step.
+    pattern: dict[str, Any] = {"kv_cat_calls": int(len(kv))}
+    if len(steps):
+        pattern["steps"] = int(len(steps))
+        pattern["net_growth_per_step_bytes"] = float(np.nanmean(steps["net_growth_bytes"].to_numpy(float))) \
+            if steps["net_growth_bytes"].notna().any() else None
+        for col, key in (("alloc_bytes", "alloc"), ("cat_alloc_bytes", "cat_alloc")):
+            vals = steps[col].to_numpy(float)
+            slope, r = _trend(vals) if np.isfinite(vals).all() else (None, None)
+            pattern[f"{key}_slope_bytes_per_step"] = slope
+            pattern[f"{key}_r"] = r
+    if len(kv):
+        pattern.update({"cache_len_first": int(kv["cache_len"].iloc[0]), "cache_len_last": int(kv["cache_len"].iloc[-1]),
+                        "kv_cat_gpu_us": round(float(kv["gpu_us"].sum()), 3)})
+    by_shapes = len(kv) > 0
+    cat_r = pattern.get("cat_alloc_r")
+    by_memory = bool(cat_r is not None and cat_r >= GROWTH_MIN_R and (pattern.get("cat_alloc_slope_bytes_per_step") or 0) > 0)
+    pattern["reallocating"] = by_shapes or by_memory
+    pattern["evidence"] = [k for k, v in (("cat_shapes", by_shapes), ("cat_allocations", by_memory)) if v]
+    if by_memory and not by_shapes:
+        cat_rows = np.flatnonzero(is_cat)
+        cat_phase, _ = phase_labels(trace, segments, cat_rows)
+        pattern["cat_gpu_us"] = float(attribution(trace, ctx).total_ns[cat_rows[cat_phase == "decode"]].sum()) / US
+    summary["kv_cache"] = pattern
+    res = Memory(timeline=tl, steps=steps, kv_cat=kv, summary=summary)
+    if pattern["reallocating"]:
+        res.findings.append(_kv_finding(trace, kv, steps, tl, pattern))
+    return res

@@ -1,0 +1,522 @@
+"""The `phases` section: prefill passes and decode steps, TTFT and TPOT, and what bounds each step.
+
+Owns segmentation, the Segments every other detector reads (analyze.segments). Sources, in order
+of trust:
+
+1. `annotations` (exact): the capture module's record_function ranges `tokentrace/prefill`,
+   `tokentrace/decode_step[i]` (and `tokentrace/tokenize`, kept as phase "other").
+2. `framework_markers` (high): a serving framework's step ranges: SGLang's `step[DECODE bs=32]`
+   (the mode names the phase), vLLM's `execute_model`.
+3. `profiler_steps` (high): `ProfilerStep#N`, when each holds at most one forward pass.
+4. `inferred` (medium; low when a forward's query length is unknown): forward passes found in the
+   trace itself, each opening at a token-embedding lookup (`aten::embedding`; the embeddings of
+   one forward, e.g. token + position, have no attention op between them) and running to the next
+   one, bounded by the ProfilerStep that holds it. This also splits a ProfilerStep that holds a
+   whole `generate()`.
+
+Segments from sources 2-4 get their phase from the shapes recorded inside them: tokens per
+sequence of the embedding (Input Dims[1] = (batch, tokens)) or the attention query length; more
+than one token is a prefill, exactly one a decode step. A step that runs backward or an optimizer
+is a training step (phase "step"), as is any step without shape evidence: absent phases are
+reported absent, never guessed. Measures live in analyze.latency, the critical path in
+analyze.critical_path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import EMBEDDING_OPS, TRAINING_OP_MARKERS
+from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.common import latency as lat
+from tokentrace.analysis.detectors.attention import ATTENTION_OPS, attention_op_mask, parse_shapes
+from tokentrace.analysis.findings import Finding
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments
+
+US = 1000.0  # ns per microsecond
+
+# The capture module's annotation names (capture/conventions.py; capture/ imports torch, so the
+# names are matched here rather than imported).
+ANNOTATION_PREFIX = "tokentrace/"
+PREFILL_ANNOTATION = "tokentrace/prefill"
+TOKENIZE_ANNOTATION = "tokentrace/tokenize"
+_DECODE_STEP = re.compile(r"^tokentrace/decode_step\[(\d+)\]$")
+_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+# SGLang: "step[DECODE bs=32]", "step[EXTEND bs=4 ...]"; the mode names the phase.
+_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Za-z_]+)(?:[^\]]*?\bbs=(?P<bs>\d+))?[^\]]*\]$")
+_SGLANG_PHASE = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "IDLE": "other"}
+# vLLM: the model runner's execute_model, as a record_function or a Python frame "...py(N): execute_model".
+_VLLM_STEP = re.compile(r"(?:^|: |\.)execute_model$")
+# Fewest cpu ops between two embedding lookups for them to open separate forwards, used only when
+# a trace has no attention op to tell forwards apart: a decoder layer alone runs more ops than this.
+MIN_OPS_PER_FORWARD = 8
+
+_TRAINING = re.compile("^(?:" + "|".join(re.escape(m) for m in TRAINING_OP_MARKERS) + ")")
+# Query/key layout of each attention op pattern (analyze.attention owns the table; first match wins).
+_ATTENTION_LAYOUTS = [(re.compile(pattern), layout) for pattern, _, layout, _ in ATTENTION_OPS]
+
+# Share of decode step time on neither side of the critical path (waits on device work the trace
+# did not record, launch latency) above which the TPOT line says so: the verdict then covers
+# only a minority of the step.
+WAIT_SHARE_TO_SHOW = 0.25
+
+CONFIDENCE = {"annotations": "exact", "framework_markers": "high", "profiler_steps": "high", "inferred": "medium", "none": "none"}
+
+
+# ---- segmentation ----------------------------------------------------------------------------------
+
+def _frame(start, end, name, tid, phase, batch=None, q_len=None, step=None) -> pd.DataFrame:
+    n = len(start)
+    none = np.full(n, -1, np.int64)
+    return pd.DataFrame({
+        "start": np.asarray(start, np.int64), "end": np.asarray(end, np.int64), "name": list(name),
+        "tid": np.asarray(tid, np.int64), "phase": list(phase),
+        "batch": none if batch is None else np.asarray(batch, np.int64),
+        "q_len": none if q_len is None else np.asarray(q_len, np.int64),
+        "step": none if step is None else np.asarray(step, np.int64),
+    })
+
+
+def _outermost(df: pd.DataFrame) -> pd.DataFrame:
+    """Ranges not contained in an earlier one (nested markers: keep the outer)."""
+    df = df.sort_values(["ts", "end"], ascending=[True, False])
+    reach = np.maximum.accumulate(df["end"].to_numpy(np.int64))
+    keep = np.r_[True, df["ts"].to_numpy(np.int64)[1:] >= reach[:-1]]
+    return df[keep]
+
+
+def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
+    ann = trace.annotations
+    names = ann["name"].astype(str)
+    mine = ann[names.str.startswith(ANNOTATION_PREFIX)]
+    if mine.empty:
+        return None
+    n = mine["name"].astype(str)
+    step = n.str.extract(_DECODE_STEP)[0]
+    phase = np.where(n == PREFILL_ANNOTATION, "prefill", np.where(step.notna(), "decode", "other"))
+    if not np.isin(phase, ("prefill", "decode")).any():
+        return None
+    return _frame(mine["ts"], mine["end"], n, mine["tid"], phase, step=pd.to_numeric(step, errors="coerce").fillna(-1).astype(np.int64))
+
+
+def _framework_markers(trace: Trace) -> pd.DataFrame | None:
+    ann = trace.annotations
+    sg = ann[lat.regex_mask(ann["name"], _SGLANG_STEP)]
+    if not sg.empty:
+        sg = _outermost(sg)
+        m = sg["name"].astype(str).str.extract(_SGLANG_STEP)
+        phase = m["mode"].str.upper().map(_SGLANG_PHASE).fillna("?")
+        bs = pd.to_numeric(m["bs"], errors="coerce").fillna(-1).astype(np.int64)
+        return _frame(sg["ts"], sg["end"], sg["name"].astype(str), sg["tid"], phase, batch=bs)
+    vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
+    if not vl.empty:
+        vl = _outermost(vl)
+        return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl))
+    return None
+
+
+def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
+    """Rows of several views whose name matches (filtered before concatenating: views are large)."""
+    return pd.concat([f.loc[lat.regex_mask(f["name"], pattern), ["ts", "end", "name", "tid"]] for f in frames])
+
+
+def _profiler_steps(trace: Trace) -> pd.DataFrame:
+    # Current traces record ProfilerStep#N as a user_annotation, 2021-era ones as a cpu_op.
+    ps = _matching((trace.annotations, trace.cpu_ops), _PROFILER_STEP)
+    return _outermost(ps) if not ps.empty else ps
+
+
+def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(start ns, embedding row) of each forward pass, and the thread they run on."""
+    cpu = trace.cpu_ops
+    emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
+    if emb.empty:
+        return np.empty(0, np.int64), np.empty(0, np.int64), -1
+    tid = int(emb["tid"].mode().iloc[0])
+    emb = emb[emb["tid"] == tid].sort_values("ts")
+    ts = emb["ts"].to_numpy(np.int64)
+    on_tid = cpu[cpu["tid"] == tid]
+    att = on_tid[is_attention[on_tid.index.to_numpy()]]
+    if not att.empty:
+        count = np.searchsorted(np.sort(att["ts"].to_numpy(np.int64)), ts)
+        new = np.r_[True, count[1:] > count[:-1]]
+    else:
+        count = np.searchsorted(np.sort(on_tid["ts"].to_numpy(np.int64)), ts)
+        new = np.r_[True, (count[1:] - count[:-1]) >= MIN_OPS_PER_FORWARD]
+    return ts[new], emb.index.to_numpy(np.int64)[new], tid
+
+
+def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFrame) -> pd.DataFrame:
+    """Forward segments from their starts: each runs to the next start (or its container's end),
+    ending with the last host event of its thread before that limit."""
+    limit = np.r_[starts[1:], np.iinfo(np.int64).max]
+    if not containers.empty:
+        c = containers.sort_values("ts")
+        cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+        k = np.searchsorted(cs, starts, side="right") - 1
+        inside = (k >= 0) & (starts < ce[np.maximum(k, 0)])
+        limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
+    cpu = trace.cpu_ops
+    top = cpu[(cpu["tid"] == tid) & (cpu["parent"] < 0)]
+    rt = trace.runtime
+    host = pd.concat([top[["ts", "end"]], rt[rt["tid"] == tid][["ts", "end"]]]).sort_values("ts")
+    hts = host["ts"].to_numpy(np.int64)
+    reach = np.maximum.accumulate(host["end"].to_numpy(np.int64)) if len(host) else np.empty(0, np.int64)
+    j = np.searchsorted(hts, limit, side="left") - 1
+    end = np.where(j >= 0, reach[np.maximum(j, 0)] if len(reach) else starts, starts)
+    end = np.minimum(np.maximum(end, starts + 1), limit)
+    n = len(starts)
+    return _frame(starts, end, ["forward"] * n, np.full(n, tid), ["?"] * n)
+
+
+def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> pd.DataFrame:
+    """Per segment: batch and tokens per sequence of the first embedding, the first attention op's
+    batch, query and key lengths, and whether it trains."""
+    n = len(segs)
+    out = pd.DataFrame({"emb_batch": -1, "emb_len": -1, "att_batch": -1, "att_q": -1, "att_kv": -1, "training": False},
+                       index=pd.RangeIndex(n))
+    cpu = trace.cpu_ops
+    emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
+    eseg = segs.locate_times(emb["ts"].to_numpy(np.int64))
+    first = pd.Series(emb.index.to_numpy(), index=eseg)[eseg >= 0]
+    first = first[~first.index.duplicated()]
+    for s, row in first.items():
+        dims = trace.events.at[row, "input_dims"]
+        if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
+            out.at[s, "emb_batch"], out.at[s, "emb_len"] = int(dims[1][0]), int(dims[1][1])
+    att = cpu[is_attention[cpu.index.to_numpy()]]
+    aseg = segs.locate_times(att["ts"].to_numpy(np.int64))
+    first = pd.Series(att.index.to_numpy(), index=aseg)[aseg >= 0]
+    first = first[~first.index.duplicated()]
+    for s, row in first.items():
+        name = str(trace.events.at[row, "name"])
+        layout = next((lay for pat, lay in _ATTENTION_LAYOUTS if pat.search(name)), None)
+        shape = parse_shapes(trace.events.at[row, "input_dims"], layout)
+        # Packed (THD) layouts give tokens over the whole batch, not per sequence: no evidence.
+        if shape["batch"] and shape["q_len"]:
+            out.at[s, "att_batch"], out.at[s, "att_q"] = shape["batch"], shape["q_len"]
+            out.at[s, "att_kv"] = shape["kv_len"] or -1
+    marks = _matching((cpu, trace.annotations), _TRAINING)
+    tseg = segs.locate_times(marks["ts"].to_numpy(np.int64))
+    out.loc[np.unique(tseg[tseg >= 0]), "training"] = True
+    return out
+
+
+def segment(trace: Trace) -> Segments:
+    """Split the trace into segments (see the module docstring); columns beyond the contract:
+    tid, step (index within its request), request, batch, q_len, kv_len."""
+    method = "none"
+    is_attention = attention_op_mask(trace)
+    table = _tokentrace_annotations(trace)
+    if table is not None:
+        method = "annotations"
+    else:
+        table = _framework_markers(trace)
+        if table is not None:
+            method = "framework_markers"
+        else:
+            steps = _profiler_steps(trace)
+            starts, _, tid = _forward_starts(trace, is_attention)
+            per_step = np.zeros(len(steps), np.int64)
+            if len(steps) and len(starts):
+                k = np.searchsorted(steps["ts"].to_numpy(np.int64), starts, side="right") - 1
+                ok = (k >= 0) & (starts < steps["end"].to_numpy(np.int64)[np.maximum(k, 0)])
+                per_step = np.bincount(k[ok], minlength=len(steps))
+            if len(steps) and per_step.max(initial=0) <= 1:
+                table = _frame(steps["ts"], steps["end"], steps["name"].astype(str), steps["tid"], ["?"] * len(steps))
+                method = "profiler_steps"
+            elif len(starts):
+                table = _inferred(trace, starts, tid, steps)
+                method = "inferred"
+    if table is None or table.empty:
+        table = _frame([], [], [], [], [])
+        method = "none"
+    table = table.sort_values("start", kind="stable").reset_index(drop=True)
+    # Segments must not overlap: clip each at the next one's start.
+    nxt = np.r_[table["start"].to_numpy(np.int64)[1:], np.iinfo(np.int64).max]
+    table["end"] = np.minimum(table["end"].to_numpy(np.int64), nxt)
+    table["seg"] = np.arange(len(table), dtype=np.int64)
+    segs = Segments(table=table, method=method, confidence=CONFIDENCE[method])
+    ev = _shape_evidence(trace, segs, is_attention)
+    q = np.where(ev["emb_len"] > 0, ev["emb_len"], ev["att_q"])
+    table["batch"] = np.where(table["batch"] > 0, table["batch"], np.where(ev["emb_batch"] > 0, ev["emb_batch"], ev["att_batch"]))
+    table["q_len"] = q
+    table["kv_len"] = ev["att_kv"].to_numpy(np.int64)
+    unknown = table["phase"].to_numpy() == "?"
+    by_shape = np.where(ev["training"], "step", np.where(q > 1, "prefill", np.where(q == 1, "decode", "step")))
+    table["phase"] = np.where(unknown, by_shape, table["phase"].to_numpy())
+    if method == "inferred" and (q[unknown] <= 0).any():
+        segs.confidence = "low"
+    # index within phase, request (one per prefill) and step within the request, in time order
+    table["index"] = table.groupby("phase").cumcount().astype(np.int64)
+    request = np.cumsum(table["phase"].to_numpy() == "prefill") - 1
+    table["request"] = request
+    dec = table["phase"] == "decode"
+    table.loc[dec, "step"] = table[dec].groupby(request[dec.to_numpy()]).cumcount().to_numpy()
+    segs.table = table[list(SEGMENT_COLUMNS) + [c for c in table.columns if c not in SEGMENT_COLUMNS]]
+    return segs
+
+
+# ---- result --------------------------------------------------------------------------------------
+
+STEP_FIELDS = ("cpu_span_us", "gpu_span_us", "gpu_busy_us", "gpu_idle_us", "kernels", "launches", "sync_blocked_us")
+
+
+@dataclass
+class PhasesResult:
+    segments: Segments
+    steps: pd.DataFrame  # one row per segment with every measure (times in us)
+    method: str
+    confidence: str
+    decode_summary: dict[str, Any] | None
+    tokenize_us: float | None = None
+    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def prefill(self) -> pd.DataFrame:
+        return self.steps[self.steps["phase"] == "prefill"]
+
+    @property
+    def decode(self) -> pd.DataFrame:
+        return self.steps[self.steps["phase"] == "decode"]
+
+    @property
+    def other_steps(self) -> pd.DataFrame:
+        return self.steps[self.steps["phase"] == "step"]
+
+    @property
+    def ttft_us(self) -> float | None:
+        p = self.prefill
+        return None if p.empty else float(p["ttft_us"].iloc[0])
+
+    @property
+    def tpot_us(self) -> dict[str, float] | None:
+        return None if self.decode_summary is None else self.decode_summary["tpot_us"]
+
+    def to_json(self) -> dict[str, Any]:
+        prefill = [_step_json(r, ("index", "name", "request", "prompt_len", "batch", "start_us", "ttft_us", "token_ready_us",
+                                  "token_source") + STEP_FIELDS + ("cpu_share", "gpu_share", "bound"))
+                   for r in self.prefill.itertuples(index=False)]
+        decode = None
+        if self.decode_summary is not None:
+            decode = dict(self.decode_summary)
+            decode["per_step"] = [_step_json(r, ("index", "name", "request", "step", "batch", "kv_len", "start_us", "step_us",
+                                                 "tpot_us", "token_ready_us", "token_source") + STEP_FIELDS
+                                             + ("cpu_share", "gpu_share", "bound"))
+                                  for r in self.decode.itertuples(index=False)]
+        other = self.other_steps
+        other_json = None
+        if not other.empty:
+            other_json = {
+                "count": int(len(other)),
+                "step_us": lat.percentiles(other["step_us"].to_numpy()),
+                "per_step": [_step_json(r, ("index", "name", "start_us", "step_us") + STEP_FIELDS + ("cpu_share", "gpu_share", "bound"))
+                             for r in other.itertuples(index=False)],
+            }
+        counts = self.steps["phase"].value_counts()
+        return {
+            "method": self.method,
+            "confidence": self.confidence,
+            "segments": {str(k): int(v) for k, v in counts.items()},
+            "ttft_us": None if self.ttft_us is None else round(self.ttft_us, 3),
+            "tpot_us": self.tpot_us,
+            "tokenize_us": self.tokenize_us,
+            "prefill": prefill,
+            "decode": decode,
+            "other_steps": other_json,
+            "notes": list(self.notes),
+        }
+
+    def summary_lines(self) -> list[str]:
+        """Terminal lines for TTFT and TPOT."""
+        src = f"{self.method}, {self.confidence} confidence"
+        p = self.prefill
+        if p.empty:
+            lines = [f"TTFT  no prefill pass in this trace ({src})"]
+        else:
+            r = p.iloc[0]
+            shape = f"{_int(r['batch'], '?')}x{_int(r['prompt_len'], '?')} tokens"
+            more = f", {len(p)} prefills, mean {p['ttft_us'].mean() / 1000:.2f} ms" if len(p) > 1 else ""
+            lines = [f"TTFT  {r['ttft_us'] / 1000:.2f} ms  (prefill {shape}{more}; {src})"]
+        d = self.decode_summary
+        if d is None:
+            lines.append("TPOT  no decode steps in this trace")
+        else:
+            t = d["tpot_us"]
+            line = (f"TPOT  p50 {t['p50'] / 1000:.3f} ms  p90 {t['p90'] / 1000:.3f}  mean {t['mean'] / 1000:.3f}  "
+                    f"max {t['max'] / 1000:.3f} ms over {d['steps']} decode steps")
+            if d.get("tpot_slope_us_per_token") is not None:
+                line += f"; {d['tpot_slope_us_per_token']:+.3f} us per {d['tpot_slope_basis']}"
+            b = d.get("bound")
+            if b:
+                line += f"; {b['verdict']} (critical path {b['cpu_share'] * 100:.0f}% CPU, {b['gpu_share'] * 100:.0f}% GPU)"
+                if b["wait_share_of_step"] >= WAIT_SHARE_TO_SHOW:
+                    line += f", {b['wait_share_of_step'] * 100:.0f}% of step time is waiting the trace cannot attribute"
+            lines.append(line)
+        return lines
+
+
+def _int(v: Any, default: str) -> str:
+    return str(int(v)) if v is not None and not pd.isna(v) and v >= 0 else default
+
+
+def _step_json(r: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in keys:
+        v = getattr(r, k)
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out[k] = None
+        elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
+            out[k] = None if k in ("prompt_len", "batch", "kv_len", "request", "step") and v < 0 else int(v)
+        elif isinstance(v, (np.floating, float)):
+            out[k] = round(float(v), 3)
+        else:
+            out[k] = v
+    return out
+
+
+def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
+    """Every segment with its measures in microseconds (the `steps` DataFrame)."""
+    t = segs.table
+    m = lat.measure(trace, segs)
+    origin = trace.span_ns[0]
+    first_op = m["first_op"].to_numpy(np.int64)
+    ready = m["token_ready"].to_numpy(np.int64)
+    phase = t["phase"].to_numpy()
+    request, interval, has_prev = lat.token_intervals(phase, ready, first_op)
+    has_gpu = m["gpu_first"].to_numpy() >= 0
+    gspan = np.where(has_gpu, m["gpu_last"] - m["gpu_first"], 0)
+    capture_prompt = trace.capture.get("prompt_len")
+    q = t["q_len"].to_numpy(np.int64)
+    prompt = np.where(phase == "prefill", q, -1)
+    if isinstance(capture_prompt, int) and (phase == "prefill").sum() == 1:
+        prompt = np.where((phase == "prefill") & (prompt <= 0), capture_prompt, prompt)
+    batch = t["batch"].to_numpy(np.int64)
+    capture_batch = trace.capture.get("batch")
+    if isinstance(capture_batch, int) and segs.method == "annotations":
+        batch = np.where(batch <= 0, capture_batch, batch)
+    steps = pd.DataFrame({
+        "seg": t["seg"], "phase": phase, "index": t["index"], "name": t["name"], "request": request,
+        "step": t["step"], "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"],
+        "start_us": (t["start"].to_numpy(np.int64) - origin) / US,
+        "first_op_us": (first_op - origin) / US,
+        "token_ready_us": (ready - origin) / US,
+        "token_source": m["token_source"].to_numpy(),
+        "step_us": (ready - first_op) / US,
+        "ttft_us": np.where(phase == "prefill", (ready - first_op) / US, np.nan),
+        "tpot_us": np.where(phase == "decode", interval / US, np.nan),
+        "tpot_is_interval": has_prev,
+        "cpu_span_us": (t["end"] - t["start"]).to_numpy(np.int64) / US,
+        "gpu_span_us": gspan / US,
+        "gpu_busy_us": m["gpu_busy"].to_numpy(np.int64) / US,
+        "gpu_idle_us": (gspan - m["gpu_busy"].to_numpy(np.int64)) / US,
+        "kernels": m["kernels"].to_numpy(np.int64),
+        "launches": m["launches"].to_numpy(np.int64),
+        "sync_blocked_us": m["sync_blocked"].to_numpy(np.int64) / US,
+    })
+    measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "step")])
+    host_end = t["end"].to_numpy(np.int64)
+    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
+    steps["cp_cpu_us"] = np.nan
+    steps["cp_gpu_us"] = np.nan
+    steps["cp_wait_us"] = np.nan
+    steps["cpu_share"] = np.nan
+    steps["gpu_share"] = np.nan
+    steps["bound"] = None
+    if not paths.empty:
+        at = paths["seg"].to_numpy(np.int64)
+        steps.loc[at, "cp_cpu_us"] = paths["cp_cpu"].to_numpy(float) / US
+        steps.loc[at, "cp_gpu_us"] = paths["cp_gpu"].to_numpy(float) / US
+        steps.loc[at, "cp_wait_us"] = paths["cp_wait"].to_numpy(float) / US
+        steps.loc[at, "cpu_share"] = paths["cpu_share"].to_numpy(float)
+        steps.loc[at, "gpu_share"] = paths["gpu_share"].to_numpy(float)
+        steps.loc[at, "bound"] = paths["bound"].to_numpy(object)
+    steps.attrs["paths"] = paths
+    return steps
+
+
+def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
+    d = steps[steps["phase"] == "decode"]
+    if d.empty:
+        return None
+    tpot = d["tpot_us"].to_numpy(float)
+    # Growth per token of context: against the attention key length when it varies, else the
+    # context length prompt + steps so far, else the step number within the request.
+    kv = d["kv_len"].to_numpy(np.int64)
+    basis = "kv_token"
+    x = kv.astype(float)
+    if (kv <= 0).any() or np.ptp(kv) == 0:
+        prompt_of = steps[steps["phase"] == "prefill"].set_index("request")["prompt_len"]
+        p = d["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
+        if (p > 0).all():
+            x = (p + d["step"].to_numpy(np.int64) + 1).astype(float)
+        else:
+            x = d["step"].to_numpy(float)
+            basis = "step"
+    paths = steps.attrs.get("paths")
+    bound = None
+    if paths is not None and not paths.empty:
+        bound = cp.aggregate(paths[paths["seg"].isin(d["seg"])])
+    return {
+        "steps": int(len(d)),
+        "tpot_us": lat.percentiles(tpot),
+        "tpot_intervals": int(d["tpot_is_interval"].sum()),
+        "tpot_slope_us_per_token": None if (s := lat.slope(x, tpot)) is None else round(s, 4),
+        "tpot_slope_basis": basis,
+        "gpu_busy_us": lat.percentiles(d["gpu_busy_us"].to_numpy(float)),
+        "bound": bound,
+    }
+
+
+def run(trace: Trace, ctx: Any = None) -> PhasesResult:
+    segs = segment(trace)
+    steps = _steps_frame(trace, segs)
+    notes: list[str] = []
+    if segs.method == "none":
+        notes.append("no step annotations, profiler steps or forward passes (embedding lookups) found: phases absent")
+    tok = steps[steps["name"] == TOKENIZE_ANNOTATION]
+    decode = _decode_summary(steps)
+    if decode and decode["tpot_intervals"] < decode["steps"]:
+        notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
+                     "their TPOT is the step's own time from first op to token")
+    sources = steps.loc[steps["phase"].isin(("prefill", "decode")), "token_source"].value_counts()
+    if len(sources):
+        notes.append("token ready from: " + ", ".join(f"{k} x{v}" for k, v in sources.items()))
+    return PhasesResult(
+        segments=segs,
+        steps=steps,
+        method=segs.method,
+        confidence=segs.confidence,
+        decode_summary=decode,
+        tokenize_us=None if tok.empty else float(tok["cpu_span_us"].iloc[0]),
+        notes=notes,
+        findings=_findings(steps, decode),
+    )
+
+
+def _findings(steps: pd.DataFrame, decode: dict[str, Any] | None) -> list[Finding]:
+    """An informational finding naming the side that bounds decode (the cost and savings of
+    launch overhead are the launches/gaps detectors' to state, so none is claimed here)."""
+    if not decode or not decode.get("bound") or decode["bound"]["verdict"] != "cpu-bound":
+        return []
+    b = decode["bound"]
+    d = steps[steps["phase"] == "decode"]
+    return [Finding(
+        id="decode_cpu_bound",
+        title=f"Decode is CPU-bound: {b['cpu_share'] * 100:.0f}% of each step's critical path is host time",
+        category="phases",
+        severity="info",
+        phase="decode",
+        recommendation="Cut host work per token: capture the decode step in a CUDA graph (torch.compile mode="
+                       "\"reduce-overhead\" or a static-cache graph), fuse small ops, keep sampling on the GPU.",
+        detail=(f"Over {b['steps_analysed']} decode steps the critical path held {b['critical_path_cpu_us']:.1f} us of host "
+                f"time and {b['critical_path_gpu_us']:.1f} us of GPU time; mean TPOT {decode['tpot_us']['mean']:.1f} us vs "
+                f"mean GPU busy {d['gpu_busy_us'].mean():.1f} us per step."),
+    )]

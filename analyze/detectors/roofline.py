@@ -1,0 +1,334 @@
+"""The `roofline` section: FLOPs and bytes of the matmul-class and attention ops, the throughput they
+achieved, and per phase whether the work is compute- or memory-bound.
+
+Owns the cost model: FLOPs and ideal bytes (each input read once, the output written once) from
+Input Dims and Input type for aten::mm / addmm / bmm / baddbmm / matmul / linear, and for the
+attention calls the attention detector found (SDPA and flash ops: 4*B*H*Sq*Skv*D FLOPs, causal
+masking counted as skipped work). Only the outermost of nested ops counts (aten::linear, not the
+aten::mm inside it; SDPA, not the bmm of its math path), with the GPU time of every kernel
+launched under it. Achieved TFLOP/s and GB/s are compared with the GPU's peaks
+(analyze.gpu_specs); an unknown GPU gets the numbers without a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.detectors.shapes import US, attribution, outermost, phase_labels, records, segments_of, value_codes
+from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.trace import Trace
+
+# Bytes per element of each dtype name (as analyze.attention.DTYPE_NAMES spells them).
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1}
+GEMM_OPS = ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# A phase whose ops reach less than this share of their binding roof is reported as inefficient:
+# below it, launch overhead, small tiles or poor shapes cost more than the hardware limit does.
+LOW_ROOF_SHARE = 0.3
+# Share of a roof that tuned libraries reach on good shapes (cuBLAS/hipBLASLt GEMMs, FlashAttention:
+# 60-80% of peak FLOP/s or bandwidth): the target the savings estimate assumes.
+ATTAINABLE_ROOF_SHARE = 0.7
+# Phases with less GPU time in the modelled ops than this are too small to judge.
+MIN_PHASE_GPU_US = 50.0
+
+
+def _i(v: Any) -> int | None:
+    if v is None or (not isinstance(v, (int, np.integer)) and pd.isna(v)):
+        return None
+    return int(v)
+
+
+def attention_flops(batch: Any, heads: Any, q_len: Any, kv_len: Any, head_dim: Any, causal: Any = None) -> float | None:
+    """FLOPs of one attention forward: QK^T and PV, 2*Sq*Skv*D each per head; a causal mask
+    (bottom-right aligned, as flash kernels apply it) skips the masked query-key pairs."""
+    b, h, sq, skv, d = (_i(x) for x in (batch, heads, q_len, kv_len, head_dim))
+    if None in (b, h, sq, skv, d):
+        return None
+    pairs = sq * skv
+    if causal is True and 1 < sq <= skv:
+        pairs -= sq * (sq - 1) // 2
+    return 4.0 * b * h * pairs * d
+
+
+def attention_bytes(batch: Any, heads: Any, kv_heads: Any, q_len: Any, kv_len: Any, head_dim: Any, dtype: Any) -> float | None:
+    """Ideal bytes of one attention forward: Q and O once, K and V once (per KV head)."""
+    b, h, hkv, sq, skv, d = (_i(x) for x in (batch, heads, kv_heads, q_len, kv_len, head_dim))
+    if None in (b, h, sq, skv, d):
+        return None
+    hkv = hkv or h
+    e = DTYPE_BYTES.get(dtype or "bf16", 2)
+    return float(e * (2 * b * h * sq * d + 2 * b * hkv * skv * d))
+
+
+def _numel(shape: list[int]) -> int:
+    return int(math.prod(shape)) if shape else 1
+
+
+def _shape(dims: Any, i: int) -> list[int] | None:
+    if isinstance(dims, list) and len(dims) > i and isinstance(dims[i], list):
+        v = dims[i]
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v):
+            return [int(x) for x in v]
+    return None
+
+
+def _matmul_shapes(a: list[int], b: list[int]) -> tuple[int, int, int, int, list[int]] | None:
+    """(batch, M, K, N, output shape) of torch.matmul's broadcasting rules."""
+    if not a or not b:
+        return None
+    a2 = [1] + a if len(a) == 1 else a
+    b2 = b + [1] if len(b) == 1 else b
+    m, k = a2[-2], a2[-1]
+    k2, n = b2[-2], b2[-1]
+    if k != k2:
+        return None
+    try:
+        batch_shape = list(np.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2])))
+    except ValueError:
+        return None
+    out = batch_shape + ([m] if len(a) > 1 else []) + ([n] if len(b) > 1 else [])
+    return _numel(batch_shape), m, k, n, out
+
+
+def gemm_cost(name: str, dims: Any, dtype: str | None) -> tuple[float, float] | None:
+    """(FLOPs, ideal bytes) of one call of a matmul-class op, or None when its dims do not say."""
+    e = DTYPE_BYTES.get(dtype or "", None)
+    if e is None:
+        return None
+    if name == "aten::linear":
+        x, w = _shape(dims, 0), _shape(dims, 1)
+        bias = _shape(dims, 2) or []
+        if not x or not w or len(w) != 2 or x[-1] != w[1]:
+            return None
+        m, k, n = _numel(x[:-1]), x[-1], w[0]
+        return 2.0 * m * k * n, float(e * (m * k + k * n + m * n + (_numel(bias) if bias else 0)))
+    if name in ("aten::mm", "aten::bmm", "aten::matmul"):
+        a, b, bias = _shape(dims, 0), _shape(dims, 1), None
+    elif name in ("aten::addmm", "aten::baddbmm"):
+        bias, a, b = _shape(dims, 0), _shape(dims, 1), _shape(dims, 2)
+    else:
+        return None
+    got = _matmul_shapes(a, b) if a and b else None
+    if got is None:
+        return None
+    batch, m, k, n, out = got
+    nbytes = _numel(a) + _numel(b) + _numel(out) + (_numel(bias) if bias else 0)
+    return 2.0 * batch * m * k * n, float(e * nbytes)
+
+
+# ---- the detector --------------------------------------------------------------------------------
+
+TABLE_COLUMNS = ["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_us", "flops", "bytes", "intensity",
+                 "tflops", "gbs", "peak_tflops", "peak_gbs", "compute_share", "bandwidth_share", "bound"]
+
+
+@dataclass
+class Roofline:
+    ops: pd.DataFrame  # one row per (op, shapes, dtype, phase) with FLOPs, bytes, achieved and peaks
+    phases: dict[str, dict[str, Any]]
+    gpu: str | None
+    spec: Any
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        ops = self.ops.sort_values("gpu_us", ascending=False).head(40)
+        return {
+            "gpu": self.gpu,
+            "peaks": self.spec.to_json() if self.spec is not None else None,
+            "peaks_known": self.spec is not None,
+            "phases": self.phases,
+            "ops": records(ops),
+            "op_groups": int(len(self.ops)),
+        }
+
+
+def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
+    ev = trace.events
+    ops = trace.cpu_ops
+    if ops.empty:
+        return pd.DataFrame()
+    names = trace.names[ops.index.to_numpy(np.int64)]
+    sel = np.isin(names, GEMM_OPS)
+    if not sel.any():
+        return pd.DataFrame()
+    n = len(ev)
+    is_gemm = np.zeros(n, dtype=bool)
+    rows = ops.index.to_numpy(np.int64)[sel]
+    is_gemm[rows] = True
+    parent = ev["parent"].to_numpy()
+    keep = outermost(parent, rows, is_gemm) == rows
+    # GEMMs inside an attention op (the math path's bmm) belong to that attention call.
+    from tokentrace.analysis.detectors.attention import attention_op_mask
+
+    in_att = attention_op_mask(trace)
+    keep &= outermost(parent, rows, in_att) < 0
+    rows = rows[keep]
+    gpu_ns = attribution(trace, ctx).total_ns[rows]
+    segments = segments_of(ctx)
+    phase, _ = phase_labels(trace, segments, rows)
+    if len(segments) == 0:
+        inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], ctx)
+        phase = inferred if inferred is not None else phase
+    from tokentrace.analysis.detectors.attention import dtype_name
+
+    df = pd.DataFrame({"row": rows, "name": trace.names[rows],
+                       "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
+                       "dtype": [dtype_name(t) for t in ev["input_type"].to_numpy()[rows]],
+                       "phase": phase, "gpu_ns": gpu_ns})
+    g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
+        first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()
+    dims = ev["input_dims"].to_numpy()
+    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"])]
+    g["flops"] = [c[0] if c else np.nan for c in costs]
+    g["bytes"] = [c[1] if c else np.nan for c in costs]
+    g["input_dims"] = dims[g["first"].to_numpy()]
+    g["kind"] = "gemm"
+    return g
+
+
+def _phase_from_attention(ts: np.ndarray, ctx: Any) -> np.ndarray | None:
+    """Without segments: each op takes the phase of the last attention call before it (the first
+    call's phase before any), the query-length rule the attention detector applied to that call."""
+    att = ctx.results.get("attention") if ctx is not None and hasattr(ctx, "results") else None
+    calls = getattr(att, "calls", None)
+    if calls is None or calls.empty:
+        return None
+    c = calls[calls["phase"].isin(("prefill", "decode")) & (calls["source"] != "kernel")].sort_values("ts")
+    if c.empty:
+        return None
+    cts = c["ts"].to_numpy(np.int64)
+    cph = c["phase"].to_numpy(dtype=object)
+    i = np.searchsorted(cts, ts, side="right") - 1
+    return cph[np.maximum(i, 0)]
+
+
+def _attention_rows(ctx: Any) -> pd.DataFrame:
+    att = ctx.results.get("attention") if ctx is not None and hasattr(ctx, "results") else None
+    calls = getattr(att, "calls", None)
+    if calls is None or calls.empty:
+        return pd.DataFrame()
+    calls = calls[(calls["source"] == "op") & calls["q_len"].notna()]
+    if calls.empty:
+        return pd.DataFrame()
+    keys = ["op", "backend", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal", "phase"]
+    g = calls.groupby(keys, dropna=False, sort=False).agg(calls=("call", "size"), gpu_us=("gpu_us", "sum")).reset_index()
+    g["flops"] = [attention_flops(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim, r.causal) for r in g.itertuples()]
+    g["bytes"] = [attention_bytes(r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim, r.dtype) for r in g.itertuples()]
+    g["flops"] = pd.to_numeric(g["flops"], errors="coerce")
+    g["bytes"] = pd.to_numeric(g["bytes"], errors="coerce")
+
+    def q(v: Any) -> Any:
+        return None if pd.isna(v) else int(v)
+
+    # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
+    g["input_dims"] = [[[q(r.batch), q(r.heads), q(r.q_len), q(r.head_dim)], [q(r.batch), q(r.kv_heads), q(r.kv_len), q(r.head_dim)]]
+                       for r in g.itertuples()]
+    g["detail"] = [f"{r.backend}, causal" if r.causal is True else str(r.backend) for r in g.itertuples()]
+    g["gpu_ns"] = g["gpu_us"] * US
+    g["name"] = g["op"]
+    g["kind"] = "attention"
+    return g
+
+
+def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
+                    for p in parts], ignore_index=True)
+    df["flops"] = df["flops"] * df["calls"]
+    df["bytes"] = df["bytes"] * df["calls"]
+    df["gpu_us"] = df["gpu_ns"] / US
+    sec = df["gpu_ns"].to_numpy(float) / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df["intensity"] = df["flops"] / df["bytes"]
+        df["tflops"] = np.where(sec > 0, df["flops"] / sec / 1e12, np.nan)
+        df["gbs"] = np.where(sec > 0, df["bytes"] / sec / 1e9, np.nan)
+    peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"]]
+    df["peak_tflops"] = pd.to_numeric(pd.Series(peaks, dtype=object), errors="coerce").to_numpy(float)
+    df["peak_gbs"] = spec.hbm_gbs if spec is not None else np.nan
+    df["compute_share"] = df["tflops"] / df["peak_tflops"]
+    df["bandwidth_share"] = df["gbs"] / df["peak_gbs"]
+    ridge = df["peak_tflops"] * 1e12 / (df["peak_gbs"] * 1e9)
+    df["bound"] = np.where(ridge.isna() | df["intensity"].isna(), None,
+                           np.where(df["intensity"] >= ridge, "compute", "memory"))
+    return df.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
+
+
+def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    known = df[df["flops"].notna() & df["bytes"].notna() & (df["gpu_us"] > 0)]
+    for phase, g in known.groupby("phase", sort=True):
+        flops, nbytes, us = float(g["flops"].sum()), float(g["bytes"].sum()), float(g["gpu_us"].sum())
+        sec = us / 1e6
+        rec: dict[str, Any] = {
+            "gpu_us": round(us, 3), "flops": flops, "bytes": nbytes, "intensity": round(flops / nbytes, 3) if nbytes else None,
+            "tflops": round(flops / sec / 1e12, 3), "gbs": round(nbytes / sec / 1e9, 3),
+            "by_kind": {str(k): round(float(v), 3) for k, v in g.groupby("kind")["gpu_us"].sum().items()},
+        }
+        # Ideal times at each roof (per dtype peaks): the larger one is the binding roof.
+        peak = g["peak_tflops"].to_numpy(float)
+        if spec is not None and np.isfinite(peak).all():
+            t_compute = float((g["flops"].to_numpy(float) / (peak * 1e12)).sum())
+            t_memory = nbytes / (spec.hbm_gbs * 1e9)
+            dominant = g.groupby("dtype", dropna=False)["flops"].sum().idxmax()
+            dom_peak = spec.peak_tflops(dominant if isinstance(dominant, str) else None)
+            ridge = dom_peak * 1e12 / (spec.hbm_gbs * 1e9) if dom_peak else None
+            bound = "compute" if t_compute >= t_memory else "memory"
+            share = (t_compute if bound == "compute" else t_memory) / sec
+            rec.update({
+                "peak_tflops": dom_peak, "peak_gbs": spec.hbm_gbs, "ridge_intensity": round(ridge, 3) if ridge else None,
+                "compute_share": round(t_compute / sec, 4), "bandwidth_share": round(t_memory / sec, 4),
+                "ideal_compute_us": round(t_compute * 1e6, 3), "ideal_memory_us": round(t_memory * 1e6, 3),
+                "bound": bound, "roof_share": round(share, 4),
+                "verdict": (f"{phase}: {bound}-bound: intensity {flops / nbytes:.1f} FLOP/B vs ridge {ridge:.0f} FLOP/B; "
+                            f"{flops / sec / 1e12:.1f} TFLOP/s ({t_compute / sec:.0%} of {dom_peak:g}) and "
+                            f"{nbytes / sec / 1e9:.0f} GB/s ({t_memory / sec:.0%} of {spec.hbm_gbs:g})"),
+            })
+        else:
+            rec.update({"bound": None, "verdict": f"{phase}: peaks unknown for GPU {gpu_name!r}; intensity "
+                                                  f"{flops / nbytes:.1f} FLOP/B, {flops / sec / 1e12:.1f} TFLOP/s, "
+                                                  f"{nbytes / sec / 1e9:.0f} GB/s"})
+        out[str(phase)] = rec
+    return out
+
+
+def _findings(trace: Trace, phases: dict[str, dict[str, Any]]) -> list[Finding]:
+    out = []
+    span_us = trace.duration_ns / US
+    for phase, rec in phases.items():
+        share = rec.get("roof_share")
+        if share is None or share >= LOW_ROOF_SHARE or rec["gpu_us"] < MIN_PHASE_GPU_US:
+            continue
+        ideal = max(rec["ideal_compute_us"], rec["ideal_memory_us"])
+        cost = rec["gpu_us"]
+        save = max(0.0, cost - ideal / ATTAINABLE_ROOF_SHARE)
+        roof = "peak FLOP/s" if rec["bound"] == "compute" else "HBM bandwidth"
+        out.append(Finding(
+            id=f"roofline_low_efficiency_{phase}", category="roofline", phase=phase,
+            title=f"{phase} matmul/attention kernels reach {share:.0%} of {roof}",
+            detail=rec["verdict"] + f"; at {ATTAINABLE_ROOF_SHARE:.0%} of the roof they would take {ideal / ATTAINABLE_ROOF_SHARE:.0f} us "
+                                    f"instead of {cost:.0f} us.",
+            recommendation=("Memory-bound at low bandwidth: batch more sequences per step, fuse small ops, or use CUDA "
+                            "graphs / torch.compile to remove launch gaps inside kernels' time." if rec["bound"] == "memory" else
+                            "Compute-bound at low FLOP/s: check dtypes (bf16/fp16 tensor cores, not fp32), shapes "
+                            "that are multiples of 64, and that a fused attention kernel runs."),
+            cost_total_us=cost, est_savings_us=min(save, cost), severity=severity_for(save, span_us),
+            evidence=[{k: rec.get(k) for k in ("gpu_us", "intensity", "tflops", "gbs", "compute_share", "bandwidth_share")}],
+        ))
+    return out
+
+
+def run(trace: Trace, ctx: Any = None) -> Roofline:
+    from tokentrace.analysis.common.gpu_specs import spec_for_trace
+
+    name, spec = spec_for_trace(trace)
+    df = _table([_gemm_rows(trace, ctx), _attention_rows(ctx)], spec)
+    phases = _phase_summary(df, spec, name)
+    res = Roofline(ops=df, phases=phases, gpu=name, spec=spec)
+    res.findings = _findings(trace, phases)
+    return res

@@ -1,0 +1,188 @@
+"""The `gpu` section: how busy each GPU was, merged over its streams, and per stream.
+
+Owns the busy timeline of each device (the union of its kernels, memcpys and memsets over all
+streams) that the gap, launch and sync detectors reuse, and the headline numbers: busy, idle and
+utilisation over the span from the first GPU activity's start to the last one's end. That is the
+definition HTA's temporal breakdown uses, so the two can be compared (analyze.hta_compare).
+Kineto's cuda_sync rows sit on GPU rows but are waits, not work, so they are not busy time.
+Also carries the Nsight Systems rule parity table (analyze.nsys_rules) as `gpu.nsys_rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.loading.trace import Trace
+
+US = 1000.0  # ns per microsecond
+
+
+@dataclass
+class BusyTimeline:
+    """Per device: GPU rows sorted by start, and the merged busy intervals over all streams."""
+
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # device -> event rows sorted by ts
+    starts: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy starts (ns)
+    ends: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy ends (ns)
+    opener: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row opening each busy interval
+    closer: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row reaching each interval's end
+
+    @property
+    def devices(self) -> list[int]:
+        return sorted(self.starts)
+
+
+def device_busy(trace: Trace) -> BusyTimeline:
+    """Merged busy intervals per device, with the rows that open and close each of them."""
+    gpu = trace.gpu
+    out = BusyTimeline()
+    if gpu.empty:
+        return out
+    rows = gpu.index.to_numpy(np.int64)
+    dev = gpu["device"].to_numpy(np.int64)
+    ts = gpu["ts"].to_numpy(np.int64)
+    end = gpu["end"].to_numpy(np.int64)
+    order = np.lexsort((ts, dev))
+    rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
+    bounds = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        d = int(dev[a])
+        ms, me, first, last = iv.union_with_last(ts[a:b], end[a:b])
+        out.rows[d] = rows[a:b]
+        out.starts[d], out.ends[d] = ms, me
+        out.opener[d], out.closer[d] = rows[a:b][first], rows[a:b][last]
+    return out
+
+
+@dataclass
+class GpuUtilization:
+    busy_us: float
+    idle_us: float
+    utilization: float | None
+    span_us: float
+    start_us: float | None  # first GPU activity, relative to the trace start
+    end_us: float | None
+    devices: pd.DataFrame  # one row per device
+    streams: pd.DataFrame  # one row per (device, stream)
+    by_phase: pd.DataFrame  # one row per phase (GPU work located by its launch's segment)
+    busy: BusyTimeline
+    nsys_rules: dict[str, Any] = field(default_factory=dict)
+    findings: list = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "busy_us": round(self.busy_us, 3),
+            "idle_us": round(self.idle_us, 3),
+            "utilization": None if self.utilization is None else round(self.utilization, 6),
+            "span_us": round(self.span_us, 3),
+            "start_us": self.start_us,
+            "end_us": self.end_us,
+            "devices": _records(self.devices),
+            "streams": _records(self.streams),
+            "by_phase": {str(r["phase"]): {k: r[k] for k in ("busy_us", "span_us", "utilization")}
+                         for r in _records(self.by_phase)},
+            "nsys_rules": self.nsys_rules,
+        }
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for rec in df.to_dict("records"):
+        out.append({k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else
+                        int(v) if isinstance(v, (np.integer,)) else v) for k, v in rec.items()})
+    return out
+
+
+def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
+    busy = device_busy(trace)
+    t0 = trace.span_ns[0]
+    dev_rows = []
+    for d in busy.devices:
+        ms, me = busy.starts[d], busy.ends[d]
+        b = int((me - ms).sum())
+        span = int(me[-1] - ms[0])
+        dev_rows.append({"device": d, "start_us": (ms[0] - t0) / US, "end_us": (me[-1] - t0) / US, "span_us": span / US,
+                         "busy_us": b / US, "idle_us": (span - b) / US, "utilization": b / span if span else None,
+                         "activities": len(busy.rows[d])})
+    devices = pd.DataFrame(dev_rows, columns=["device", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities"])
+    streams = _streams(trace, t0)
+    by_phase = _by_phase(trace, ctx)
+    busy_ns = float(devices["busy_us"].sum()) if len(devices) else 0.0
+    idle_ns = float(devices["idle_us"].sum()) if len(devices) else 0.0
+    span = busy_ns + idle_ns
+    nsys: dict[str, Any] = {}
+    if ctx is not None:
+        from tokentrace.analysis.common.nsys_rules import evaluate
+
+        opts = ctx.options
+        nsys = evaluate(trace, busy, gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks, threshold=opts.nsys_util_threshold)
+    return GpuUtilization(
+        busy_us=busy_ns,
+        idle_us=idle_ns,
+        utilization=busy_ns / span if span > 0 else None,
+        span_us=span,
+        start_us=float(devices["start_us"].min()) if len(devices) else None,
+        end_us=float(devices["end_us"].max()) if len(devices) else None,
+        devices=devices,
+        streams=streams,
+        by_phase=by_phase,
+        busy=busy,
+        nsys_rules=nsys,
+    )
+
+
+def _streams(trace: Trace, t0: int) -> pd.DataFrame:
+    cols = ["device", "stream", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities", "kernels"]
+    gpu = trace.gpu
+    if gpu.empty:
+        return pd.DataFrame(columns=cols)
+    dev = gpu["device"].to_numpy(np.int64)
+    stream = gpu["stream"].to_numpy(np.int64)
+    codes, uniq = iv.pair_codes(dev, stream)
+    idx, s, e, b = iv.group_extents(*iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)))
+    counts = np.bincount(codes, minlength=len(uniq))
+    kernels = np.bincount(codes, weights=(gpu["kind"] == "kernel").to_numpy(), minlength=len(uniq))
+    span = e - s
+    out = pd.DataFrame({
+        "device": uniq[idx, 0],
+        "stream": uniq[idx, 1],
+        "start_us": (s - t0) / US,
+        "end_us": (e - t0) / US,
+        "span_us": span / US,
+        "busy_us": b / US,
+        "idle_us": (span - b) / US,
+        "utilization": np.where(span > 0, b / np.maximum(span, 1), np.nan),
+        "activities": counts[idx],
+        "kernels": kernels[idx].astype(np.int64),
+    })
+    return out.sort_values(["device", "stream"]).reset_index(drop=True)
+
+
+def _by_phase(trace: Trace, ctx: Any) -> pd.DataFrame:
+    """GPU busy share of each phase: work is located by its launch's segment, the span of a
+    segment runs from its first GPU start to its last GPU end, and a phase sums its segments."""
+    cols = ["phase", "busy_us", "span_us", "utilization"]
+    segs = getattr(ctx, "segments", None) if ctx is not None else None
+    gpu = trace.gpu
+    if segs is None or len(segs) == 0 or gpu.empty:
+        return pd.DataFrame(columns=cols)
+    seg = segs.locate_rows(trace, gpu.index.to_numpy())
+    ok = seg >= 0
+    if not ok.any():
+        return pd.DataFrame(columns=cols)
+    g, s, e, b = iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
+    phase = segs.table.set_index("seg")["phase"].reindex(g).astype(str).to_numpy()
+    names, inv = np.unique(phase, return_inverse=True)
+    busy = np.bincount(inv, weights=b)
+    span = np.bincount(inv, weights=e - s)
+    return pd.DataFrame({
+        "phase": names,
+        "busy_us": busy / US,
+        "span_us": span / US,
+        "utilization": np.where(span > 0, busy / np.maximum(span, 1), np.nan),
+    })

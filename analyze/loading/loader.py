@@ -1,0 +1,464 @@
+"""`load` and `load_all`: trace files in, Trace objects out.
+
+Owns the orchestration of reading (analyze.files), cutting the events array into chunks at event
+boundaries (no first pass over the whole document), decoding them (analyze.decode, with
+analyze.repair as the slow path for damaged files) and building the Trace: rows sorted by time,
+normalised kinds, GPU device/stream, and the link columns kernel -> launch -> op (analyze.links).
+
+Fresh memory is a large part of a big load (page faults), so a mapped file's chunks are decoded
+in place (no copy) and the frame build recycles each consumed buffer for the next column.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import CATEGORY_KIND, LAUNCH_FLOW_CATS, rank_from_filename
+from tokentrace.analysis.loading import json_decode as dec
+from tokentrace.analysis.loading.files import find_trace_files, read_bytes
+from tokentrace.analysis.loading.links import link_columns
+from tokentrace.analysis.loading.repair import repair
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.errors import TraceError
+
+PathLike = str | os.PathLike
+# Bytes of JSON decoded per chunk: big enough to amortise the per-chunk numpy/pandas calls, small
+# enough that one chunk's Python objects stay in the CPU caches and a small part of memory.
+CHUNK_BYTES = 1 << 20
+# Rows reserved up front per byte of events text: Kineto writes 220-330 bytes per event, so this
+# over-reserves (reserved but untouched memory costs nothing) and columns rarely need to grow.
+BYTES_PER_ROW_RESERVED = 160
+# Files above this size show a progress line on stderr (when it is a terminal).
+PROGRESS_BYTES = 64 << 20
+_FIRST_CHAR = re.compile(rb"\s*(\S)")
+
+
+def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
+    """Load one trace (a file, or a directory or list holding exactly one trace)."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    files = find_trace_files(paths)
+    if len(files) > 1:
+        raise TraceError(paths[0], f"holds {len(files)} traces; use tokentrace.load_all for several ranks or steps")
+    return load_file(files[0], progress=progress)
+
+
+def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
+    """Every trace in the given files and directories, one Trace per file, ordered by rank then name."""
+    flat: list[PathLike] = []
+    for p in paths:
+        flat.extend([p] if isinstance(p, (str, os.PathLike)) else list(p))
+    traces = [load_file(f, progress=progress) for f in find_trace_files(flat)]
+    return sorted(traces, key=lambda t: (t.rank, t.path))
+
+
+def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
+    path = Path(path)
+    warnings: list[str] = []
+    show = sys.stderr.isatty() if progress is None else progress
+    t0 = time.perf_counter()
+    data = read_bytes(path, warnings)
+    nbytes = len(data)
+    # Millions of short-lived containers: the cyclic collector would rescan them over and over
+    # (nothing built here forms a cycle), so it is paused for the load.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    hugepages = _set_numpy_hugepages(False)
+    try:
+        try:
+            meta, cols = _read_document(data, path, show and nbytes > PROGRESS_BYTES)
+        except msgspec.DecodeError:
+            data = repair(data, str(path), warnings)
+            try:
+                meta, cols = _read_document(data, path, False)
+            except msgspec.DecodeError as exc:
+                raise TraceError(path, f"not a trace after repair ({exc})") from None
+        del data  # the raw JSON is no longer needed: free it before building
+        trace = _build(path, cols, meta, warnings)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        _set_numpy_hugepages(hugepages)
+    trace.meta.setdefault("_load", {})["seconds"] = time.perf_counter() - t0
+    trace.meta["_load"]["bytes"] = nbytes
+    for w in warnings:
+        print(f"tokentrace: warning: {path}: {w}", file=sys.stderr)
+    return trace
+
+
+def _set_numpy_hugepages(on: bool | None) -> bool | None:
+    """Turn numpy's madvise(MADV_HUGEPAGE) of large arrays on or off; returns the old setting.
+
+    A load allocates hundreds of MB of fresh columns. Where transparent huge pages are on with
+    defrag=madvise (a common Linux default), faulting madvised memory in can stall in direct
+    compaction: off, a 1.1 GB trace loaded in 8.9 s instead of 11.1 s (benchmarks/README.md).
+    numpy only has a private switch for this; without it nothing changes."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if on is None or switch is None:
+        return None
+    return bool(switch(on))
+
+
+# The traceEvents key and the bracket that opens its array.
+_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
+# What turns the rest of the document, from some event on, back into JSON: the events array
+# inside an object (whose other keys are the top-level keys after traceEvents), or a bare array.
+_REST_OF_OBJECT = b'{"traceEvents":['
+
+
+def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any], dec.Columns]:
+    """Top-level keys and the event columns of a trace document. Raises msgspec.DecodeError for
+    broken JSON (the caller repairs it).
+
+    The events array is decoded in chunks cut at event boundaries, without a first pass over the
+    whole document: the keys before traceEvents are parsed on their own, the last chunk is parsed
+    together with the keys after the array, and every chunk that parses proves its cuts right.
+    """
+    first = _FIRST_CHAR.match(data)
+    head = first.group(1) if first else b""
+    if head == b"[":
+        start, opener, meta = first.end(), b"[", {}  # type: ignore[union-attr]
+    elif head == b"{":
+        m = _EVENTS_KEY.search(data)
+        meta = _head_keys(data, m.start()) if m else None
+        if m is None or meta is None:
+            return _read_scanned(data, path)
+        start, opener = m.end(), _REST_OF_OBJECT
+    else:
+        raise TraceError(path, "not JSON (does not start with '{' or '[')")
+    whole = memoryview(data)
+    region = whole[start:]
+    cols = dec.Columns(capacity=len(region) // BYTES_PER_ROW_RESERVED)
+    spans = dec.chunk_spans(region, CHUNK_BYTES)
+    for i, (a, b) in enumerate(spans):
+        try:
+            if i < len(spans) - 1 and not whole.readonly:
+                _decode_in_place(whole, start + a, start + b, cols, path)
+            elif i < len(spans) - 1:
+                _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols, path)
+            else:
+                meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=False))
+        except msgspec.DecodeError:
+            # A cut fell inside a string or nested object (text that looks like an event
+            # boundary): decode the rest at exact event boundaries (one more pass over it).
+            meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=True))
+            break
+        if show:
+            print(f"\rloading {path.name}: {b * 100 // max(len(region), 1)}%", end="", file=sys.stderr, flush=True)
+    if show:
+        print(file=sys.stderr)
+    return meta, cols
+
+
+def _decode_in_place(whole: memoryview, a: int, b: int, cols: dec.Columns, path: Path) -> None:
+    """Decode the events whole[a:b] without copying them: the separator bytes on either side
+    (the array's "[" or a "," or whitespace before, the "," after) become the array's brackets
+    for the duration, then are restored."""
+    before, after = whole[a - 1], whole[b]
+    whole[a - 1], whole[b] = 0x5B, 0x5D  # "[", "]"
+    try:
+        _decode_chunk(whole[a - 1 : b + 1], cols, path)
+    finally:
+        whole[a - 1], whole[b] = before, after
+
+
+def _head_keys(data: bytes, key_at: int) -> dict[str, Any] | None:
+    """The top-level keys written before traceEvents, or None if that text is not their start."""
+    try:
+        top = msgspec.json.decode(b"".join((memoryview(data)[:key_at], b'"traceEvents":null}')), type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    top.pop("traceEvents", None)
+    return {k: _decode_any(v) for k, v in top.items()}
+
+
+def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> dict[str, Any]:
+    """Events of the rest of the document (opener + text to the end); returns its other keys."""
+    if doc[:1] == b"[":
+        events, meta = doc, {}
+    else:
+        try:
+            top = msgspec.json.decode(doc, type=dict[str, msgspec.Raw])
+        except msgspec.ValidationError:
+            raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
+        events = top.pop("traceEvents")
+        meta = {k: _decode_any(v) for k, v in top.items()}
+    if not exact:
+        _decode_chunk(events, cols, path)
+    else:
+        _decode_exact(events, path, cols)
+    return meta
+
+
+def _decode_exact(events: Any, path: Path, cols: dec.Columns) -> None:
+    """Decode an events array split at its exact event boundaries (one more pass over it)."""
+    try:
+        raws = msgspec.json.decode(events, type=list[msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
+    step = max(1, CHUNK_BYTES // 400)
+    for start in range(0, len(raws), step):
+        _decode_chunk(b"[" + b",".join(raws[start : start + step]) + b"]", cols, path)
+
+
+def _read_scanned(data: bytes, path: Path) -> tuple[dict[str, Any], dec.Columns]:
+    """The plain way, for documents whose traceEvents key is not where a scan finds it."""
+    try:
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
+    if "traceEvents" not in top:
+        raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
+    cols = dec.Columns()
+    _decode_exact(top.pop("traceEvents"), path, cols)
+    return {k: _decode_any(v) for k, v in top.items()}, cols
+
+
+def _decode_any(raw: msgspec.Raw) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path) -> None:
+    """One JSON array of events into the columns (typed; event by event if that fails)."""
+    try:
+        events = dec.CHUNK_DECODER.decode(chunk)
+    except msgspec.ValidationError:
+        try:
+            raws = msgspec.json.decode(chunk, type=list[msgspec.Raw])
+        except msgspec.ValidationError:
+            raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
+        # Some event does not fit the typed structs: decode this chunk one event at a time.
+        events, texts = dec.decode_leniently(raws, cols)
+        cols.add_events(events, None, texts)
+        return
+    cols.add_events(events, chunk if isinstance(chunk, (bytes, memoryview)) else bytes(chunk))
+
+
+def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[str]) -> Trace:
+    """Sort the decoded columns by time, derive kind/end/device/stream and the link columns."""
+    n = cols.n
+    if n == 0:
+        if cols.repaired.get(dec.NOT_OBJECTS):
+            raise TraceError(path, "JSON is not a profiler trace (traceEvents holds no event objects)")
+        raise TraceError(path, "trace holds no events")
+    warnings.extend(cols.warnings())
+
+    cat_tables = {c: dec.category_index(cols.categories[c]) for c in dec.STR_COLS}
+    ts = cols.take("ts_ns")
+    ph_taken = cols.take("ph")
+    ph_cats, ph_remap = cat_tables["ph"]
+    ph_codes = ph_remap[ph_taken]
+    is_meta = ph_codes == _code(ph_cats, "M")
+    bad_ts = ts == dec.NO_TS
+    drop = bad_ts & ~is_meta
+    if drop.all():
+        raise TraceError(path, "JSON is not a profiler trace (no event has a usable 'ts')")
+    if drop.any():
+        warnings.append(f"dropped {dec.plural(int(drop.sum()), 'event')} without a usable timestamp")
+    ts[bad_ts] = 0  # metadata without ts (kept) sort first
+    keep = np.flatnonzero(~drop) if drop.any() else None
+    ts_k = ts if keep is None else ts[keep]
+    order = np.argsort(ts_k, kind="stable")
+    perm = keep[order] if keep is not None else (None if _is_identity(order) else order)
+    m = len(ts_k)
+    pool = _Buffers(n, m)
+    pool.give(ph_taken)
+
+    data: dict[str, Any] = {}
+    if perm is None:
+        data["ts"] = ts_k
+    else:
+        data["ts"] = np.take(ts_k, order, out=pool.get(np.int64), mode="clip")
+        pool.give(ts)
+        # Where each decoded row lands in the sorted frame (-1: dropped), for sparse columns.
+        dest = pool.get(np.int64, n)
+        dest.fill(-1)
+        dest[perm] = np.arange(m)
+
+    def column(name: str, remap: np.ndarray | None = None) -> np.ndarray:
+        arr = cols.take(name)
+        if remap is not None:  # category codes: first-seen -> sorted (code -1 maps through index -1)
+            mapped = np.take(remap, arr, out=pool.get(remap.dtype, n), mode="wrap")
+            pool.give(arr)
+            arr = mapped
+        if perm is None:
+            return arr
+        out = np.take(arr, perm, out=pool.get(arr.dtype), mode="clip")
+        pool.give(arr)
+        return out
+
+    def sparse(name: str) -> np.ndarray:
+        rows, values = cols.take_sparse(name)
+        if values.dtype == object:
+            out = np.empty(m, dtype=object)  # numpy fills new object arrays with None
+        else:
+            out = pool.get(values.dtype)
+            out.fill(dec.MISSING)
+        if perm is None:
+            out[rows] = values
+        elif keep is None:  # nothing dropped: every row has a place
+            out[dest[rows]] = values
+        else:
+            at = dest[rows]
+            ok = at >= 0
+            out[at[ok]] = values[ok]
+        return out
+
+    data["dur"] = column("dur_ns")
+    data["pid"] = column("pid")
+    data["tid"] = column("tid")
+    cats = {}
+    for name in dec.STR_COLS:
+        categories, remap = cat_tables[name]
+        if name == "ph":  # already remapped above (metadata rows keep their missing ts)
+            codes = ph_codes if perm is None else ph_codes[perm]
+        else:
+            codes = column(name, remap)
+        cats[name] = codes
+        data[name] = pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    for name in dec.INT_COLS + dec.OBJ_COLS:
+        data[name] = sparse(name)
+    if perm is not None:
+        pool.give(dest)
+        pool.give(order)
+        if perm is not order:
+            pool.give(perm)
+    data["end"] = np.add(data["ts"], data["dur"], out=pool.get(np.int64))
+    kind_codes = _kind_codes(cats, cat_tables)
+    kinds = {k: kind_codes == i for i, k in enumerate(KINDS)}
+    # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
+    present = np.array([i for i, k in enumerate(KINDS) if kinds[k].any()], dtype=np.int64)
+    remap = np.full(len(KINDS), -1, dtype=np.int8)
+    remap[present] = np.arange(len(present))
+    data["kind"] = pd.Categorical.from_codes(remap[kind_codes], categories=[KINDS[i] for i in present], validate=False)
+    gpu_rows = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
+    # GPU rows: device from args, else the pid Kineto uses for the device; stream likewise from tid.
+    on_gpu = gpu_rows | kinds["cuda_sync"] | kinds["gpu_user_annotation"]
+    for col, fallback in (("device", "pid"), ("stream", "tid")):
+        np.copyto(data[col], data[fallback], where=on_gpu & (data[col] < 0))
+    ph_cat_codes = cats["ph"]
+    flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
+    launch_flow = kinds["flow"] & flow_cats
+    launch, op, parent = link_columns(
+        ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
+        flow_id=data["flow_id"], host=kinds["runtime"] | kinds["driver"], target=gpu_rows | kinds["cuda_sync"],
+        cpu_op=kinds["cpu_op"], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
+        flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
+        out=(pool.get(np.int64), pool.get(np.int64), pool.get(np.int64)),
+    )
+    data["launch"], data["op"], data["parent"] = launch, op, parent
+    df = pd.DataFrame(data, copy=False)
+    process_names, thread_names = _names(df)
+    return Trace(
+        path=str(path),
+        rank=_rank(meta, path),
+        events=df,
+        meta=meta,
+        warnings=warnings,
+        id_labels=cols.id_labels,
+        process_names=process_names,
+        thread_names=thread_names,
+    )
+
+
+class _Buffers:
+    """Spare whole-column buffers while the frame is built: a column consumed (a decoded column
+    once permuted, the sort order once applied) hands its memory to the next new one. Fresh
+    memory is paid for in page faults, which were a third of a 1.1 GB load on a VM.
+
+    Only arrays nothing else refers to may be given; each is at least `rows` long and handed out
+    as a view of its first `size` (default) or `rows` rows."""
+
+    def __init__(self, rows: int, size: int) -> None:
+        self.rows, self.size = rows, size
+        self.spare: dict[np.dtype, list[np.ndarray]] = {}
+
+    def give(self, arr: np.ndarray) -> None:
+        if arr.ndim == 1 and len(arr) >= self.rows and arr.flags.c_contiguous and arr.flags.writeable:
+            self.spare.setdefault(arr.dtype, []).append(arr)
+
+    def get(self, dtype: Any, size: int | None = None) -> np.ndarray:
+        size = self.size if size is None else size
+        spare = self.spare.get(np.dtype(dtype))
+        return spare.pop()[:size] if spare else np.empty(size, dtype)
+
+
+def _is_identity(order: np.ndarray) -> bool:
+    return bool((order == np.arange(len(order))).all())
+
+
+def _in_codes(codes: np.ndarray, wanted: list[int], n_categories: int) -> np.ndarray:
+    """codes in wanted, for category codes (-1 = absent; wanted codes below 0 match nothing):
+    one table lookup per row (np.isin would build sorted or offset copies of the column)."""
+    table = np.zeros(n_categories + 1, dtype=bool)  # the last entry answers code -1
+    table[[c for c in wanted if c >= 0]] = True
+    return table[codes]
+
+
+def _code(categories: list[Any], value: str) -> int:
+    """Code of a category, or -2 (matches nothing) when absent."""
+    try:
+        return categories.index(value)
+    except ValueError:
+        return -2
+
+
+# Every normalised kind, in one fixed order (the categories of the `kind` column).
+KINDS: tuple[str, ...] = tuple(sorted(set(CATEGORY_KIND.values()) | {"metadata", "flow", "counter", "memory", "other"}))
+
+
+def _kind_codes(cats: dict[str, np.ndarray], tables: dict[str, tuple[list[Any], np.ndarray]]) -> np.ndarray:
+    cat_categories = tables["cat"][0]
+    kind_index = {k: i for i, k in enumerate(KINDS)}
+    other = kind_index["other"]
+    lut = np.array([kind_index.get(CATEGORY_KIND.get(c, "other"), other) for c in cat_categories] + [other], dtype=np.int8)
+    kind = lut[cats["cat"]]  # code -1 (no cat) picks the trailing "other"
+    ph = cats["ph"]
+    ph_cats = tables["ph"][0]
+    kind[ph == _code(ph_cats, "M")] = kind_index["metadata"]
+    kind[_in_codes(ph, [_code(ph_cats, p) for p in ("s", "t", "f")], len(ph_cats))] = kind_index["flow"]
+    kind[ph == _code(ph_cats, "C")] = kind_index["counter"]
+    memory = (cats["name"] == _code(tables["name"][0], "[memory]")) & _in_codes(ph, [_code(ph_cats, "i"), _code(ph_cats, "I")], len(ph_cats))
+    kind[memory] = kind_index["memory"]
+    return kind
+
+
+def _rank(meta: dict[str, Any], path: Path) -> int:
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    from_name = rank_from_filename(path.name)
+    return from_name if from_name is not None else 0
+
+
+def _names(df: pd.DataFrame) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
+    m = df[df["ph"] == "M"]
+    procs: dict[int, str] = {}
+    threads: dict[tuple[int, int], str] = {}
+    for pid, tid, name, label in zip(m["pid"], m["tid"], m["name"].astype(object), m["label"].astype(object)):
+        if not isinstance(label, str):
+            continue
+        if name == "process_name":
+            procs[int(pid)] = label
+        elif name == "thread_name":
+            threads[(int(pid), int(tid))] = label
+    return procs, threads
+
+

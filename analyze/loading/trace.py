@@ -1,0 +1,191 @@
+"""The Trace: one rank's profiler trace as typed columns, with views and link columns.
+
+Owns the in-memory model every detector reads. `events` is one pandas DataFrame, sorted by start
+time, one row per trace event (metadata and flow events included, so nothing is lost), with:
+
+- `ts`, `dur`, `end`: int64 nanoseconds (`dur` 0 for instants, flows and metadata);
+- `ph`, `cat`, `name`, `kind` (categoricals; `kind` normalises current and legacy categories,
+  see analyze.apis.CATEGORY_KIND), `pid`, `tid` (int64; non-numeric ids get negative codes with
+  their labels in `Trace.id_labels`);
+- arg columns: `correlation`, `external_id`, `stream`, `device`, `bytes`, memory-event fields,
+  `python_id`, `python_parent_id`, `seq`, `sync_kind`, `wait_on_stream`, `flow_id` (int64, -1 for
+  absent), `input_dims`, `input_type`, `concrete_inputs`, `grid`, `block`, `stack` (objects);
+- link columns (row positions, -1 for none): `launch` (GPU activity or cuda_sync event -> the
+  runtime/driver call that launched it), `op` (runtime/driver call or GPU activity -> innermost
+  enclosing cpu_op on the launching thread), `parent` (cpu_op -> enclosing cpu_op).
+
+Views (`kernels`, `runtime`, `cpu_ops`, ...) are filtered frames of `events`; their index is the
+row position in `events`, so links can be followed with `trace.events.loc[row]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import GPU_KINDS, HOST_API_KINDS
+
+# The columns of Python frames (python_function events) the detectors read: one narrow frame
+# (`trace.narrow(("python_function",), PYTHON_COLUMNS)`) serves them all.
+PYTHON_COLUMNS: tuple[str, ...] = ("ts", "end", "name", "pid", "tid")
+
+
+@dataclass(eq=False)
+class Trace:
+    path: str
+    rank: int
+    events: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    id_labels: dict[int, str] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Trace({self.path!r}, rank={self.rank}, events={len(self.events)}, gpu={self.gpu_name!r})"
+
+    # ---- views -------------------------------------------------------------------------
+    def _kind(self, *kinds: str) -> pd.DataFrame:
+        return self.events[self.events["kind"].isin(kinds)]
+
+    @cached_property
+    def gpu(self) -> pd.DataFrame:
+        """GPU activity: kernels, memcpys and memsets (what occupies a stream)."""
+        return self._kind(*GPU_KINDS)
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        return self._kind("kernel")
+
+    @cached_property
+    def runtime(self) -> pd.DataFrame:
+        """Host calls into the CUDA/HIP runtime and driver."""
+        return self._kind(*HOST_API_KINDS)
+
+    @cached_property
+    def cpu_ops(self) -> pd.DataFrame:
+        return self._kind("cpu_op")
+
+    @cached_property
+    def annotations(self) -> pd.DataFrame:
+        """record_function ranges on the host (user_annotation), e.g. ProfilerStep#3."""
+        return self._kind("user_annotation")
+
+    @cached_property
+    def gpu_annotations(self) -> pd.DataFrame:
+        return self._kind("gpu_user_annotation")
+
+    @cached_property
+    def python(self) -> pd.DataFrame:
+        return self._kind("python_function")
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """Allocator events from profile_memory ([memory] instants)."""
+        return self._kind("memory")
+
+    @cached_property
+    def cuda_sync(self) -> pd.DataFrame:
+        """Kineto's cuda_sync activity (Context Sync, Stream Sync, Event Sync, Stream Wait Event)."""
+        return self._kind("cuda_sync")
+
+    @cached_property
+    def flows(self) -> pd.DataFrame:
+        return self._kind("flow")
+
+    def narrow(self, kinds: tuple[str, ...], columns: tuple[str, ...]) -> pd.DataFrame:
+        """`self._kind(*kinds)[list(columns)]` (same rows, index, order and dtypes) without copying
+        every column of the wide view: for a detector that reads a few columns of a large kind
+        (Python frames, memory events). Cached per (kinds, columns); treat it as read-only."""
+        key = (tuple(kinds), tuple(columns))
+        cache = self._narrow_cache
+        if key not in cache:
+            cache[key] = self.events.loc[self.events["kind"].isin(kinds).to_numpy(), list(columns)]
+        return cache[key]
+
+    @cached_property
+    def _narrow_cache(self) -> dict[tuple[tuple[str, ...], tuple[str, ...]], pd.DataFrame]:
+        return {}
+
+    @cached_property
+    def names(self) -> np.ndarray:
+        """Every event's name as a read-only object array indexed by row position (NaN where
+        none), converted from the categorical once per trace: detectors index it by row instead of
+        each converting the whole column (tens of milliseconds per million events)."""
+        names = self.events["name"].astype(object).to_numpy()
+        names.setflags(write=False)
+        return names
+
+    # ---- metadata ----------------------------------------------------------------------
+    @property
+    def device_properties(self) -> list[dict[str, Any]]:
+        props = self.meta.get("deviceProperties")
+        return props if isinstance(props, list) else []
+
+    @property
+    def gpu_name(self) -> str | None:
+        names = [p.get("name") for p in self.device_properties if isinstance(p, dict) and p.get("name")]
+        if names:
+            return str(names[0])
+        tt = self.meta.get("tokentrace")
+        if isinstance(tt, dict) and tt.get("gpu_name"):
+            return str(tt["gpu_name"])
+        return None
+
+    @property
+    def capture(self) -> dict[str, Any]:
+        """Metadata the tokentrace capture module wrote (empty for other traces)."""
+        tt = self.meta.get("tokentrace")
+        return tt if isinstance(tt, dict) else {}
+
+    # ---- extents -----------------------------------------------------------------------
+    @cached_property
+    def span_ns(self) -> tuple[int, int]:
+        """First start and last end over all timed events (flows and metadata excluded)."""
+        timed = ~self.events["kind"].isin(("flow", "metadata")).to_numpy()
+        if not timed.any():
+            return (0, 0)
+        return int(self.events["ts"].to_numpy()[timed].min()), int(self.events["end"].to_numpy()[timed].max())
+
+    @property
+    def duration_ns(self) -> int:
+        a, b = self.span_ns
+        return b - a
+
+    def category_counts(self) -> dict[str, int]:
+        """Event counts per (original) category; events without one count under ph=<phase>."""
+        ev = self.events
+        counts = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
+        no_cat = ev["cat"].isna().to_numpy()
+        if no_cat.any():  # counted by phase instead (metadata, instants without a category)
+            for ph, v in ev["ph"][no_cat].astype(object).value_counts(dropna=False).items():
+                counts[f"ph={ph}"] = counts.get(f"ph={ph}", 0) + int(v)
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def kind_counts(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in self.events["kind"].value_counts().items() if v}
+
+    def linked_share(self) -> dict[str, float | None]:
+        """Share of GPU activity linked to a launch call, and to a cpu op."""
+        gpu = self.gpu
+        if gpu.empty:
+            return {"launch": None, "op": None}
+        return {
+            "launch": float((gpu["launch"] >= 0).mean()),
+            "op": float((gpu["op"] >= 0).mean()),
+        }
+
+    def row(self, pos: int) -> pd.Series:
+        return self.events.loc[pos]
+
+    def label_of(self, ident: int) -> str:
+        """Text of a pid/tid (non-numeric ids such as 'Spans' or 'stream 7' are coded negative)."""
+        return self.id_labels.get(int(ident), str(ident))
+
+
+def empty_int(n: int) -> np.ndarray:
+    return np.full(n, -1, dtype=np.int64)

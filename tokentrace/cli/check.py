@@ -1,0 +1,41 @@
+"""`tokentrace check TRACE`: exit 0 when every threshold holds, 1 with the list when any fails, 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+EXIT_CHECK_FAILED = 1
+
+
+@click.command("check")
+@click.argument("trace", type=click.Path(exists=False, dir_okay=True))
+@click.option("--config", "config", metavar="FILE.toml", help="Thresholds from a TOML file (top level, [check] or [tool.tokentrace.check]).")
+@click.option("--max-idle-share-decode", type=float, default=None, help="Largest GPU idle share in decode (0..1).")
+@click.option("--max-syncs-per-token", type=float, default=None, help="Most host-device syncs per decode token.")
+@click.option("--max-tpot-us", type=float, default=None, help="Largest median time per output token (us).")
+@click.option("--max-ttft-us", type=float, default=None, help="Largest time to first token (us).")
+@click.option("--baseline", metavar="TRACE_OR_JSON", default=None, help="Baseline trace or saved JSON summary for --max-regression.")
+@click.option("--max-regression", type=float, default=None, metavar="PCT", help="Largest allowed slowdown of TTFT/TPOT vs the baseline, in percent.")
+@click.option("--json", "json_out", metavar="FILE|-", help="Write the results as JSON to FILE ('-' for stdout).")
+def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | None, max_syncs_per_token: float | None,
+              max_tpot_us: float | None, max_ttft_us: float | None, baseline: str | None, max_regression: float | None,
+              json_out: str | None) -> None:
+    """Check TRACE (a trace or a saved JSON summary) against thresholds; for CI jobs.
+
+    Exit 0 when all hold, 1 when any fails (or its metric is absent), 2 on bad input.
+    """
+    import tokentrace
+    from tokentrace.io import write_output
+    from tokentrace.reports.text import check_text
+
+    result = tokentrace.check(trace, config=config, baseline=baseline, max_regression=max_regression,
+                              max_idle_share_decode=max_idle_share_decode, max_syncs_per_token=max_syncs_per_token,
+                              max_tpot_us=max_tpot_us, max_ttft_us=max_ttft_us)
+    if json_out != "-":
+        click.echo(check_text(result))
+    if json_out:
+        write_output(json_out, json.dumps(result.to_json(), indent=2))
+    if not result.passed:
+        click.get_current_context().exit(EXIT_CHECK_FAILED)

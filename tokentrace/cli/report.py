@@ -1,0 +1,31 @@
+"""`tokentrace report TRACE... -o report.html|report.md|report.json`: one report over one or more traces.
+
+Each TRACE (a file, or a directory of traces: one per rank or step) is analysed, then all of them
+go into one report: one section per trace, with a table comparing their headline metrics first
+when there are several. The format follows the file name (`--format` overrides it).
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("report")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False, dir_okay=True))
+@click.option("-o", "--output", required=True, metavar="FILE|-", help="Report file: .html, .md or .json ('-' for stdout, with --format).")
+@click.option("--format", "fmt", type=click.Choice(["html", "markdown", "json"]), default=None,
+              help="Output format (default: from the file name).")
+@click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
+def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None) -> None:
+    """Write one report (HTML, Markdown or JSON) over TRACE... (files or directories of traces)."""
+    import sys
+
+    import tokentrace
+
+    def progress(line: str) -> None:
+        if sys.stderr.isatty():
+            click.echo(line, err=True)
+
+    tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, progress=progress)
+    if output != "-":
+        click.echo(f"wrote {output}", err=True)
