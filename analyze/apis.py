@@ -141,6 +141,9 @@ SYNC_MEMCPY_APIS: tuple[str, ...] = (
     "hipMemcpyWithStream",  # PyTorch's blocking copy_ on ROCm: returns after the copy completes
 )
 SYNC_MEMSET_APIS: tuple[str, ...] = ("cudaMemset", "cudaMemset2D", "hipMemset", "hipMemsetD8", "hipMemsetD32")
+# Every host call during which the host waits for the device by API contract: its duration is time
+# blocked in a sync (the latency and critical-path helpers; the sync detector's kinds split it).
+BLOCKING_APIS: frozenset[str] = frozenset(HOST_SYNC_APIS + SYNC_MEMCPY_APIS + SYNC_MEMSET_APIS)
 # Operators that force a device-to-host sync to produce a host value.
 SYNC_CAUSING_OPS: tuple[str, ...] = (
     "aten::item",

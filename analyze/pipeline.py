@@ -1,43 +1,114 @@
 """The detector pipeline and the Analysis: every detector's result for one trace, plus the JSON summary.
 
-Owns the pipeline: the ordered list of detector modules, the context they share (options and the
-results of detectors that ran before them), and the Analysis object users hold. Detectors are
-modules with `run(trace, ctx) -> result`, where a result has `to_json() -> dict` and a `findings`
-list (and DataFrames for notebook users). A detector that fails on odd input does not take the
-others down: its section records the error and a warning names it.
+Owns the registry of detectors, the order they run in, and the Analysis object users hold.
+
+A detector is one module under analysis/detectors/ that declares
+- `NAME`: its section in the JSON summary (and its attribute on the Analysis: `analysis.gaps`);
+- `NEEDS`: the names of the detectors whose results it reads (`ctx.result("gaps")`; `ctx.segments`
+  needs "phases"); it can read nothing else;
+- `run(trace, ctx) -> result`: a dataclass with `to_json() -> dict`, a `findings` list, and
+  DataFrames for notebook users.
+It imports helpers from analysis.common and the model from analysis.loading, never another
+detector (tests/test_architecture.py checks).
+
+**Adding a detector** = one new module under analysis/detectors/ and one line in `DETECTORS`
+below. The tuple's order is the order of sections in the JSON summary; the run order comes from
+the NEEDS declarations (graphlib), ties kept in registry order. A cycle, an unknown dependency or
+a repeated NAME raises `RegistryError` when this module is imported.
+
+Each detector gets its own view of the run's Context (analysis.context): the options, the results
+it declared, and `ctx.shared(fn)` for per-trace values computed once per run. A detector that
+fails on odd input does not take the others down: its section records the error, a warning names
+it, and a detector that reads the failed result records that as its own error.
 """
 
 from __future__ import annotations
 
-import importlib
+import heapq
 import os
 import sys
 from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+from types import ModuleType
 from typing import Any
 
 from tokentrace.analysis.common import nsys_rules
+from tokentrace.analysis.context import Context
+from tokentrace.analysis.detectors import (
+    attention,
+    gaps,
+    launches,
+    memory,
+    overview,
+    phases,
+    roofline,
+    shapes,
+    syncs,
+    utilization,
+)
 from tokentrace.analysis.findings import Finding, rank
 from tokentrace.analysis.loading.loader import load
 from tokentrace.analysis.loading.trace import Trace
-from tokentrace.analysis.segments import Segments
 
 # Version of the JSON summary. Bump on any change that renames or removes a key; adding keys is
 # compatible. Scripts and `tokentrace check` rely on these keys.
 SCHEMA_VERSION = 1
 
-# Detector modules in run order (later ones may read earlier results through the context).
-DETECTORS: tuple[tuple[str, str], ...] = (
-    ("trace", "tokentrace.analysis.detectors.overview"),
-    ("phases", "tokentrace.analysis.detectors.phases"),
-    ("gpu", "tokentrace.analysis.detectors.utilization"),
-    ("gaps", "tokentrace.analysis.detectors.gaps"),
-    ("launches", "tokentrace.analysis.detectors.launches"),
-    ("syncs", "tokentrace.analysis.detectors.syncs"),
-    ("shapes", "tokentrace.analysis.detectors.shapes"),
-    ("attention", "tokentrace.analysis.detectors.attention"),
-    ("roofline", "tokentrace.analysis.detectors.roofline"),
-    ("memory", "tokentrace.analysis.detectors.memory"),
+# The detectors, in the order of their sections in the JSON summary.
+DETECTORS: tuple[ModuleType, ...] = (
+    overview,  # "trace"
+    phases,
+    utilization,  # "gpu"
+    gaps,
+    launches,
+    syncs,
+    shapes,
+    attention,
+    roofline,
+    memory,
 )
+
+
+class RegistryError(RuntimeError):
+    """The detector registry is inconsistent: a cycle, an unknown dependency or a repeated name."""
+
+
+def run_order(detectors: tuple[ModuleType, ...]) -> tuple[ModuleType, ...]:
+    """The detectors ordered so that each runs after everything in its NEEDS, and otherwise in
+    registry order (the first registered detector whose needs have run goes next); RegistryError
+    on a cycle, an unknown need or a repeated NAME."""
+    by_name: dict[str, ModuleType] = {}
+    for mod in detectors:
+        for attr in ("NAME", "NEEDS", "run"):
+            if not hasattr(mod, attr):
+                raise RegistryError(f"detector module {mod.__name__} does not define {attr}")
+        if mod.NAME in by_name:
+            raise RegistryError(f"two detectors are named {mod.NAME!r}: {by_name[mod.NAME].__name__} and {mod.__name__}")
+        by_name[mod.NAME] = mod
+    position = {name: i for i, name in enumerate(by_name)}
+    graph = TopologicalSorter[str]()
+    for name, mod in by_name.items():
+        unknown = [n for n in mod.NEEDS if n not in by_name]
+        if unknown:
+            raise RegistryError(f"detector {name!r} needs {', '.join(map(repr, unknown))}, which no registered detector is")
+        graph.add(name, *mod.NEEDS)
+    try:
+        graph.prepare()
+    except CycleError as exc:
+        raise RegistryError(f"detectors need each other in a cycle: {' -> '.join(exc.args[1])}") from None
+    order: list[str] = []
+    ready: list[tuple[int, str]] = []
+    while graph.is_active():
+        for name in graph.get_ready():
+            heapq.heappush(ready, (position[name], name))
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        graph.done(name)
+    return tuple(by_name[n] for n in order)
+
+
+RUN_ORDER = run_order(DETECTORS)
+SECTIONS: tuple[str, ...] = tuple(mod.NAME for mod in DETECTORS)
 
 
 @dataclass
@@ -51,19 +122,6 @@ class Options:
     nsys_gap_ms: float = nsys_rules.GAP_MS
     nsys_util_chunks: int = nsys_rules.UTIL_CHUNKS
     nsys_util_threshold: float = nsys_rules.UTIL_THRESHOLD_PCT
-
-
-@dataclass
-class Context:
-    options: Options
-    results: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def segments(self) -> Segments:
-        """Phase segmentation when the phases detector ran, else an empty Segments."""
-        ph = self.results.get("phases")
-        seg = getattr(ph, "segments", None)
-        return seg if isinstance(seg, Segments) else Segments()
 
 
 @dataclass(eq=False)
@@ -83,15 +141,16 @@ class Analysis:
     @property
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
-        for res in self.results.values():
-            out.extend(getattr(res, "findings", []) or [])
+        for name in SECTIONS:  # registry order, whatever order the detectors ran in
+            if name in self.results:
+                out.extend(self.results[name].findings)
         return rank(out)
 
     def to_json(self) -> dict[str, Any]:
         from tokentrace import __version__
 
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__}}
-        for name, _ in DETECTORS:
+        for name in SECTIONS:
             if name in self.errors:
                 doc[name] = {"error": self.errors[name]}
             elif name in self.results:
@@ -115,20 +174,14 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if not isinstance(trace, Trace):
         trace = load(trace)
     opts = options or Options()
-    ctx = Context(options=opts)
-    errors: dict[str, str] = {}
-    for name, module in DETECTORS:
+    ctx = Context(trace=trace, options=opts)
+    for mod in RUN_ORDER:
+        name = mod.NAME
         try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue  # detector not part of this build
-            raise
-        try:
-            ctx.results[name] = mod.run(trace, ctx)
-        except Exception as exc:  # noqa: BLE001 - one detector's failure must not hide the others
+            ctx.results[name] = mod.run(trace, ctx.for_detector(name, mod.NEEDS))
+        except Exception as exc:  # one detector's failure must not hide the others
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            print(f"tokentrace: warning: {trace.path}: {name} analysis failed ({errors[name]})", file=sys.stderr)
-    return Analysis(trace=trace, options=opts, results=ctx.results, errors=errors)
+            ctx.errors[name] = f"{type(exc).__name__}: {exc}"
+            print(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})", file=sys.stderr)
+    return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors)

@@ -9,12 +9,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
+from detector_context import context
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analysis.compare.scaling import fit_sweep, power_law
+from tokentrace.analysis.common.attention_calls import find_calls
+from tokentrace.analysis.common.attention_ops import kernel_backend
+from tokentrace.analysis.common.fits import power_law
+from tokentrace.analysis.compare.scaling import fit_sweep
 from tokentrace.analysis.detectors import attention
-from tokentrace.analysis.pipeline import Context, Options
 from tokentrace.analysis.segments import Segments
 
 FLASH_KERNEL = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)"
@@ -73,6 +76,11 @@ def build_law(tmp_path, *, prefill_lens=(), decode_kv=(), cost=lambda x: x, back
     return b.load(tmp_path, name)
 
 
+def run_alone(tr: tokentrace.Trace) -> attention.Attention:
+    """The attention detector on a trace without segments (phases by query length)."""
+    return attention.run(tr, context(tr))
+
+
 def fit_of(res: attention.Attention, phase: str) -> dict:
     fits = [f for f in res.fits if f["phase"] == phase]
     assert len(fits) == 1, res.fits
@@ -86,7 +94,7 @@ def test_sdpa_call_shapes_backend_and_gpu_time(tmp_path):
     b = TraceBuilder()
     clk = Clock()
     sdpa(b, clk, q=300, kv=300, us=123.0, batch=4, heads=32, kv_heads=8, d=128)
-    res = attention.run(b.load(tmp_path))
+    res = run_alone(b.load(tmp_path))
     assert len(res.calls) == 1
     c = res.calls.iloc[0]
     assert (c["op"], c["backend"], c["source"]) == ("aten::scaled_dot_product_attention", "flash", "op")
@@ -102,7 +110,7 @@ def test_sdpa_call_shapes_backend_and_gpu_time(tmp_path):
 
 def test_math_fallback_is_found_and_flagged(tmp_path):
     tr = build_law(tmp_path, prefill_lens=(256,), backend="math", cost=lambda s: 500.0)
-    res = attention.run(tr)
+    res = run_alone(tr)
     assert list(res.calls["backend"]) == ["math"]
     assert res.calls["gpu_us"].iloc[0] == pytest.approx(500.0)  # all three kernels of the math path
     ids = [f.id for f in res.findings]
@@ -112,7 +120,7 @@ def test_math_fallback_is_found_and_flagged(tmp_path):
 
 
 def test_flash_trace_has_no_fallback_finding(tmp_path):
-    res = attention.run(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), cost=lambda s: 1e-4 * s * s))
+    res = run_alone(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), cost=lambda s: 1e-4 * s * s))
     assert set(res.calls["backend"]) == {"flash"}
     assert not res.findings  # quadratic FLOPs on a flash kernel are expected, not a problem
 
@@ -124,18 +132,18 @@ def test_sdpa_without_named_variant_and_only_gemm_kernels_is_math(tmp_path):
              input_type=[BF16] * 3 + [""] * 5)
     b.cpu_op("aten::bmm", 101, 10, input_dims=[[4, 64, 32], [4, 32, 64]], input_type=[BF16, BF16])
     launch_in(b, clk, 102, GEMM_KERNEL, 20)
-    res = attention.run(b.load(tmp_path))
+    res = run_alone(b.load(tmp_path))
     assert list(res.calls["backend"]) == ["math"]
 
 
 def test_kernel_backend_names():
-    assert attention.kernel_backend(FLASH_KERNEL) == "flash"
-    assert attention.kernel_backend("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "efficient"
-    assert attention.kernel_backend("void paged_attention_v2_kernel<__nv_bfloat16>") == "paged"
-    assert attention.kernel_backend("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>") == "flashinfer"
-    assert attention.kernel_backend("create_flashinfer_kv_indices_triton") is None
-    assert attention.kernel_backend("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "cudnn"
-    assert attention.kernel_backend(GEMM_KERNEL) is None and attention.kernel_backend(SOFTMAX_KERNEL) is None
+    assert kernel_backend(FLASH_KERNEL) == "flash"
+    assert kernel_backend("fmha_cutlassF_bf16_aligned_64x64_rf_sm80") == "efficient"
+    assert kernel_backend("void paged_attention_v2_kernel<__nv_bfloat16>") == "paged"
+    assert kernel_backend("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>") == "flashinfer"
+    assert kernel_backend("create_flashinfer_kv_indices_triton") is None
+    assert kernel_backend("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "cudnn"
+    assert kernel_backend(GEMM_KERNEL) is None and kernel_backend(SOFTMAX_KERNEL) is None
 
 
 def test_kernel_only_calls_merge_consecutive_attention_kernels(tmp_path):
@@ -146,7 +154,7 @@ def test_kernel_only_calls_merge_consecutive_attention_kernels(tmp_path):
         kernels += [("gemm_qkv", 5.0), ("paged_attention_ll4mi_QKV_kernel", 7.0), ("paged_attention_ll4mi_reduce_kernel", 2.0),
                     ("gemm_o", 5.0)]
     b.graph_launch(100, 110, kernels)
-    res = attention.run(b.load(tmp_path))
+    res = run_alone(b.load(tmp_path))
     assert len(res.calls) == 3
     assert set(res.calls["source"]) == {"kernel"} and set(res.calls["backend"]) == {"paged"}
     assert list(res.calls["gpu_us"]) == pytest.approx([9.0, 9.0, 9.0])
@@ -171,7 +179,7 @@ def test_eager_attention_by_shapes_and_by_module(tmp_path):
     b.cpu_op("aten::matmul", 301, 10)
     b.cpu_op("aten::_softmax", 312, 10)
     b.cpu_op("aten::matmul", 324, 10)
-    res = attention.run(b.load(tmp_path))
+    res = run_alone(b.load(tmp_path))
     calls = res.calls
     assert list(calls["source"]) == ["eager", "eager"]
     first = calls.iloc[0]
@@ -186,7 +194,7 @@ def test_eager_attention_by_shapes_and_by_module(tmp_path):
 
 def test_prefill_fit_recovers_quadratic_law(tmp_path):
     lens = (128, 256, 384, 512, 768, 1024, 2048)
-    res = attention.run(build_law(tmp_path, prefill_lens=lens, cost=lambda s: 2e-4 * s * s))
+    res = run_alone(build_law(tmp_path, prefill_lens=lens, cost=lambda s: 2e-4 * s * s))
     f = fit_of(res, "prefill")
     assert abs(f["exponent"] - 2.0) < 0.1
     assert f["x"] == "q_len" and [p[0] for p in f["points"]] == list(lens)
@@ -196,7 +204,7 @@ def test_prefill_fit_recovers_quadratic_law(tmp_path):
 
 def test_decode_fit_recovers_linear_law_in_kv_length(tmp_path):
     kv = range(200, 240)
-    res = attention.run(build_law(tmp_path, prefill_lens=(200,), decode_kv=kv, cost=lambda x: 0.05 * x))
+    res = run_alone(build_law(tmp_path, prefill_lens=(200,), decode_kv=kv, cost=lambda x: 0.05 * x))
     f = fit_of(res, "decode")
     assert abs(f["exponent"] - 1.0) < 0.1
     assert f["x"] == "kv_len" and len(f["points"]) == 40 and f["calls"] == 40
@@ -204,7 +212,7 @@ def test_decode_fit_recovers_linear_law_in_kv_length(tmp_path):
 
 
 def test_quadratic_prefill_on_math_path_is_flagged(tmp_path):
-    res = attention.run(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), backend="math", cost=lambda s: 1e-3 * s * s))
+    res = run_alone(build_law(tmp_path, prefill_lens=(128, 256, 512, 1024), backend="math", cost=lambda s: 1e-3 * s * s))
     f = fit_of(res, "prefill")
     assert abs(f["exponent"] - 2.0) < 0.1 and f["backend"] == "math"
     quad = [x for x in res.findings if x.id == "attention_quadratic_prefill"]
@@ -217,9 +225,9 @@ def test_segments_decide_the_phase_when_present(tmp_path):
     ev = tr.events
     seg = Segments(pd.DataFrame({"seg": [0], "phase": ["decode"], "index": [0], "name": ["tokentrace/decode_step[0]"],
                                  "start": [int(ev["ts"].min())], "end": [int(ev["end"].max()) + 1]}), method="annotations")
-    calls = attention.find_calls(tr, seg)
+    calls = find_calls(tr, seg)
     assert set(calls["phase"]) == {"decode"}
-    assert set(attention.find_calls(tr)["phase"]) == {"prefill"}
+    assert set(find_calls(tr)["phase"]) == {"prefill"}
 
 
 def test_power_law_reports_points_and_needs_three_lengths():
@@ -265,7 +273,7 @@ def test_fit_sweep_across_capture_folders_and_cli(tmp_path):
 
 def test_qwen_forward_attention_calls_shapes_and_flash_backend():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
-    calls = attention.find_calls(tr)
+    calls = find_calls(tr)
     ops = calls[calls["source"] == "op"]
     assert len(ops) == 24  # one per layer
     assert set(ops["op"]) == {"aten::scaled_dot_product_attention"}
@@ -282,7 +290,7 @@ def test_sample_cpu_capture_uses_host_time():
     path = SAMPLE_TRACES / "cpu_tiny_llama" / "tiny-llama_p32_b1" / "combined.pt.trace.json.gz"
     if not path.exists():
         pytest.skip(f"sample trace {path} is absent")
-    res = attention.run(tokentrace.load(path))
+    res = run_alone(tokentrace.load(path))
     calls = res.calls
     pre, dec = calls[calls["phase"] == "prefill"], calls[calls["phase"] == "decode"]
     # tiny-llama: 2 layers, 4 heads over 2 KV heads of 16; prompt 32, 8 decode steps.
@@ -297,8 +305,7 @@ def test_sample_cpu_capture_uses_host_time():
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_do_not_crash(path):
     tr = tokentrace.load(path)
-    ctx = Context(Options())
-    res = attention.run(tr, ctx)
+    res = attention.run(tr, context(tr))
     json.dumps(res.to_json())
     assert len(res.calls) == res.to_json()["calls"]
     assert np.isfinite(res.calls["gpu_us"].to_numpy(float)).all()

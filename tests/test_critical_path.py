@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import real_trace_params
+from detector_context import run_alone
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -81,7 +82,7 @@ def test_work_carried_in_from_an_earlier_step_counts(tmp_path):
     b.annotation("tokentrace/decode_step[1]", 30.0, 478.0)
     b.launch("short", 31.0, 500.0, 5.0)
     b.runtime("cudaStreamSynchronize", 40.0, 466.0)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     s1 = res.decode.iloc[1]
     assert s1["cp_gpu_us"] == pytest.approx(475.0)
     assert s1["cp_cpu_us"] == pytest.approx(2.0)
@@ -97,7 +98,7 @@ def test_steps_beyond_the_cap_are_sampled(tmp_path, monkeypatch):
     for k in range(10):
         r = b.llm_step(t, q_len=1, kv_len=10 + k, annotation=f"tokentrace/decode_step[{k}]")
         t = r["host_end"] + 5
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     analysed = res.decode["bound"].notna()
     assert analysed.sum() == 4 and analysed.iloc[0] and analysed.iloc[-1]
     assert res.to_json()["decode"]["bound"]["steps_analysed"] == 4
@@ -138,7 +139,7 @@ SAMPLE_GPU_TRACES = sorted((Path(__file__).parent.parent / "sample_traces").glob
 @pytest.mark.parametrize("path", real_trace_params() + [pytest.param(p, id=f"{p.parent.name}-{p.name.split('.')[0]}") for p in SAMPLE_GPU_TRACES])
 def test_step_path_equals_networkx_on_every_step_of_real_traces(path, monkeypatch):
     trace = tokentrace.load(path)
-    segs = phases.run(trace, None).segments
+    segs = run_alone(phases, trace).segments
     by_graph = _all_paths(trace, segs, monkeypatch, 1 << 40)
     by_walk = _all_paths(trace, segs, monkeypatch, -1)
     pd.testing.assert_frame_equal(by_walk, by_graph)

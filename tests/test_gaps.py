@@ -6,7 +6,7 @@ import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from tokentrace.analysis.detectors.syncs import OUTSIDE
+from tokentrace.analysis.common.labels import OUTSIDE_REGION
 
 
 def _gaps(builder, tmp_path, **opts):
@@ -27,7 +27,7 @@ def test_launch_bound_gap_of_exactly_500us(builder, tmp_path):
     top = j["top"][0]
     assert top["cause"] == "launch_bound" and top["dur_us"] == 500.0
     assert top["cpu_op"] == "aten::mm" and top["next"] == "k_b" and top["prev"] == "k_a"
-    assert top["phase"] is None and top["region"] == OUTSIDE  # no segments in this trace
+    assert top["phase"] is None and top["region"] == OUTSIDE_REGION  # no segments in this trace
     assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 500.0
     f = [f for f in a.findings if f.id == "launch_bound"][0]
     assert f.cost_total_us == pytest.approx(500.0) and f.est_savings_us == pytest.approx(500.0)

@@ -7,11 +7,11 @@ import json
 import pandas as pd
 import pytest
 from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
+from detector_context import context
 from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.detectors import memory
-from tokentrace.analysis.pipeline import Context, Options
 from tokentrace.analysis.segments import Segments
 
 CAT_KERNEL = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<OpaqueType<2u>, unsigned int, 4, 64, 64>"
@@ -81,21 +81,13 @@ def decode_segments(tr: tokentrace.Trace) -> Segments:
                                   "end": ann["end"].to_numpy()}), method="annotations", confidence="exact")
 
 
-def ctx_with(segments: Segments) -> Context:
-    ctx = Context(Options())
-
-    class _Phases:
-        pass
-
-    ph = _Phases()
-    ph.segments = segments  # the contract: ctx.segments reads results["phases"].segments
-    ctx.results["phases"] = ph
-    return ctx
+def run_memory(tr: tokentrace.Trace, segments: Segments | None = None) -> memory.Memory:
+    return memory.run(tr, context(tr, segments))
 
 
 def test_cat_growing_cache_is_flagged_with_step_growth(tmp_path):
     tr = decode_trace(tmp_path, static=False)
-    res = memory.run(tr, ctx_with(decode_segments(tr)))
+    res = run_memory(tr, decode_segments(tr))
     steps = res.steps
     assert len(steps) == STEPS and set(steps["phase"]) == {"decode"}
     # Per step: 2*LAYERS cats, each allocating cache_len + 1 tokens and freeing cache_len: net one token each.
@@ -122,7 +114,7 @@ def test_cat_growing_cache_is_flagged_with_step_growth(tmp_path):
 
 def test_static_cache_is_not_flagged(tmp_path):
     tr = decode_trace(tmp_path, static=True)
-    res = memory.run(tr, ctx_with(decode_segments(tr)))
+    res = run_memory(tr, decode_segments(tr))
     assert len(res.steps) == STEPS
     assert list(res.steps["net_growth_bytes"]) == [0] * STEPS
     assert list(res.steps["alloc_bytes"]) == [2 * LAYERS * 4096] * STEPS
@@ -132,7 +124,7 @@ def test_static_cache_is_not_flagged(tmp_path):
 
 def test_cat_growth_found_from_shapes_without_segments(tmp_path):
     tr = decode_trace(tmp_path, static=False, annotate=False)
-    res = memory.run(tr)
+    res = run_memory(tr)
     assert len(res.kv_cat) == STEPS * 2 * LAYERS
     assert list(res.steps["cache_len"]) == [PROMPT + s for s in range(STEPS)]
     assert list(res.steps["cat_alloc_bytes"]) == [2 * LAYERS * (PROMPT + s + 1) * TOKEN_BYTES for s in range(STEPS)]
@@ -146,7 +138,7 @@ def test_timeline_peak_and_reserved(tmp_path):
     b.cpu_op("aten::cat", 200, 10, input_dims=[[[2, 3], [2, 3]], []])
     b.memory(201, 3000, allocated=8000, reserved=16000)
     b.memory(300, -3000, allocated=5000, reserved=16000)
-    res = memory.run(b.load(tmp_path))
+    res = run_memory(b.load(tmp_path))
     s = res.summary
     assert s["events"] == 3 and s["peak_allocated_bytes"] == 8000 and s["peak_reserved_bytes"] == 16000
     assert s["start_allocated_bytes"] == 4000 and s["final_allocated_bytes"] == 5000
@@ -157,7 +149,7 @@ def test_timeline_peak_and_reserved(tmp_path):
 
 def test_qwen_memory_events_read():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
-    res = memory.run(tr)
+    res = run_memory(tr)
     s = res.summary
     assert s["events"] == 2250 and s["device"]["device_id"] == 0
     assert s["peak_allocated_bytes"] == int(tr.memory["total_allocated"].max())
@@ -169,7 +161,7 @@ def test_sample_capture_dynamic_cache_is_flagged():
     path = SAMPLE_TRACES / "cpu_tiny_llama" / "tiny-llama_p32_b1" / "combined.pt.trace.json.gz"
     if not path.exists():
         pytest.skip(f"sample trace {path} is absent")
-    res = memory.run(tokentrace.load(path))
+    res = run_memory(tokentrace.load(path))
     kv = res.summary["kv_cache"]
     assert kv["reallocating"] is True and kv["evidence"] == ["cat_shapes"]
     assert (kv["cache_len_first"], kv["cache_len_last"]) == (32, 39) and kv["kv_cat_calls"] == 8 * 2 * 2
@@ -179,5 +171,5 @@ def test_sample_capture_dynamic_cache_is_flagged():
 
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_do_not_crash(path):
-    res = memory.run(tokentrace.load(path), Context(Options()))
+    res = run_memory(tokentrace.load(path))
     json.dumps(res.to_json())

@@ -7,6 +7,7 @@ import functools
 import numpy as np
 import pytest
 from conftest import real_trace_params, shared_trace
+from detector_context import run_alone
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -65,7 +66,7 @@ def build_generation(annotated: bool) -> tuple[TraceBuilder, dict]:
 @pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "inferred"])
 def test_four_prefills_and_256_decode_steps(tmp_path, annotated):
     b, expect = build_generation(annotated)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     assert res.method == ("annotations" if annotated else "inferred")
     assert res.confidence == ("exact" if annotated else "medium")
 
@@ -105,8 +106,8 @@ def test_four_prefills_and_256_decode_steps(tmp_path, annotated):
 
 
 def test_annotated_and_inferred_agree(tmp_path):
-    a = phases.run(build_generation(True)[0].load(tmp_path, "a.json"), None).steps
-    i = phases.run(build_generation(False)[0].load(tmp_path, "i.json"), None).steps
+    a = run_alone(phases, build_generation(True)[0].load(tmp_path, "a.json")).steps
+    i = run_alone(phases, build_generation(False)[0].load(tmp_path, "i.json")).steps
     cols = ["phase", "ttft_us", "tpot_us", "step_us", "cpu_span_us", "gpu_span_us", "gpu_busy_us", "gpu_idle_us",
             "kernels", "launches", "sync_blocked_us", "batch", "q_len", "kv_len"]
     assert a[cols].equals(i[cols])
@@ -121,7 +122,7 @@ def decode_loop(tmp_path, *, cpu_per_op: float, kernel_us: float, steps: int = 3
         r = b.llm_step(t, q_len=1, kv_len=33 + k, cpu_per_op=cpu_per_op, kernel_us=kernel_us,
                        annotation=f"tokentrace/decode_step[{k}]")
         t = r["host_end"] + GAP
-    return phases.run(b.load(tmp_path), None)
+    return run_alone(phases, b.load(tmp_path))
 
 
 def test_cpu_slower_than_gpu_is_cpu_bound(tmp_path):
@@ -146,7 +147,7 @@ def test_gpu_slower_than_cpu_is_gpu_bound(tmp_path):
 def test_prefill_only_has_no_decode(tmp_path):
     b = TraceBuilder()
     r = b.llm_step(10.0, q_len=100, annotation="tokentrace/prefill")
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     j = res.to_json()
     assert len(j["prefill"]) == 1 and j["decode"] is None and j["tpot_us"] is None
     assert j["ttft_us"] == pytest.approx(r["token_ready"] - r["start"], abs=1e-3)
@@ -156,7 +157,7 @@ def test_prefill_only_has_no_decode(tmp_path):
 def test_single_decode_step_is_timed_from_its_own_start(tmp_path):
     b = TraceBuilder()
     r = b.llm_step(10.0, q_len=1, kv_len=200, batch=8)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     j = res.to_json()
     assert j["method"] == "inferred" and j["prefill"] == []
     d = j["decode"]
@@ -175,7 +176,7 @@ def test_cpu_only_capture_uses_annotation_end(tmp_path):
     for k in range(3):
         b.annotation(f"tokentrace/decode_step[{k}]", 600.0 + 100 * k, 80.0 + 5 * k)
         b.cpu_op("aten::embedding", 601.0 + 100 * k, 10.0, input_dims=[[1000, 64], [1, 1], [], [], []])
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     j = res.to_json()
     assert j["method"] == "annotations" and j["tokenize_us"] == 40.0
     assert j["segments"] == {"decode": 3, "prefill": 1, "other": 1}
@@ -195,7 +196,7 @@ def test_training_steps_are_not_phases(tmp_path):
         b.launch("indexSelect", t + 11, t + 15, 5.0)
         b.cpu_op("autograd::engine::evaluate_function: EmbeddingBackward0", t + 400, 20.0)
         b.launch("embedding_backward", t + 401, t + 405, 50.0)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     j = res.to_json()
     assert j["method"] == "profiler_steps"
     assert j["prefill"] == [] and j["decode"] is None and j["ttft_us"] is None
@@ -210,7 +211,7 @@ def test_profiler_step_holding_generate_is_split_into_forwards(tmp_path):
     for q, kv in ((20, 20), (1, 21), (1, 22)):
         r = b.llm_step(t, q_len=q, kv_len=kv)
         t = r["host_end"] + 5.0
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     assert res.method == "inferred"
     assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode"]
     # The last forward ends with its own host work, not with the profiler step.
@@ -227,7 +228,7 @@ def test_mid_forward_readback_is_not_the_token(tmp_path):
     b.memcpy("DtoH (Device -> Pinned)", 10.0, 12.0, 1.0)
     b.runtime("cudaStreamSynchronize", 11.0, 3.0)
     b.launch("k1", 20.0, 22.0, 100.0)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     p = res.to_json()["prefill"][0]
     assert p["token_source"] == "gpu_end"
     assert p["ttft_us"] == pytest.approx(122.0 - 1.0)
@@ -236,7 +237,7 @@ def test_mid_forward_readback_is_not_the_token(tmp_path):
 def test_segments_locate_gpu_work_by_launch(tmp_path):
     b, _ = build_generation(True)
     trace = b.load(tmp_path)
-    res = phases.run(trace, None)
+    res = run_alone(phases, trace)
     k = trace.kernels
     seg = res.segments.locate_rows(trace, k.index)
     assert (seg >= 0).all()
@@ -251,7 +252,7 @@ def test_sglang_step_markers_name_the_phase(tmp_path):
         r = b.llm_step(t, q_len=1, kv_len=10 + k)  # shapes say decode; the marker's mode wins
         b.annotation(f"step[{mode} bs={bs}]", t, r["host_end"] - t)
         t = r["host_end"] + 5.0
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     assert res.method == "framework_markers" and res.confidence == "high"
     assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode", "other"]
     assert res.prefill["batch"].tolist() == [4]
@@ -267,7 +268,7 @@ def test_vllm_execute_model_frames_are_steps(tmp_path):
         b.python("vllm/worker/worker_base.py(300): execute_model", t, end - t)
         b.python("vllm/worker/model_runner.py(1500): execute_model", t + 10.0, end - t - 12.0)
         t = end + 5.0
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     assert res.method == "framework_markers"
     assert list(res.segments.table["phase"]) == ["prefill", "decode", "decode"]
     assert res.segments.table["name"].str.startswith("vllm/worker/worker_base.py").all()
@@ -276,7 +277,7 @@ def test_vllm_execute_model_frames_are_steps(tmp_path):
 def test_empty_trace_reports_absent(tmp_path):
     b = TraceBuilder()
     b.cpu_op("aten::add", 0.0, 5.0)
-    res = phases.run(b.load(tmp_path), None)
+    res = run_alone(phases, b.load(tmp_path))
     j = res.to_json()
     assert j["method"] == "none" and j["prefill"] == [] and j["decode"] is None and j["other_steps"] is None
     assert res.segments.table.empty and list(res.segments.table.columns)[:6] == ["seg", "phase", "index", "name", "start", "end"]
@@ -290,7 +291,7 @@ _load = functools.lru_cache(maxsize=None)(tokentrace.load)
 
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_analyse(path):
-    res = phases.run(_load(path), None)
+    res = run_alone(phases, _load(path))
     j = res.to_json()
     assert j["method"] in ("annotations", "framework_markers", "profiler_steps", "inferred", "none")
     assert len(res.summary_lines()) == 2
@@ -301,7 +302,7 @@ def test_real_traces_analyse(path):
 
 
 def test_h100_forward_is_a_prefill():
-    res = phases.run(_load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz")), None)
+    res = run_alone(phases, _load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz")))
     j = res.to_json()
     assert j["method"] == "profiler_steps" and j["decode"] is None
     (p,) = j["prefill"]
@@ -312,7 +313,7 @@ def test_h100_forward_is_a_prefill():
 
 
 def test_mi300x_sglang_is_one_decode_step():
-    res = phases.run(_load(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz")), None)
+    res = run_alone(phases, _load(shared_trace("mi300x_sglang_qwen3_8b_decode_graph.json.gz")))
     j = res.to_json()
     assert j["method"] == "framework_markers" and j["prefill"] == []
     assert j["decode"]["steps"] == 1
@@ -323,7 +324,7 @@ def test_mi300x_sglang_is_one_decode_step():
 
 def test_training_traces_have_no_phases():
     for name in ("v100_resnet50_train_2021_legacy.pt.trace.json.gz", "mi250_rocm_toy_train.json.gz"):
-        j = phases.run(_load(shared_trace(name)), None).to_json()
+        j = run_alone(phases, _load(shared_trace(name))).to_json()
         assert j["prefill"] == [] and j["decode"] is None and j["other_steps"]["count"] >= 2
 
 
@@ -358,7 +359,7 @@ def _close(measured: float, reference: float) -> bool:
 def test_capture_timings_agree_with_the_trace(tiny_capture):
     trace = tiny_capture
     timings = trace.capture.get("timings_profiled") or trace.capture["timings"]
-    res = phases.run(trace, None)
+    res = run_alone(phases, trace)
     j = res.to_json()
     assert j["method"] == "annotations"
     assert j["prefill"][0]["prompt_len"] == 16 and j["prefill"][0]["batch"] == 1

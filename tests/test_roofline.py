@@ -7,12 +7,12 @@ import json
 import pandas as pd
 import pytest
 from conftest import real_trace_params, shared_trace
+from detector_context import context
 from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.common import gpu_specs
 from tokentrace.analysis.detectors import attention, roofline
-from tokentrace.analysis.pipeline import Context, Options
 from tokentrace.analysis.segments import Segments
 
 BF16 = "c10::BFloat16"
@@ -20,11 +20,7 @@ GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"
 
 
 def run_all(tr: tokentrace.Trace, seg: Segments | None = None) -> roofline.Roofline:
-    ctx = Context(Options())
-    if seg is not None:
-        ctx.results["phases"] = type("P", (), {"segments": seg})()
-    ctx.results["attention"] = attention.run(tr, ctx)
-    return roofline.run(tr, ctx)
+    return roofline.run(tr, context(tr, seg, attention=attention.run(tr, context(tr, seg))))
 
 
 def test_matmul_numbers_exact(tmp_path):

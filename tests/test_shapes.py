@@ -8,11 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import real_trace_params, shared_trace
+from detector_context import context
 from tracebuilder import TraceBuilder
 
 import tokentrace
+from tokentrace.analysis.common import attribution
+from tokentrace.analysis.common import labels as phase_lab
+from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.detectors import shapes
-from tokentrace.analysis.pipeline import Context, Options
 from tokentrace.analysis.segments import Segments
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
@@ -43,15 +46,13 @@ def build(tmp_path) -> tuple[tokentrace.Trace, Segments]:
     return tr, seg
 
 
-def ctx_with(seg: Segments) -> Context:
-    ctx = Context(Options())
-    ctx.results["phases"] = type("P", (), {"segments": seg})()
-    return ctx
+def run_shapes(tr: tokentrace.Trace, seg: Segments | None = None) -> shapes.Shapes:
+    return shapes.run(tr, context(tr, seg))
 
 
 def test_ops_grouped_by_shape_and_phase_with_inclusive_gpu_time(tmp_path):
     tr, seg = build(tmp_path)
-    res = shapes.run(tr, ctx_with(seg))
+    res = run_shapes(tr, seg)
     ops = res.ops.set_index(["name", "phase"])
     lin_p = ops.loc[("aten::linear", "prefill")]
     assert lin_p["calls"] == 1 and lin_p["input_dims"] == [[1, 16, 64], [128, 64], [128]]
@@ -67,7 +68,7 @@ def test_ops_grouped_by_shape_and_phase_with_inclusive_gpu_time(tmp_path):
 
 def test_kernels_joined_to_innermost_and_top_level_op(tmp_path):
     tr, seg = build(tmp_path)
-    res = shapes.run(tr, ctx_with(seg))
+    res = run_shapes(tr, seg)
     k = res.kernels
     gemm_d = k[(k["name"] == GEMM) & (k["phase"] == "decode")].iloc[0]
     assert (gemm_d["op"], gemm_d["top_op"], gemm_d["op_input_dims"]) == ("aten::mm", "aten::linear", "[[1,64],[64,128]]")
@@ -81,8 +82,8 @@ def test_kernels_joined_to_innermost_and_top_level_op(tmp_path):
 
 def test_without_segments_everything_is_one_phase(tmp_path):
     tr, _ = build(tmp_path)
-    res = shapes.run(tr)
-    assert set(res.ops["phase"]) == {shapes.NO_PHASE}
+    res = run_shapes(tr)
+    assert set(res.ops["phase"]) == {phase_lab.NO_PHASE}
     lin = res.ops[res.ops["name"] == "aten::linear"]
     assert sorted(lin["calls"]) == [1, 2]  # still split by input shape
 
@@ -91,9 +92,9 @@ def test_climb_helpers():
     parent = np.array([-1, 0, 1, 2, -1])
     target = np.array([True, False, True, False, False])
     start = np.array([3, 1, 4, -1])
-    assert shapes.climb_to(parent, start, target).tolist() == [2, 0, -1, -1]
-    assert shapes.outermost(parent, start, target).tolist() == [0, 0, -1, -1]
-    assert shapes.root_of(parent, start).tolist() == [0, 0, 4, -1]
+    assert attribution.climb_to(parent, start, target).tolist() == [2, 0, -1, -1]
+    assert attribution.outermost(parent, start, target).tolist() == [0, 0, -1, -1]
+    assert attribution.root_of(parent, start).tolist() == [0, 0, 4, -1]
 
 
 def test_value_codes_merge_equal_lists_held_by_different_objects():
@@ -101,9 +102,9 @@ def test_value_codes_merge_equal_lists_held_by_different_objects():
     values = np.empty(6, dtype=object)
     # Same content as `shared` but a different object; None is absent.
     values[:] = [[[1, 64]], shared, None, [[16, 64], [64, 128]], shared, [[1, 64]]]
-    assert shapes.value_codes(values).tolist() == [0, 1, -1, 1, 1, 0]
-    assert shapes.value_codes(pd.Series(values)).tolist() == [0, 1, -1, 1, 1, 0]
-    assert shapes.value_codes(np.empty(0, dtype=object)).tolist() == []
+    assert value_codes(values).tolist() == [0, 1, -1, 1, 1, 0]
+    assert value_codes(pd.Series(values)).tolist() == [0, 1, -1, 1, 1, 0]
+    assert value_codes(np.empty(0, dtype=object)).tolist() == []
 
 
 def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
@@ -111,13 +112,13 @@ def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
     ops = tr.cpu_ops
     # The aten::linear of each call: one prefill segment, then two decode segments.
     rows = ops.index[ops["name"] == "aten::linear"].to_numpy()
-    codes, labels, segs = shapes.phase_codes(tr, seg, rows)
+    codes, labels, segs = phase_lab.phase_codes(tr, seg, rows)
     assert labels[codes].tolist() == ["prefill", "decode", "decode"]
     assert codes.tolist() == [0, 1, 1] and segs.tolist() == [0, 1, 2]
-    label, _ = shapes.phase_labels(tr, seg, rows)
+    label, _ = phase_lab.phase_labels(tr, seg, rows)
     assert label.tolist() == ["prefill", "decode", "decode"]
     late = Segments(seg.table.iloc[1:].reset_index(drop=True), method="annotations")
-    assert shapes.phase_labels(tr, late, rows)[0].tolist() == [shapes.OUTSIDE, "decode", "decode"]
+    assert phase_lab.phase_labels(tr, late, rows)[0].tolist() == [phase_lab.OUTSIDE_PHASE, "decode", "decode"]
 
 
 def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
@@ -141,14 +142,14 @@ def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_pat
     b.launch("kernel_b", 301, 400, 5)
     b.launch("kernel_a", 302, 410, 3)
     b.launch("kernel_a", 303, 420, 3)
-    ops = shapes.run(b.load(tmp_path)).ops.set_index("name")
+    ops = run_shapes(b.load(tmp_path)).ops.set_index("name")
     assert ops.loc["aten::tie", "top_kernel"] == "kernel_b" and ops.loc["aten::tie", "top_kernel_us"] == 5.0
     assert ops.loc["aten::most", "top_kernel"] == "kernel_a" and ops.loc["aten::most", "top_kernel_us"] == 6.0
 
 
 def test_qwen_attribution_conserves_gpu_time():
     tr = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"))
-    res = shapes.run(tr)
+    res = run_shapes(tr)
     att = res.attribution
     roots = tr.cpu_ops.index[tr.cpu_ops["parent"] < 0].to_numpy()
     linked = tr.gpu[tr.gpu["op"] >= 0]["dur"].sum()
@@ -161,7 +162,7 @@ def test_qwen_attribution_conserves_gpu_time():
 
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_do_not_crash(path):
-    res = shapes.run(tokentrace.load(path), Context(Options()))
+    res = run_shapes(tokentrace.load(path))
     doc = res.to_json()
     json.dumps(doc)
     assert doc["gpu_total_us"] >= doc["unattributed_gpu_us"] >= 0

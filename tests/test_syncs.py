@@ -6,7 +6,9 @@ import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from tokentrace.analysis.detectors.syncs import recommendation, sync_calls
+from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
+from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, api_kind, sync_calls
+from tokentrace.analysis.detectors.syncs import recommendation
 
 
 def _syncs(builder, tmp_path):
@@ -167,3 +169,10 @@ def test_real_traces_syncs(path):
     assert j["blocked_us"] == pytest.approx(sum(v["blocked_us"] for v in j["by_kind"].values()), abs=0.01)
     for item in j["items"]:
         assert item["blocked_us"] >= 0 and item["kind"]
+
+
+def test_one_list_of_blocking_calls():
+    # apis.BLOCKING_APIS (what latency and the critical path count as blocked) and the sync
+    # detector's blocking kinds name the same calls; a GPU-side wait blocks no host.
+    assert all(api_kind(name) in BLOCKING_KINDS for name in BLOCKING_APIS)
+    assert all(api_kind(name) == "gpu_wait" and "gpu_wait" not in BLOCKING_KINDS for name in GPU_WAIT_APIS)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import real_trace_params
+from detector_context import context
 
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.busy import device_busy
 from tokentrace.analysis.common.nsys_rules import evaluate
-from tokentrace.analysis.detectors.utilization import device_busy, run
-from tokentrace.analysis.pipeline import Context, Options
+from tokentrace.analysis.common.sync_points import sync_calls
+from tokentrace.analysis.detectors.utilization import run
 
 # ---- interval helpers ------------------------------------------------------------------------
 
@@ -64,7 +66,7 @@ def _two_streams(builder):
 
 def test_utilization_exact_on_built_trace(builder, tmp_path):
     trace = _two_streams(builder).load(tmp_path)
-    res = run(trace, Context(options=Options()))
+    res = run(trace, context(trace))
     assert res.span_us == pytest.approx(400.0)
     assert res.busy_us == pytest.approx(270.0)
     assert res.idle_us == pytest.approx(130.0)
@@ -81,7 +83,8 @@ def test_memcpy_is_busy_and_cuda_sync_is_not(builder, tmp_path):
     builder.memcpy("HtoD (Pinned -> Device)", 100, 200, 50)
     corr = builder.runtime("cudaStreamSynchronize", 260, 500)
     builder.cuda_sync("Stream Sync", 260, 500, corr=corr)  # a wait on a GPU row, not work
-    res = run(builder.load(tmp_path), Context(options=Options()))
+    trace = builder.load(tmp_path)
+    res = run(trace, context(trace))
     assert res.busy_us == pytest.approx(150.0)
     assert res.span_us == pytest.approx(250.0)
 
@@ -91,7 +94,8 @@ def test_devices_are_separate_and_summed(builder, tmp_path):
     builder.launch("b", 0, 200, 100, device=0)
     builder.launch("c", 0, 1000, 50, device=1)
     builder.launch("d", 0, 1100, 50, device=1)
-    res = run(builder.load(tmp_path), Context(options=Options()))
+    trace = builder.load(tmp_path)
+    res = run(trace, context(trace))
     dev = res.devices.set_index("device")
     assert dev.loc[0, "busy_us"] == pytest.approx(200.0) and dev.loc[0, "idle_us"] == pytest.approx(100.0)
     assert dev.loc[1, "busy_us"] == pytest.approx(100.0) and dev.loc[1, "idle_us"] == pytest.approx(50.0)
@@ -101,7 +105,8 @@ def test_devices_are_separate_and_summed(builder, tmp_path):
 
 def test_no_gpu_activity_gives_no_utilization(builder, tmp_path):
     builder.cpu_op("aten::add", 0, 10)
-    res = run(builder.load(tmp_path), Context(options=Options()))
+    trace = builder.load(tmp_path)
+    res = run(trace, context(trace))
     assert res.busy_us == 0.0 and res.utilization is None and res.devices.empty
 
 
@@ -128,7 +133,7 @@ def test_nsys_rules_on_built_trace(builder, tmp_path):
     builder.launch("Memset (Device)", 2600, 2610, 5, api="cudaMemset", launch_dur=12.0, cat="gpu_memset")
     trace = builder.load(tmp_path)
     busy = device_busy(trace)
-    rules = evaluate(trace, busy, gap_ms=1.0, chunks=4, threshold=50)
+    rules = evaluate(trace, busy, sync_calls(trace), gap_ms=1.0, chunks=4, threshold=50)
     assert rules["cuda_api_sync"]["count"] == 1 and rules["cuda_api_sync"]["total_us"] == 40.0
     assert rules["cuda_memcpy_async"]["count"] == 1 and rules["cuda_memcpy_async"]["total_us"] == 30.0
     assert rules["cuda_memcpy_sync"]["count"] == 1 and rules["cuda_memcpy_sync"]["total_us"] == 20.0
@@ -139,7 +144,7 @@ def test_nsys_rules_on_built_trace(builder, tmp_path):
     assert util["params"] == {"chunks": 4, "threshold_pct": 50.0}
     assert util["count"] == 4 and min(r["utilization_pct"] for r in util["rows"]) == 0.0
     # nsys' own default gap threshold hides every decode-sized gap.
-    assert evaluate(trace, busy)["gpu_gaps"]["count"] == 0
+    assert evaluate(trace, busy, sync_calls(trace))["gpu_gaps"]["count"] == 0
 
 
 # ---- real traces -------------------------------------------------------------------------------
@@ -147,7 +152,7 @@ def test_nsys_rules_on_built_trace(builder, tmp_path):
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_busy_plus_idle_is_span(path):
     trace = tokentrace.load(path)
-    res = run(trace, Context(options=Options()))
+    res = run(trace, context(trace))
     assert res.busy_us + res.idle_us == pytest.approx(res.span_us)
     for d in res.devices.itertuples():
         assert 0 <= d.busy_us <= d.span_us + 1e-6

@@ -35,8 +35,8 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import LAUNCH_APIS
-from tokentrace.analysis.common.latency import BLOCKING_APIS, name_mask
+from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
+from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 

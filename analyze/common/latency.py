@@ -22,14 +22,11 @@ import re
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import HOST_SYNC_APIS, LAUNCH_APIS, SYNC_MEMCPY_APIS, SYNC_MEMSET_APIS
+from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
-US = 1000.0  # ns per microsecond
-# Host calls during which the host waits for the device; their duration is time blocked in syncs.
-BLOCKING_APIS: frozenset[str] = frozenset(HOST_SYNC_APIS + SYNC_MEMCPY_APIS + SYNC_MEMSET_APIS)
 # Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
 _DTOH = re.compile(r"DtoH|DeviceToHost|Device -> (?:Pinned|Pageable)", re.IGNORECASE)
 

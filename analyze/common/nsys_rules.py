@@ -16,7 +16,8 @@ with nsys' default thresholds (each overridable through the Options field in bra
   [nsys_util_chunks, default 30]; chunks with time utilisation below the threshold
   [nsys_util_threshold, percent, default 50] are reported.
 
-Which calls count as a sync is defined once, in analyze.syncs; this module only applies the rules.
+Which calls count as a sync is defined once, in analysis.common.sync_points; this module only
+applies the rules to its `sync_calls` table.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.detectors.syncs import sync_calls
+from tokentrace.analysis.common.busy import BusyTimeline
+from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.trace import Trace
 
-US = 1000.0
 # nsys defaults (nsys analyze --help-rules): gap threshold 500 ms; 30 chunks; 50 % utilisation.
 GAP_MS = 500.0
 UTIL_CHUNKS = 30
@@ -49,12 +50,12 @@ _KIND_OF_RULE = {"cuda_api_sync": ("device_sync", "stream_sync", "event_sync"), 
                  "cuda_memcpy_async": ("memcpy_pageable",), "cuda_memset_sync": ("memset_sync",)}
 
 
-def evaluate(trace: Trace, busy: Any, *, gap_ms: float = GAP_MS, chunks: int = UTIL_CHUNKS,
+def evaluate(trace: Trace, busy: BusyTimeline, calls: pd.DataFrame, *, gap_ms: float = GAP_MS, chunks: int = UTIL_CHUNKS,
              threshold: float = UTIL_THRESHOLD_PCT) -> dict[str, Any]:
-    """All six rules: {rule: {description, params, count, total_us, rows}}."""
+    """All six rules: {rule: {description, params, count, total_us, rows}}; `calls` is the
+    trace's sync_calls table."""
     t0 = trace.span_ns[0]
     out: dict[str, Any] = {}
-    calls = sync_calls(trace)
     calls = calls[calls["source"] == "api"]
     names = trace.names
     op_col = trace.events["op"].to_numpy()
@@ -75,7 +76,7 @@ def evaluate(trace: Trace, busy: Any, *, gap_ms: float = GAP_MS, chunks: int = U
     return out
 
 
-def _gpu_gaps(busy: Any, gap_ms: float, t0: int) -> dict[str, Any]:
+def _gpu_gaps(busy: BusyTimeline, gap_ms: float, t0: int) -> dict[str, Any]:
     limit = int(gap_ms * 1e6)
     found = []
     for d in busy.devices:
@@ -90,7 +91,7 @@ def _gpu_gaps(busy: Any, gap_ms: float, t0: int) -> dict[str, Any]:
                      for r in top.itertuples()]}
 
 
-def _gpu_time_util(busy: Any, chunks: int, threshold_pct: float, t0: int) -> dict[str, Any]:
+def _gpu_time_util(busy: BusyTimeline, chunks: int, threshold_pct: float, t0: int) -> dict[str, Any]:
     rows = []
     total = 0
     chunks = max(chunks, 1)

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common.json_values import json_value
+from tokentrace.analysis.common.json_values import records as json_records
 from tokentrace.analysis.compare.metrics import Metric, is_summary, metrics_for
 from tokentrace.errors import TokentraceError
 
@@ -306,20 +308,8 @@ def metric_table(base: dict[str, Any], test: dict[str, Any]) -> pd.DataFrame:
 
 
 # ---- the result ------------------------------------------------------------------------
-def clean_value(v: Any) -> Any:
-    """Plain JSON values: numpy scalars unwrapped, NaN as null, floats rounded to 3 places."""
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        f = float(v)
-        return None if f != f else round(f, 3)
-    return v
-
-
 def records(df: pd.DataFrame, limit: int | None = None) -> list[dict[str, Any]]:
-    if limit is not None:
-        df = df.head(limit)
-    return [{k: clean_value(v) for k, v in row.items()} for row in df.to_dict("records")]
+    return json_records(df if limit is None else df.head(limit))
 
 
 @dataclass
@@ -375,7 +365,7 @@ class DiffResult:
         for match, grp in k.groupby("match", sort=True):
             out[str(match)] = {"base_us": float(grp["base_us"].sum()), "test_us": float(grp["test_us"].sum()),
                                "delta_us": float(grp["delta_us"].sum()), "rows": int(len(grp))}
-        return {key: {kk: clean_value(vv) for kk, vv in d.items()} for key, d in out.items()}
+        return {key: {kk: json_value(vv) for kk, vv in d.items()} for key, d in out.items()}
 
     def to_json(self) -> dict[str, Any]:
         def side(s: Side) -> dict[str, Any]:

@@ -6,7 +6,7 @@ launched the next GPU work was doing between the moment the GPU went idle and th
 launch call returned (the "host-bound part" of the gap; the rest, if any, the work sat queued):
 
 - sync / data_transfer: the host was blocked in a sync call or a synchronous (or pageable) copy
-  when the GPU drained (analyze.syncs defines those calls);
+  when the GPU drained (analysis.common.sync_points defines those calls);
 - outside_region: the host-bound part lies mostly outside every annotated step or phase (only
   when the trace has segments);
 - cpu_busy: the host spent at least HOST_BUSY_MIN_NS, and most of that part, in cpu ops that
@@ -35,20 +35,19 @@ import pandas as pd
 
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.detectors.syncs import (
-    SYNC_RETURN_SLACK_NS,
-    TRANSFER_KINDS,
-    HostLookup,
-    decode_scale,
-    jsonable,
-    recorded_stack,
-    segment_labels,
-    sync_calls,
-)
+from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.host import HostLookup, recorded_stack
+from tokentrace.analysis.common.json_values import json_value
+from tokentrace.analysis.common.labels import decode_scale, segment_labels
+from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFER_KINDS, sync_calls
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
 
-US = 1000.0
+NAME = "gaps"
+NEEDS = ("phases",)
 CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not
@@ -97,17 +96,12 @@ class GapsResult:
         }
 
 
-def run(trace: Trace, ctx: Any = None) -> GapsResult:
-    min_gap_us = float(getattr(getattr(ctx, "options", None), "min_gap_us", 3.0))
+def run(trace: Trace, ctx: Context) -> GapsResult:
+    min_gap_us = float(ctx.options.min_gap_us)
     min_gap = int(round(min_gap_us * US))
-    segments = getattr(ctx, "segments", None) if ctx is not None else None
-    busy = getattr(ctx.results.get("gpu"), "busy", None) if ctx is not None else None
-    if busy is None:
-        from tokentrace.analysis.detectors.utilization import device_busy
-
-        busy = device_busy(trace)
-    table = find_gaps(trace, busy, min_gap)
-    calls = sync_calls(trace)
+    segments = ctx.segments
+    table = find_gaps(trace, ctx.shared(device_busy), min_gap)
+    calls = ctx.shared(sync_calls)
     classify(trace, table, calls, segments)
     streams = stream_gaps(trace, min_gap)
     by_phase = _by_phase(table, segments)
@@ -118,7 +112,7 @@ def run(trace: Trace, ctx: Any = None) -> GapsResult:
     return res
 
 
-def find_gaps(trace: Trace, busy: Any, min_gap_ns: int) -> pd.DataFrame:
+def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame:
     """Idle stretches between the merged busy intervals of each device, at least min_gap_ns long."""
     parts = []
     for d in busy.devices:
@@ -137,7 +131,7 @@ def find_gaps(trace: Trace, busy: Any, min_gap_ns: int) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).astype(cols)
 
 
-def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Any) -> None:
+def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Segments | None) -> None:
     """Add cause and host-side columns to the gap table in place (vectorised per host thread)."""
     ev = trace.events
     n = len(gaps)
@@ -305,7 +299,7 @@ def _last_before(ts: np.ndarray, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(k >= 0, rows[np.maximum(k, 0)], -1)
 
 
-def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Any, gs: np.ndarray, ge: np.ndarray,
+def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Segments | None, gs: np.ndarray, ge: np.ndarray,
                 he: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Segment each gap delays (that of the next work's launch, else the one holding the gap's
     start), and whether the host-bound part lay mostly outside every segment."""
@@ -339,7 +333,7 @@ def stream_gaps(trace: Trace, min_gap_ns: int) -> pd.DataFrame:
     }).sort_values(["device", "stream"]).reset_index(drop=True)
 
 
-def _by_phase(table: pd.DataFrame, segments: Any) -> dict[str, Any]:
+def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     g = table[~table["graph_replay"]]
     out: dict[str, Any] = {}
     if g.empty:
@@ -362,7 +356,7 @@ def _fixable(table: pd.DataFrame) -> pd.Series:
     return (table["cause"] == "launch_bound") & ~table["graph_launch"]
 
 
-def _savings(trace: Trace, table: pd.DataFrame, segments: Any) -> dict[str, Any]:
+def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     scale = decode_scale(trace, segments)
     fix = table[_fixable(table)]
     if scale["steps"]:
@@ -407,7 +401,7 @@ def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
             # The launch timing says little here; say what the host did instead of launching.
             where = f"in {cpu_op}" if cpu_op else "outside any profiled op (Python or untraced code)"
             detail = f"host busy {float(r.host_free_us):.0f} us without launching, {where}"
-        out.append({k: jsonable(v) for k, v in {
+        out.append({k: json_value(v, None) for k, v in {
             "device": int(r.device), "stream": int(r.stream), "start_us": round(float(r.start_us), 3),
             "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": detail, "phase": r.phase,
             "step": r.step, "region": r.region, "prev": r.prev, "next": r.next, "launch_api": r.launch_api,
@@ -444,7 +438,7 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
 
     def evidence(rows: pd.DataFrame) -> list[dict[str, Any]]:
         top = rows.loc[rows["dur_us"].nlargest(5).index, evidence_cols]
-        return [{k: (round(v, 3) if isinstance(v, float) else jsonable(v)) for k, v in r.items()} for r in top.to_dict("records")]
+        return [{k: (round(v, 3) if isinstance(v, float) else json_value(v, None)) for k, v in r.items()} for r in top.to_dict("records")]
 
     lb = g[g["cause"] == "launch_bound"]
     fixable = lb[~lb["graph_launch"]]

@@ -16,10 +16,13 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import Trace
 
-US = 1000.0
+NAME = "launches"
+NEEDS = ("phases", "gaps")
 # Kernels under 10 us are where a launch (5-10 us of host time, a few us of GPU launch latency)
 # costs as much as the work itself: fusing them or replaying them from a graph pays off.
 SMALL_KERNEL_NS = 10_000
@@ -47,12 +50,12 @@ class LaunchesResult:
         return self.summary
 
 
-def run(trace: Trace, ctx: Any = None) -> LaunchesResult:
+def run(trace: Trace, ctx: Context) -> LaunchesResult:
     ev = trace.events
     names = trace.names
     rt = trace.runtime
     call_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
-    segments = getattr(ctx, "segments", None) if ctx is not None else None
+    segments = ctx.segments
     calls = pd.DataFrame({
         "row": call_rows, "api": names[call_rows], "ts": ev["ts"].to_numpy()[call_rows],
         "dur_us": ev["dur"].to_numpy()[call_rows] / US,
@@ -156,7 +159,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
     }
 
 
-def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
+def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
     own = act[(act["kind"] == "kernel") & ~act["graph"]]
     if own.empty:
         return []
@@ -169,12 +172,9 @@ def _findings(trace: Trace, ctx: Any, act: pd.DataFrame, summary: dict[str, Any]
     # The cost is the GPU idle measured right before these kernels: launch-bound gaps whose next
     # work is a small kernel. Those gaps are also in the launch-bound finding, which claims the
     # saving; this finding names the other remedy (fusion) without counting the time twice.
-    gaps = ctx.results.get("gaps") if ctx is not None else None
-    cost = 0.0
-    if gaps is not None and hasattr(gaps, "gaps"):
-        g = gaps.gaps
-        before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
-        cost = float(g.loc[before_small, "dur_us"].sum())
+    g = ctx.result("gaps").gaps
+    before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
+    cost = float(g.loc[before_small, "dur_us"].sum())
     names = trace.names
     counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
     evidence = [{"kernel": k, "count": int(v),

@@ -19,11 +19,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.detectors.shapes import US, attribution, climb_to, phase_labels, records, segments_of, value_codes
+from tokentrace.analysis.common.attention_calls import time_column
+from tokentrace.analysis.common.attribution import OpGpu, climb_to, op_gpu
+from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.labels import phase_labels
+from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_ops
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
+
+NAME = "memory"
+NEEDS = ("phases",)
 
 CAT_OPS = ("aten::cat", "aten::_cat", "aten::concat", "aten::concatenate")
 # c10::DeviceType of host memory; every other type is an accelerator (CUDA 1, HIP 6, XPU 12, MPS 13...).
@@ -68,8 +77,9 @@ def _kv_cat_shape(dims: Any) -> tuple[int, int, int, tuple] | None:
     return d, int(a[d]), int(b[d]), other
 
 
-def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
-    """aten::cat calls that append to a cache tensor whose length grows across calls."""
+def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
+    """aten::cat calls that append to a cache tensor whose length grows across calls (`att`: the
+    trace's op_gpu attribution)."""
     cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us", "cpu_us"]
     ops = trace.cpu_ops
     if ops.empty:
@@ -90,7 +100,7 @@ def kv_cat_calls(trace: Trace, ctx: Any = None) -> pd.DataFrame:
     df = pd.DataFrame({"row": rows, "ts": cats["ts"].to_numpy()[keep], "seq_dim": [x[0] for x in g],
                        "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
                        "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
-    df["gpu_us"] = attribution(trace, ctx).total_ns[rows] / US
+    df["gpu_us"] = att.total_ns[rows] / US
     df["cpu_us"] = trace.events["dur"].to_numpy()[rows] / US
     # A cache grows: the same tensor shape (but its length) appended to at several, increasing lengths.
     growing = df.groupby("key")["cache_len"].agg(lambda s: s.nunique() >= MIN_GROWTH_STEPS and s.is_monotonic_increasing)
@@ -217,8 +227,6 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
 
 
 def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.DataFrame, pattern: dict[str, Any]) -> Finding:
-    from tokentrace.analysis.detectors.attention import time_column
-
     time_col = time_column(trace)  # host time of the cat ops in a CPU-only trace
     cost = float(kv[time_col].sum()) if len(kv) else float(pattern.get("cat_gpu_us") or 0.0)
     if len(kv):
@@ -258,8 +266,8 @@ def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.Data
     )
 
 
-def run(trace: Trace, ctx: Any = None) -> Memory:
-    segments = segments_of(ctx)
+def run(trace: Trace, ctx: Context) -> Memory:
+    segments = ctx.segments
     ev = trace.events
     all_mem = trace.narrow(("memory",), MEMORY_COLUMNS)
     mem, device = _main_device(all_mem)
@@ -285,7 +293,7 @@ def run(trace: Trace, ctx: Any = None) -> Memory:
                        "op": np.where(enc >= 0, names[np.maximum(enc, 0)], None), "in_cat": in_cat})
     phase, _ = phase_labels(trace, segments, rows)
     tl["phase"] = phase
-    kv = kv_cat_calls(trace, ctx)
+    kv = kv_cat_calls(trace, ctx.shared(op_gpu))
     steps = _steps(trace, segments, tl, kv)
 
     t0 = trace.span_ns[0]
@@ -328,7 +336,7 @@ def run(trace: Trace, ctx: Any = None) -> Memory:
     if by_memory and not by_shapes:
         cat_rows = np.flatnonzero(is_cat)
         cat_phase, _ = phase_labels(trace, segments, cat_rows)
-        pattern["cat_gpu_us"] = float(attribution(trace, ctx).total_ns[cat_rows[cat_phase == "decode"]].sum()) / US
+        pattern["cat_gpu_us"] = float(ctx.shared(op_gpu).total_ns[cat_rows[cat_phase == "decode"]].sum()) / US
     summary["kv_cache"] = pattern
     res = Memory(timeline=tl, steps=steps, kv_cat=kv, summary=summary)
     if pattern["reallocating"]:

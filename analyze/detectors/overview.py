@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.loading.trace import Trace
+
+NAME = "trace"
+NEEDS: tuple[str, ...] = ()
 
 
 @dataclass
@@ -38,7 +42,7 @@ class Overview:
         }
 
 
-def run(trace: Trace, ctx: Any = None) -> Overview:
+def run(trace: Trace, ctx: Context) -> Overview:
     return Overview(
         path=trace.path,
         rank=trace.rank,

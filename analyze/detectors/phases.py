@@ -34,19 +34,23 @@ import pandas as pd
 from tokentrace.analysis.apis import EMBEDDING_OPS, TRAINING_OP_MARKERS
 from tokentrace.analysis.common import critical_path as cp
 from tokentrace.analysis.common import latency as lat
-from tokentrace.analysis.detectors.attention import ATTENTION_OPS, attention_op_mask, parse_shapes
+from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, parse_shapes
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
 from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
 from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments
+from tokentrace.profiling.conventions import ANNOTATION_PREFIX, decode_step_name
+from tokentrace.profiling.conventions import PREFILL as PREFILL_ANNOTATION
+from tokentrace.profiling.conventions import TOKENIZE as TOKENIZE_ANNOTATION
 
-US = 1000.0  # ns per microsecond
+NAME = "phases"
+NEEDS: tuple[str, ...] = ()
 
-# The capture module's annotation names (capture/conventions.py; capture/ imports torch, so the
-# names are matched here rather than imported).
-ANNOTATION_PREFIX = "tokentrace/"
-PREFILL_ANNOTATION = "tokentrace/prefill"
-TOKENIZE_ANNOTATION = "tokentrace/tokenize"
-_DECODE_STEP = re.compile(r"^tokentrace/decode_step\[(\d+)\]$")
+# The capture module's annotation names come from its conventions (stdlib only: no torch). A
+# decode step's name is decode_step_name(i); the text around the index is matched here.
+_STEP_HEAD, _STEP_TAIL = decode_step_name(0).rsplit("0", 1)
+_DECODE_STEP = re.compile("^" + re.escape(_STEP_HEAD) + r"(\d+)" + re.escape(_STEP_TAIL) + "$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 # SGLang: "step[DECODE bs=32]", "step[EXTEND bs=4 ...]"; the mode names the phase.
 _SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Za-z_]+)(?:[^\]]*?\bbs=(?P<bs>\d+))?[^\]]*\]$")
@@ -58,8 +62,8 @@ _VLLM_STEP = re.compile(r"(?:^|: |\.)execute_model$")
 MIN_OPS_PER_FORWARD = 8
 
 _TRAINING = re.compile("^(?:" + "|".join(re.escape(m) for m in TRAINING_OP_MARKERS) + ")")
-# Query/key layout of each attention op pattern (analyze.attention owns the table; first match wins).
-_ATTENTION_LAYOUTS = [(re.compile(pattern), layout) for pattern, _, layout, _ in ATTENTION_OPS]
+# Query/key layout of each attention op pattern (analysis.common.attention_ops owns the table; first match wins).
+_ATTENTION_LAYOUTS = [(pattern, spec[1]) for pattern, spec in OPS_RE]
 
 # Share of decode step time on neither side of the critical path (waits on device work the trace
 # did not record, launch latency) above which the TPOT line says so: the verdict then covers
@@ -208,11 +212,11 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     return out
 
 
-def segment(trace: Trace) -> Segments:
+def segment(trace: Trace, is_attention: np.ndarray) -> Segments:
     """Split the trace into segments (see the module docstring); columns beyond the contract:
-    tid, step (index within its request), request, batch, q_len, kv_len."""
+    tid, step (index within its request), request, batch, q_len, kv_len. `is_attention`: per
+    event row, whether it is an attention op."""
     method = "none"
-    is_attention = attention_op_mask(trace)
     table = _tokentrace_annotations(trace)
     if table is not None:
         method = "annotations"
@@ -475,8 +479,8 @@ def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
     }
 
 
-def run(trace: Trace, ctx: Any = None) -> PhasesResult:
-    segs = segment(trace)
+def run(trace: Trace, ctx: Context) -> PhasesResult:
+    segs = segment(trace, ctx.shared(attention_op_spec) >= 0)
     steps = _steps_frame(trace, segs)
     notes: list[str] = []
     if segs.method == "none":

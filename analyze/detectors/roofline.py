@@ -7,7 +7,8 @@ attention calls the attention detector found (SDPA and flash ops: 4*B*H*Sq*Skv*D
 masking counted as skipped work). Only the outermost of nested ops counts (aten::linear, not the
 aten::mm inside it; SDPA, not the bmm of its math path), with the GPU time of every kernel
 launched under it. Achieved TFLOP/s and GB/s are compared with the GPU's peaks
-(analyze.gpu_specs); an unknown GPU gets the numbers without a verdict.
+(analysis.common.gpu_specs); an unknown GPU gets the numbers without a verdict. The attention
+cost model is analysis.common.attention_cost, shared with the attention detector.
 """
 
 from __future__ import annotations
@@ -19,12 +20,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.detectors.shapes import US, attribution, outermost, phase_labels, records, segments_of, value_codes
+from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
+from tokentrace.analysis.common.attention_ops import attention_op_spec
+from tokentrace.analysis.common.attribution import op_gpu, outermost
+from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
+from tokentrace.analysis.common.gpu_specs import spec_for_trace
+from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.labels import phase_labels
+from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import Trace
 
-# Bytes per element of each dtype name (as analyze.attention.DTYPE_NAMES spells them).
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "fp8": 1}
+NAME = "roofline"
+NEEDS = ("phases", "attention")
+
 GEMM_OPS = ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 # A phase whose ops reach less than this share of their binding roof is reported as inefficient:
 # below it, launch overhead, small tiles or poor shapes cost more than the hardware limit does.
@@ -34,34 +45,6 @@ LOW_ROOF_SHARE = 0.3
 ATTAINABLE_ROOF_SHARE = 0.7
 # Phases with less GPU time in the modelled ops than this are too small to judge.
 MIN_PHASE_GPU_US = 50.0
-
-
-def _i(v: Any) -> int | None:
-    if v is None or (not isinstance(v, (int, np.integer)) and pd.isna(v)):
-        return None
-    return int(v)
-
-
-def attention_flops(batch: Any, heads: Any, q_len: Any, kv_len: Any, head_dim: Any, causal: Any = None) -> float | None:
-    """FLOPs of one attention forward: QK^T and PV, 2*Sq*Skv*D each per head; a causal mask
-    (bottom-right aligned, as flash kernels apply it) skips the masked query-key pairs."""
-    b, h, sq, skv, d = (_i(x) for x in (batch, heads, q_len, kv_len, head_dim))
-    if None in (b, h, sq, skv, d):
-        return None
-    pairs = sq * skv
-    if causal is True and 1 < sq <= skv:
-        pairs -= sq * (sq - 1) // 2
-    return 4.0 * b * h * pairs * d
-
-
-def attention_bytes(batch: Any, heads: Any, kv_heads: Any, q_len: Any, kv_len: Any, head_dim: Any, dtype: Any) -> float | None:
-    """Ideal bytes of one attention forward: Q and O once, K and V once (per KV head)."""
-    b, h, hkv, sq, skv, d = (_i(x) for x in (batch, heads, kv_heads, q_len, kv_len, head_dim))
-    if None in (b, h, sq, skv, d):
-        return None
-    hkv = hkv or h
-    e = DTYPE_BYTES.get(dtype or "bf16", 2)
-    return float(e * (2 * b * h * sq * d + 2 * b * hkv * skv * d))
 
 
 def _numel(shape: list[int]) -> int:
@@ -146,7 +129,7 @@ class Roofline:
         }
 
 
-def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
+def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     ev = trace.events
     ops = trace.cpu_ops
     if ops.empty:
@@ -162,19 +145,15 @@ def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
     parent = ev["parent"].to_numpy()
     keep = outermost(parent, rows, is_gemm) == rows
     # GEMMs inside an attention op (the math path's bmm) belong to that attention call.
-    from tokentrace.analysis.detectors.attention import attention_op_mask
-
-    in_att = attention_op_mask(trace)
+    in_att = ctx.shared(attention_op_spec) >= 0
     keep &= outermost(parent, rows, in_att) < 0
     rows = rows[keep]
-    gpu_ns = attribution(trace, ctx).total_ns[rows]
-    segments = segments_of(ctx)
+    gpu_ns = ctx.shared(op_gpu).total_ns[rows]
+    segments = ctx.segments
     phase, _ = phase_labels(trace, segments, rows)
     if len(segments) == 0:
-        inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], ctx)
+        inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
         phase = inferred if inferred is not None else phase
-    from tokentrace.analysis.detectors.attention import dtype_name
-
     df = pd.DataFrame({"row": rows, "name": trace.names[rows],
                        "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
                        "dtype": [dtype_name(t) for t in ev["input_type"].to_numpy()[rows]],
@@ -190,12 +169,10 @@ def _gemm_rows(trace: Trace, ctx: Any) -> pd.DataFrame:
     return g
 
 
-def _phase_from_attention(ts: np.ndarray, ctx: Any) -> np.ndarray | None:
+def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | None:
     """Without segments: each op takes the phase of the last attention call before it (the first
     call's phase before any), the query-length rule the attention detector applied to that call."""
-    att = ctx.results.get("attention") if ctx is not None and hasattr(ctx, "results") else None
-    calls = getattr(att, "calls", None)
-    if calls is None or calls.empty:
+    if calls.empty:
         return None
     c = calls[calls["phase"].isin(("prefill", "decode")) & (calls["source"] != "kernel")].sort_values("ts")
     if c.empty:
@@ -206,10 +183,8 @@ def _phase_from_attention(ts: np.ndarray, ctx: Any) -> np.ndarray | None:
     return cph[np.maximum(i, 0)]
 
 
-def _attention_rows(ctx: Any) -> pd.DataFrame:
-    att = ctx.results.get("attention") if ctx is not None and hasattr(ctx, "results") else None
-    calls = getattr(att, "calls", None)
-    if calls is None or calls.empty:
+def _attention_rows(calls: pd.DataFrame) -> pd.DataFrame:
+    if calls.empty:
         return pd.DataFrame()
     calls = calls[(calls["source"] == "op") & calls["q_len"].notna()]
     if calls.empty:
@@ -323,11 +298,10 @@ def _findings(trace: Trace, phases: dict[str, dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def run(trace: Trace, ctx: Any = None) -> Roofline:
-    from tokentrace.analysis.common.gpu_specs import spec_for_trace
-
+def run(trace: Trace, ctx: Context) -> Roofline:
     name, spec = spec_for_trace(trace)
-    df = _table([_gemm_rows(trace, ctx), _attention_rows(ctx)], spec)
+    calls = ctx.result("attention").calls
+    df = _table([_gemm_rows(trace, ctx, calls), _attention_rows(calls)], spec)
     phases = _phase_summary(df, spec, name)
     res = Roofline(ops=df, phases=phases, gpu=name, spec=spec)
     res.findings = _findings(trace, phases)

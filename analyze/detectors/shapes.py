@@ -1,12 +1,9 @@
 """The `shapes` section: ops and kernels grouped by input shapes and phase, joined to the GPU time
 of the kernels each op launched.
 
-Owns the attribution of GPU activity to host ops that the attention and roofline detectors reuse.
-A kernel's `op` link is the innermost cpu_op around its launch call; an op's *total* GPU time is
-that of every kernel launched anywhere under it (aten::linear owns the GEMM its aten::mm child
-launched), its *self* GPU time that of the kernels it launched directly. Attribution walks the
-`parent` column one level at a time for all kernels at once, so the cost is (kernels x nesting
-depth) numpy work, never a Python loop over events.
+GPU time per op comes from the attribution in analysis.common.attribution (shared with the
+attention, roofline and memory detectors): an op's *total* GPU time is that of every kernel
+launched anywhere under it, its *self* GPU time that of the kernels it launched directly.
 
 Tables: `ops` (what `key_averages(group_by_input_shape=True)` shows, plus GPU time and the kernel
 that took most of it) and `kernels` (kernel name x launching op x its input shapes x phase).
@@ -21,130 +18,21 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
+from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.labels import phase_codes
+from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
-US = 1000.0  # ns per microsecond
+NAME = "shapes"
+NEEDS = ("phases",)
 # Rows of each table in the JSON summary (the DataFrames keep all of them): enough to show where
 # the GPU time goes without turning the summary into the trace.
 JSON_TOP_ROWS = 40
-# Phase label when the trace has no segmentation at all (every row belongs to one phase).
-NO_PHASE = "all"
-# Phase label of rows outside every segment of a segmented trace.
-OUTSIDE = "other"
-
-
-# ---- attribution primitives --------------------------------------------------------------
-
-
-def climb_to(parent: np.ndarray, start: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """For each start row, the nearest ancestor-or-self row with target[row] True (-1: none)."""
-    cur = np.asarray(start, dtype=np.int64).copy()
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        hit = target[cur[todo]]
-        todo = todo[~hit]
-        cur[todo] = parent[cur[todo]]
-        todo = todo[cur[todo] >= 0]
-    return cur
-
-
-def outermost(parent: np.ndarray, start: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """For each start row, the topmost ancestor-or-self row with target[row] True (-1: none)."""
-    cur = np.asarray(start, dtype=np.int64).copy()
-    best = np.full(len(cur), -1, dtype=np.int64)
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        c = cur[todo]
-        hit = target[c]
-        best[todo[hit]] = c[hit]
-        cur[todo] = parent[c]
-        todo = todo[cur[todo] >= 0]
-    return best
-
-
-def root_of(parent: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """Top-level ancestor-or-self of each row (-1 stays -1)."""
-    cur = np.asarray(start, dtype=np.int64).copy()
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        up = parent[cur[todo]]
-        more = up >= 0
-        cur[todo[more]] = up[more]
-        todo = todo[more]
-    return cur
-
-
-@dataclass
-class OpGpu:
-    """GPU activity attributed to host ops. Arrays are indexed by event row (0 for non-ops)."""
-
-    self_ns: np.ndarray
-    total_ns: np.ndarray
-    self_count: np.ndarray
-    total_count: np.ndarray
-    # Every (op row, GPU row) pair where the GPU activity was launched under the op, all levels.
-    pair_op: np.ndarray
-    pair_gpu: np.ndarray
-
-
-def op_gpu(trace: Trace) -> OpGpu:
-    ev = trace.events
-    n = len(ev)
-    parent = ev["parent"].to_numpy()
-    gpu = trace.gpu
-    g_op = gpu["op"].to_numpy()
-    linked = g_op >= 0
-    cur = g_op[linked]
-    rows = gpu.index.to_numpy(np.int64)[linked]
-    dur = gpu["dur"].to_numpy()[linked].astype(float)
-    self_ns = np.bincount(cur, weights=dur, minlength=n)
-    self_count = np.bincount(cur, minlength=n)
-    pair_op: list[np.ndarray] = []
-    pair_gpu: list[np.ndarray] = []
-    pair_dur: list[np.ndarray] = []
-    while len(cur):
-        pair_op.append(cur)
-        pair_gpu.append(rows)
-        pair_dur.append(dur)
-        cur = parent[cur]
-        keep = cur >= 0
-        cur, rows, dur = cur[keep], rows[keep], dur[keep]
-    cat = lambda parts, dtype: np.concatenate(parts) if parts else np.empty(0, dtype)  # noqa: E731
-    all_op = cat(pair_op, np.int64)
-    # One count over all levels, not one full-length array per level (ops nest tens deep). The
-    # weights are integer nanoseconds, so float sums are exact in any order.
-    total_ns = np.bincount(all_op, weights=cat(pair_dur, float), minlength=n).astype(float, copy=False)
-    total_count = np.bincount(all_op, minlength=n).astype(np.int64, copy=False)
-    return OpGpu(self_ns, total_ns, self_count, total_count, all_op, cat(pair_gpu, np.int64))
-
-
-# ---- phases --------------------------------------------------------------------------------
-
-
-def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase code, phase labels, segment id) per event row, codes numbered in order of first
-    appearance like pd.factorize of the labels. Labels are resolved per segment and factorized as
-    integers: factorizing a million label strings is what would cost."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if len(segments) == 0:
-        labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
-        return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
-    seg = segments.locate_rows(trace, rows)
-    table = segments.table
-    # One code per distinct label text, OUTSIDE last, so equal texts of different segments share it.
-    text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE))
-    pos = pd.Index(table["seg"].to_numpy(np.int64)).get_indexer(seg)
-    text_of_row = np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
-    codes, used = pd.factorize(text_of_row)
-    return codes.astype(np.int64, copy=False), np.asarray(texts, dtype=object)[used], seg
-
-
-def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(phase label, segment id) per event row; GPU rows count in the segment that launched them."""
-    codes, labels, seg = phase_codes(trace, segments, rows)
-    return labels[codes].astype(object, copy=False), seg
 
 
 def dims_text(values: np.ndarray | pd.Series) -> np.ndarray:
@@ -177,51 +65,6 @@ class Shapes:
             "ops": records(self.ops.head(JSON_TOP_ROWS)),
             "kernels": records(self.kernels.head(JSON_TOP_ROWS)),
         }
-
-
-def json_value(v: Any) -> Any:
-    """A plain JSON value: numpy scalars unwrapped, NaN / NA as null, floats rounded to 3 places."""
-    if isinstance(v, (list, dict, str, bool)) or v is None:
-        return v
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return None if v != v else round(float(v), 3)
-    if v is pd.NA or v is pd.NaT:
-        return None
-    return v
-
-
-def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: json_value(v) for k, v in r.items()} for r in df.to_dict("records")]
-
-
-def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
-    """One integer per distinct dims (or types) list, equal lists sharing it, numbered in order of
-    first appearance; -1 for absent.
-
-    The loader parses each distinct JSON text once, so a million rows hold a few hundred list
-    objects. Rows are grouped by object identity first (an integer factorize), and only one list
-    per distinct object is encoded (msgspec JSON) to merge equal lists held by different objects.
-    Objects are numbered in first-appearance order, so the content codes are too."""
-    if isinstance(values, pd.Series):
-        values = values.to_numpy(dtype=object)
-    elif not isinstance(values, np.ndarray):
-        # np.asarray would turn a list of equal-length lists into a 2-D array.
-        arr = np.empty(len(values), dtype=object)
-        arr[:] = list(values)
-        values = arr
-    if len(values) == 0:
-        return np.empty(0, dtype=np.int64)
-    # Ids stay valid: `values` holds every object alive for the duration of this call.
-    ids = np.fromiter(map(id, values), dtype=np.intp, count=len(values))
-    obj_code, uniq_ids = pd.factorize(ids)
-    objs = np.empty(len(uniq_ids), dtype=object)
-    objs[obj_code] = values  # any row of a code holds the same object
-    enc = msgspec.json.encode
-    keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
-    content = pd.factorize(keys, use_na_sentinel=True)[0]
-    return content[obj_code].astype(np.int64, copy=False)
 
 
 def name_codes(names: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -352,21 +195,9 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)[cols]
 
 
-def attribution(trace: Trace, ctx: Any = None) -> OpGpu:
-    """The op attribution of this trace, reused from the shapes result when it already ran."""
-    res = getattr(ctx, "results", {}).get("shapes") if ctx is not None else None
-    att = getattr(res, "attribution", None)
-    return att if isinstance(att, OpGpu) else op_gpu(trace)
-
-
-def segments_of(ctx: Any) -> Segments:
-    seg = getattr(ctx, "segments", None) if ctx is not None else None
-    return seg if isinstance(seg, Segments) else Segments()
-
-
-def run(trace: Trace, ctx: Any = None) -> Shapes:
-    segments = segments_of(ctx)
-    att = op_gpu(trace)
+def run(trace: Trace, ctx: Context) -> Shapes:
+    segments = ctx.segments
+    att = ctx.shared(op_gpu)
     gpu = trace.gpu
     unlinked = gpu["op"].to_numpy() < 0
     return Shapes(

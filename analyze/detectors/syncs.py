@@ -1,23 +1,13 @@
 """The `syncs` section: host-device synchronisation points, what they waited for and what they cost.
 
-Owns the one definition of a sync point on a Kineto trace (used by the gap detector and the
-Nsight Systems rule table too):
-- host calls that block until GPU work finishes (HOST_SYNC_APIS: device/stream/event sync);
-- synchronous memcpy/memset calls (SYNC_MEMCPY_APIS, SYNC_MEMSET_APIS);
-- cudaMemcpyAsync into pageable host memory (Kineto names the copy "... Pageable ..."), which the
-  driver stages synchronously;
-- GPU-side waits (GPU_WAIT_APIS, cudaStreamWaitEvent): listed, but the host is not blocked;
-- Kineto's cuda_sync activity (Context/Stream/Event Sync, Stream Wait Event) when no runtime call
-  is linked to it, and ops that force a sync (apis.SYNC_CAUSING_OPS: .item(), nonzero, ...) when
-  the trace shows them talking to the GPU without a recorded sync call.
-Each sync gets its blocked time, the GPU work it waited for, the op and stack that caused it, its
-phase and step, and the GPU idle it caused (from the gaps detector). Also owns the small lookups other
-detectors share: the op and Python stack at an instant, segment labels, and the decode scale.
+The sync points are those of analysis.common.sync_points (the one definition, shared with the
+gap detector and the Nsight Systems rule table). Each sync gets its blocked time, the GPU work it
+waited for, the op and stack that caused it, its phase and step, and the GPU idle it caused
+(from the gaps detector's result).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,185 +15,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import (
-    GPU_WAIT_APIS,
-    HOST_SYNC_APIS,
-    MEMCPY_APIS,
-    SYNC_CAUSING_OPS,
-    SYNC_MEMCPY_APIS,
-    SYNC_MEMSET_APIS,
-)
+from tokentrace.analysis.apis import SYNC_CAUSING_OPS
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.busy import device_busy
+from tokentrace.analysis.common.host import HostLookup, recorded_stack
+from tokentrace.analysis.common.json_values import json_value
+from tokentrace.analysis.common.labels import decode_scale, segment_labels
+from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_calls
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.segments import Segments
 
-US = 1000.0
-# A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
-# Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
-# before the GPU went idle still counts as the one that drained it.
-SYNC_RETURN_SLACK_NS = 2_000
+NAME = "syncs"
+NEEDS = ("phases", "gaps")
+
 # Python frames are looked up for this many of the longest syncs (each lookup scans the thread's
 # frames; the rest keep the op's recorded call stack when the trace has one).
 STACK_LOOKUPS = 50
 # The JSON summary lists at most this many items (longest blocked first); the table has all.
 ITEMS_IN_JSON = 500
-PAGEABLE = "Pageable"
-OUTSIDE = "outside any annotated region"  # the region of work outside every segment
-
-# Kinds of sync point; `blocking` kinds stop the host.
-KIND_OF_CUDA_SYNC = {"Context Sync": "device_sync", "Stream Sync": "stream_sync", "Event Sync": "event_sync",
-                     "Stream Wait Event": "gpu_wait"}
-BLOCKING_KINDS = ("device_sync", "stream_sync", "event_sync", "memcpy_sync", "memcpy_pageable", "memset_sync", "op")
-TRANSFER_KINDS = ("memcpy_sync", "memcpy_pageable")
-
-
-def api_kind(name: str) -> str | None:
-    """Kind of sync a runtime/driver call is by name alone (pageable memcpy needs the activity)."""
-    if name in HOST_SYNC_APIS:
-        if "Stream" in name:
-            return "stream_sync"
-        if "Event" in name:
-            return "event_sync"
-        return "device_sync"
-    if name in GPU_WAIT_APIS:
-        return "gpu_wait"
-    if name in SYNC_MEMCPY_APIS:
-        return "memcpy_sync"
-    if name in SYNC_MEMSET_APIS:
-        return "memset_sync"
-    return None
-
-
-def _names(trace: Trace) -> np.ndarray:
-    return trace.names
-
-
-_CALLS: weakref.WeakKeyDictionary[Trace, pd.DataFrame] = weakref.WeakKeyDictionary()
-
-
-def sync_calls(trace: Trace) -> pd.DataFrame:
-    """Every sync point as one row: row (event row), api, kind, blocking, ts, end (ns), pid, tid,
-    device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op").
-    Computed once per trace (the gpu, gaps and syncs sections all read it); treat it as read-only."""
-    if trace not in _CALLS:
-        _CALLS[trace] = _sync_calls(trace)
-    return _CALLS[trace]
-
-
-def _sync_calls(trace: Trace) -> pd.DataFrame:
-    ev = trace.events
-    names = _names(trace)
-    rt = trace.runtime
-    parts: list[pd.DataFrame] = []
-    rows = rt.index.to_numpy(np.int64)
-    cats = rt["name"].cat
-    # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
-    by_cat = np.array([api_kind(str(c)) for c in cats.categories] + [None], dtype=object)
-    kinds = by_cat[cats.codes.to_numpy()]
-    # Pageable async copies: the activity's name says the host side is pageable memory.
-    gpu_dev = pd.Series(dtype=np.int64)
-    gpu_stream = pd.Series(dtype=np.int64)
-    copy_name = pd.Series(dtype=object)
-    targets = ev.index[ev["kind"].isin(("gpu_memcpy", "gpu_memset", "cuda_sync")) & (ev["launch"] >= 0)]
-    if len(targets):
-        tl = ev.loc[targets, ["launch", "device", "stream"]]
-        first = ~tl["launch"].duplicated()
-        gpu_dev = pd.Series(tl["device"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
-        gpu_stream = pd.Series(tl["stream"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
-        mc = targets[ev.loc[targets, "kind"].to_numpy(dtype=object) == "gpu_memcpy"]
-        if len(mc):
-            mcl = ev.loc[mc, "launch"].to_numpy()
-            copy_name = pd.Series(names[mc], index=mcl)
-            copy_name = copy_name[~copy_name.index.duplicated()]
-    if len(rows) and len(copy_name):
-        is_pageable = copy_name.map(lambda c: isinstance(c, str) and PAGEABLE in c)
-        pageable = is_pageable.reindex(rows).fillna(False).to_numpy(bool)
-        is_memcpy = rt["name"].isin(MEMCPY_APIS).to_numpy()
-        kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
-    keep = kinds != None  # noqa: E711
-    if keep.any():
-        r = rows[keep]
-        parts.append(pd.DataFrame({
-            "row": r, "api": names[r], "kind": kinds[keep].astype(object),
-            "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
-            "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
-            "device": gpu_dev.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_dev) else np.full(len(r), -1),
-            "stream": gpu_stream.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_stream) else np.full(len(r), -1),
-            "copy": copy_name.reindex(r).to_numpy(dtype=object) if len(copy_name) else np.full(len(r), None, dtype=object),
-            "source": "api",
-        }))
-    # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
-    cs = trace.cuda_sync
-    if len(cs):
-        linked = cs["launch"].to_numpy()
-        covered = np.isin(linked, rows[keep]) if keep.any() else np.zeros(len(cs), dtype=bool)
-        lone = cs[~covered]
-        if len(lone):
-            kind_src = lone["sync_kind"].astype(object).where(lone["sync_kind"].notna(), lone["name"].astype(object))
-            k = kind_src.map(lambda s: KIND_OF_CUDA_SYNC.get(str(s))).to_numpy(dtype=object)
-            ok = k != None  # noqa: E711
-            lone = lone[ok]
-            parts.append(pd.DataFrame({
-                "row": lone.index.to_numpy(np.int64), "api": lone["name"].astype(object).to_numpy(), "kind": k[ok],
-                "ts": lone["ts"].to_numpy(), "end": lone["end"].to_numpy(), "pid": -1, "tid": -1,
-                "device": lone["device"].to_numpy(), "stream": lone["stream"].to_numpy(), "copy": None,
-                "source": "cuda_sync",
-            }))
-    calls = pd.concat(parts, ignore_index=True) if parts else _empty_calls()
-    ops = _sync_ops_without_call(trace, calls)
-    if len(ops):
-        calls = pd.concat([calls, ops], ignore_index=True)
-    calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
-    return calls.sort_values("ts", kind="stable").reset_index(drop=True)
-
-
-def _empty_calls() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
-        ("row", np.int64), ("api", object), ("kind", object), ("ts", np.int64), ("end", np.int64), ("pid", np.int64),
-        ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
-
-
-def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
-    """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
-    went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
-    ev = trace.events
-    ops = trace.cpu_ops
-    if ops.empty:
-        return _empty_calls()
-    names = _names(trace)
-    is_sync_op = np.zeros(len(ev), dtype=bool)
-    sync_rows = ops.index[ops["name"].isin(SYNC_CAUSING_OPS)].to_numpy(np.int64)
-    if not len(sync_rows):
-        return _empty_calls()
-    is_sync_op[sync_rows] = True
-    parent = ev["parent"].to_numpy()
-    op_col = ev["op"].to_numpy()
-    api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
-    has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
-    rt_rows = trace.runtime.index.to_numpy(np.int64)
-    talks = iv.with_ancestors(parent, op_col[rt_rows]) if len(rt_rows) else np.zeros(len(ev), dtype=bool)
-    # Outermost sync-causing op of each chain only: no sync-causing ancestor.
-    cand = sync_rows[talks[sync_rows] & ~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
-    if not len(cand):
-        return _empty_calls()
-    return pd.DataFrame({
-        "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
-        "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
-        "source": "op",
-    })
-
-
-def _has_sync_ancestor(parent: np.ndarray, rows: np.ndarray, is_sync_op: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(rows), dtype=bool)
-    cur = parent[rows]
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        hit = is_sync_op[cur[todo]]
-        out[todo[hit]] = True
-        todo = todo[~hit]
-        cur[todo] = parent[cur[todo]]
-        todo = todo[cur[todo] >= 0]
-    return out
 
 
 def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
@@ -227,106 +59,6 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def jsonable(v: Any) -> Any:
-    """Plain JSON value: numpy scalars to Python, NaN/NA to None (lists pass through)."""
-    if isinstance(v, (list, tuple, dict)) or v is None:
-        return v
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return None if v != v else float(v)
-    try:
-        if pd.isna(v):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return v
-
-
-# ---- host-side lookups shared with the gap detector ----------------------------------------
-
-class HostLookup:
-    """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
-
-    Each thread's ops and frames are selected once; a lookup scans that thread's rows, so it is
-    meant for a handful of instants (top gaps, longest syncs), not for every event."""
-
-    def __init__(self, trace: Trace) -> None:
-        self.trace = trace
-        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-
-    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key = (what, pid, tid)
-        if key not in self._cache:
-            df = self.trace.cpu_ops if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
-            on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
-            self._cache[key] = (df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on])
-        return self._cache[key]
-
-    def op_at(self, pid: int, tid: int, t: int) -> int:
-        """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
-        ts, end, rows = self._rows("op", pid, tid)
-        hit = iv.enclosing(ts, end, t)
-        return int(rows[hit[-1]]) if len(hit) else -1
-
-    def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
-        """Python frames enclosing instant t on the thread, outermost first; None without any."""
-        ts, end, rows = self._rows("py", pid, tid)
-        hit = iv.enclosing(ts, end, t)
-        if not len(hit):
-            return None
-        names = self.trace.names
-        return [str(n) for n in names[rows[hit]]]
-
-
-def segment_labels(segments: Any, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:
-    """Phase, step index and region name of each segment id (-1: None, None, OUTSIDE)."""
-    seg = np.asarray(seg, dtype=np.int64)
-    phase = np.full(len(seg), None, dtype=object)
-    step = np.full(len(seg), None, dtype=object)
-    region = np.full(len(seg), OUTSIDE, dtype=object)
-    if segments is not None and len(segments) and len(seg):
-        t = segments.table.set_index("seg")
-        ok = seg >= 0
-        found = t.reindex(seg[ok])
-        phase[ok] = found["phase"].astype(object).to_numpy()
-        step[ok] = [None if v != v else int(v) for v in found["index"].to_numpy()]
-        region[ok] = found["name"].astype(object).to_numpy()
-    return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
-            pd.Series(region, index=index, dtype=object))
-
-
-def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
-    """The op's own call stack when the profiler recorded one (with_stack=True)."""
-    if op_row < 0:
-        return None
-    st = trace.events["stack"].to_numpy()[op_row]
-    if isinstance(st, str) and st:
-        return [s for s in st.split(";") if s]
-    if isinstance(st, (list, tuple)) and st:
-        return [str(s) for s in st]
-    return None
-
-
-def decode_scale(trace: Trace, segments: Any) -> dict[str, Any]:
-    """Decode steps seen, tokens each step emits (the batch) and decode steps per request, from the
-    segments (phases detector) or the capture metadata; None where unknown."""
-    dec = segments.of_phase("decode") if segments is not None and len(segments) else pd.DataFrame()
-    batch = None
-    for col in ("batch", "batch_size", "tokens"):
-        if col in dec.columns:
-            vals = pd.to_numeric(dec[col], errors="coerce")
-            vals = vals[vals > 0]  # -1 marks unknown
-            if len(vals):
-                batch = float(vals.median())
-                break
-    cap = trace.capture
-    if batch is None and isinstance(cap.get("batch"), (int, float)) and cap["batch"] > 0:
-        batch = float(cap["batch"])
-    per_request = cap.get("decode_steps") if isinstance(cap.get("decode_steps"), int) else None
-    return {"steps": len(dec), "tokens_per_step": batch, "steps_per_request": per_request or (len(dec) or None)}
-
-
 # ---- the detector ---------------------------------------------------------------------------
 
 @dataclass
@@ -342,7 +74,7 @@ class SyncsResult:
         top = self.items.sort_values("blocked_us", ascending=False, kind="stable").head(ITEMS_IN_JSON)
         top = top.sort_values("start_us", kind="stable")
         items = []
-        for r in ({k: jsonable(v) for k, v in rec.items()} for rec in top.to_dict("records")):
+        for r in ({k: json_value(v, None) for k, v in rec.items()} for rec in top.to_dict("records")):
             items.append({
                 "kind": r["kind"], "api": r["api"], "blocked_us": round(r["blocked_us"], 3),
                 "start_us": round(r["start_us"], 3), "phase": r["phase"], "step": r["step"], "op": r["op"],
@@ -362,20 +94,19 @@ class SyncsResult:
         }
 
 
-def run(trace: Trace, ctx: Any = None) -> SyncsResult:
-    calls = sync_calls(trace)
-    ev = trace.events
-    names = _names(trace)
+def run(trace: Trace, ctx: Context) -> SyncsResult:
+    calls = ctx.shared(sync_calls)
+    names = trace.names
     t0 = trace.span_ns[0]
-    segments = getattr(ctx, "segments", None) if ctx is not None else None
+    segments = ctx.segments
     n = len(calls)
     blocking = calls["blocking"].to_numpy(bool) if n else np.zeros(0, dtype=bool)
     dur = (calls["end"] - calls["ts"]).to_numpy(np.int64) if n else np.zeros(0, dtype=np.int64)
     blocked = np.where(blocking, dur, 0)
     cause = cause_ops(trace, calls["row"].to_numpy(np.int64)) if n else np.zeros(0, dtype=np.int64)
-    seg = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and n else np.full(n, -1)
+    seg = segments.locate_times(calls["ts"].to_numpy()) if n else np.full(n, -1)
     waited = _waited_for(trace, ctx, calls)
-    idle = _idle_caused(ctx, calls)
+    idle = _idle_caused(ctx.result("gaps"), calls)
     items = pd.DataFrame({
         "row": calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
         "kind": calls["kind"].to_numpy(dtype=object) if n else np.zeros(0, object),
@@ -410,21 +141,17 @@ def run(trace: Trace, ctx: Any = None) -> SyncsResult:
     return result
 
 
-def _waited_for(trace: Trace, ctx: Any, calls: pd.DataFrame) -> dict[str, np.ndarray]:
+def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np.ndarray]:
     """Per sync: the GPU activity whose completion released it (the last one to end while it
     waited), how many activities ended meanwhile, and the GPU busy time inside the wait."""
     n = len(calls)
     out = {"name": np.full(n, None, dtype=object), "count": np.zeros(n, dtype=np.int64), "busy_us": np.zeros(n)}
     if not n:
         return out
-    busy = getattr(ctx.results.get("gpu"), "busy", None) if ctx is not None else None
-    if busy is None:
-        from tokentrace.analysis.detectors.utilization import device_busy
-
-        busy = device_busy(trace)
+    busy = ctx.shared(device_busy)
     if not busy.devices:
         return out
-    names = _names(trace)
+    names = trace.names
     end_col = trace.events["end"].to_numpy()
     dev = calls["device"].to_numpy(np.int64)
     # A sync whose device is unknown waits on the busiest device (one GPU per rank is the norm).
@@ -451,12 +178,11 @@ def _waited_for(trace: Trace, ctx: Any, calls: pd.DataFrame) -> dict[str, np.nda
     return out
 
 
-def _idle_caused(ctx: Any, calls: pd.DataFrame) -> np.ndarray:
+def _idle_caused(gaps: Any, calls: pd.DataFrame) -> np.ndarray:
     """GPU idle the gap detector attributed to each sync (the drain after the host blocked)."""
     out = np.zeros(len(calls))
-    gaps = ctx.results.get("gaps") if ctx is not None else None
-    table = getattr(gaps, "gaps", None)
-    if table is None or table.empty or "sync_row" not in table.columns or not len(calls):
+    table = gaps.gaps
+    if table.empty or "sync_row" not in table.columns or not len(calls):
         return out
     per_row = table[table["sync_row"] >= 0].groupby("sync_row")["dur_us"].sum()
     return per_row.reindex(calls["row"].to_numpy()).fillna(0.0).to_numpy(float)
@@ -474,7 +200,7 @@ def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list
     return out
 
 
-def _per_token(trace: Trace, segments: Any, items: pd.DataFrame) -> dict[str, Any]:
+def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame) -> dict[str, Any]:
     scale = decode_scale(trace, segments)
     steps = scale["steps"]
     out: dict[str, Any] = {"decode_steps": steps, "tokens_per_step": scale["tokens_per_step"]}
@@ -564,7 +290,7 @@ def _findings(trace: Trace, items: pd.DataFrame, per_token: dict[str, Any]) -> l
         in_decode = grp[grp["phase"] == "decode"]
         per_step = float(in_decode["idle_caused_us"].sum()) / steps if steps and len(in_decode) else None
         ev_rows = grp.sort_values("blocked_us", ascending=False).head(5)
-        evidence = [{k: jsonable(v) for k, v in {
+        evidence = [{k: json_value(v, None) for k, v in {
             "api": r["api"], "op": r["op"], "start_us": round(r["start_us"], 3), "blocked_us": round(r["blocked_us"], 3),
             "idle_caused_us": round(r["idle_caused_us"], 3), "waited_for": r["waited_for"], "phase": r["phase"],
             "step": r["step"], "copy": r["copy"]}.items()} for r in ev_rows.to_dict("records")]

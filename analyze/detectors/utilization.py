@@ -1,11 +1,11 @@
 """The `gpu` section: how busy each GPU was, merged over its streams, and per stream.
 
-Owns the busy timeline of each device (the union of its kernels, memcpys and memsets over all
-streams) that the gap, launch and sync detectors reuse, and the headline numbers: busy, idle and
-utilisation over the span from the first GPU activity's start to the last one's end. That is the
-definition HTA's temporal breakdown uses, so the two can be compared (analyze.hta_compare).
+Reports the busy timeline of each device (analysis.common.busy: the union of its kernels,
+memcpys and memsets over all streams, shared with the gap and sync detectors) as the headline
+numbers: busy, idle and utilisation over the span from the first GPU activity's start to the last one's end. That is the
+definition HTA's temporal breakdown uses, so the two can be compared (analysis.compare.hta_compare).
 Kineto's cuda_sync rows sit on GPU rows but are waits, not work, so they are not busy time.
-Also carries the Nsight Systems rule parity table (analyze.nsys_rules) as `gpu.nsys_rules`.
+Also carries the Nsight Systems rule parity table (analysis.common.nsys_rules) as `gpu.nsys_rules`.
 """
 
 from __future__ import annotations
@@ -17,46 +17,19 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.nsys_rules import evaluate
+from tokentrace.analysis.common.sync_points import sync_calls
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
 from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
 
-US = 1000.0  # ns per microsecond
-
-
-@dataclass
-class BusyTimeline:
-    """Per device: GPU rows sorted by start, and the merged busy intervals over all streams."""
-
-    rows: dict[int, np.ndarray] = field(default_factory=dict)  # device -> event rows sorted by ts
-    starts: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy starts (ns)
-    ends: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy ends (ns)
-    opener: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row opening each busy interval
-    closer: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row reaching each interval's end
-
-    @property
-    def devices(self) -> list[int]:
-        return sorted(self.starts)
-
-
-def device_busy(trace: Trace) -> BusyTimeline:
-    """Merged busy intervals per device, with the rows that open and close each of them."""
-    gpu = trace.gpu
-    out = BusyTimeline()
-    if gpu.empty:
-        return out
-    rows = gpu.index.to_numpy(np.int64)
-    dev = gpu["device"].to_numpy(np.int64)
-    ts = gpu["ts"].to_numpy(np.int64)
-    end = gpu["end"].to_numpy(np.int64)
-    order = np.lexsort((ts, dev))
-    rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
-    bounds = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1], True])
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        d = int(dev[a])
-        ms, me, first, last = iv.union_with_last(ts[a:b], end[a:b])
-        out.rows[d] = rows[a:b]
-        out.starts[d], out.ends[d] = ms, me
-        out.opener[d], out.closer[d] = rows[a:b][first], rows[a:b][last]
-    return out
+NAME = "gpu"
+NEEDS = ("phases",)
+# Decimal places of the shares and times in this section.
+DIGITS = 6
 
 
 @dataclass
@@ -91,15 +64,12 @@ class GpuUtilization:
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for rec in df.to_dict("records"):
-        out.append({k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else
-                        int(v) if isinstance(v, (np.integer,)) else v) for k, v in rec.items()})
-    return out
+    # NaN kept: a stream with a zero span has no utilisation (schema 1 writes it as NaN).
+    return records(df, DIGITS, keep_nan=True)
 
 
-def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
-    busy = device_busy(trace)
+def run(trace: Trace, ctx: Context) -> GpuUtilization:
+    busy = ctx.shared(device_busy)
     t0 = trace.span_ns[0]
     dev_rows = []
     for d in busy.devices:
@@ -111,16 +81,13 @@ def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
                          "activities": len(busy.rows[d])})
     devices = pd.DataFrame(dev_rows, columns=["device", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities"])
     streams = _streams(trace, t0)
-    by_phase = _by_phase(trace, ctx)
+    by_phase = _by_phase(trace, ctx.segments)
     busy_ns = float(devices["busy_us"].sum()) if len(devices) else 0.0
     idle_ns = float(devices["idle_us"].sum()) if len(devices) else 0.0
     span = busy_ns + idle_ns
-    nsys: dict[str, Any] = {}
-    if ctx is not None:
-        from tokentrace.analysis.common.nsys_rules import evaluate
-
-        opts = ctx.options
-        nsys = evaluate(trace, busy, gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks, threshold=opts.nsys_util_threshold)
+    opts = ctx.options
+    nsys = evaluate(trace, busy, ctx.shared(sync_calls), gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks,
+                    threshold=opts.nsys_util_threshold)
     return GpuUtilization(
         busy_us=busy_ns,
         idle_us=idle_ns,
@@ -163,13 +130,12 @@ def _streams(trace: Trace, t0: int) -> pd.DataFrame:
     return out.sort_values(["device", "stream"]).reset_index(drop=True)
 
 
-def _by_phase(trace: Trace, ctx: Any) -> pd.DataFrame:
+def _by_phase(trace: Trace, segs: Segments) -> pd.DataFrame:
     """GPU busy share of each phase: work is located by its launch's segment, the span of a
     segment runs from its first GPU start to its last GPU end, and a phase sums its segments."""
     cols = ["phase", "busy_us", "span_us", "utilization"]
-    segs = getattr(ctx, "segments", None) if ctx is not None else None
     gpu = trace.gpu
-    if segs is None or len(segs) == 0 or gpu.empty:
+    if len(segs) == 0 or gpu.empty:
         return pd.DataFrame(columns=cols)
     seg = segs.locate_rows(trace, gpu.index.to_numpy())
     ok = seg >= 0

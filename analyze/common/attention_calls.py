@@ -1,0 +1,365 @@
+"""Attention calls: every attention call in a trace, however it ran, with its shapes, backend
+kernel, phase and GPU time (one row each, columns CALL_COLUMNS).
+
+- ops: ATTENTION_OPS (SDPA and its variants, flash_attn, xformers, vLLM, FlashInfer); nested ones
+  form one call, named by the outermost op;
+- kernels by name (ATTENTION_KERNELS) where no host op encloses them (CUDA-graph replay, vLLM /
+  SGLang / FlashInfer kernels, host events cropped from the trace): consecutive attention kernels
+  on one stream form one call;
+- eager attention: matmul -> softmax -> matmul on one thread with consistent shapes, or inside an
+  attention module (python_function `nn.Module: LlamaAttention_0`, `eager_attention_forward`, or
+  the op's recorded stack).
+
+Read by the attention detector and by `tokentrace scaling` (analysis.compare.scaling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common.attention_ops import (
+    ATTENTION_MODULE_RE,
+    EAGER,
+    KERNELS_RE,
+    MATH,
+    MATMUL_OPS,
+    OPS_RE,
+    SOFTMAX_OPS,
+    UNKNOWN,
+    attention_op_spec,
+    int_or_none,
+    match_categories,
+    parse_shapes,
+)
+from tokentrace.analysis.common.attribution import climb_to, outermost
+from tokentrace.analysis.common.dtypes import dtype_name
+from tokentrace.analysis.common.labels import phase_labels
+from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.loading.links import innermost_containing, nest_parents
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.segments import Segments
+
+CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
+                "head_dim", "dtype", "causal", "phase", "seg", "ts", "end", "row", "gpu_us", "gpu_kernels", "cpu_us"]
+
+
+def _causal(concrete: Any, index: int | None) -> bool | None:
+    if index is None or not isinstance(concrete, list) or index >= len(concrete):
+        return None
+    v = concrete[index]
+    return True if v == "True" else False if v == "False" else None
+
+
+
+
+def _empty_calls() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in CALL_COLUMNS})
+
+
+def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray) -> dict[str, np.ndarray]:
+    """GPU ns, kernel count, top kernel and kernel-named backend for each call id 0..n_calls-1."""
+    ok = call_of_gpu >= 0
+    c = call_of_gpu[ok]
+    dur = gpu["dur"].to_numpy()[ok]
+    names = gpu["name"].to_numpy(dtype=object)[ok]
+    kb = kclass[ok]
+    gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
+    count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
+    top = np.full(n_calls, None, dtype=object)
+    kback = np.full(n_calls, None, dtype=object)
+    if len(c):
+        df = pd.DataFrame({"c": c, "k": names, "d": dur, "b": kb})
+        by = df.groupby(["c", "k"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
+        first = by.drop_duplicates("c")
+        top[first["c"].to_numpy()] = first["k"].to_numpy()
+        named = df[df["b"].notna()]
+        if len(named):
+            bb = named.groupby(["c", "b"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
+            bfirst = bb.drop_duplicates("c")
+            kback[bfirst["c"].to_numpy()] = bfirst["b"].to_numpy()
+    return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback}
+
+
+def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Calls from attention ops; also the is-attention-op mask and each GPU row's call (-1: none)."""
+    ev = trace.events
+    n = len(ev)
+    gpu = trace.gpu
+    is_att = spec >= 0
+    call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
+    if not is_att.any():
+        return _empty_calls(), is_att, call_of_gpu
+    parent = ev["parent"].to_numpy()
+    att_rows = np.flatnonzero(is_att)
+    outer = outermost(parent, att_rows, is_att)
+    call_rows, call_idx = np.unique(outer, return_inverse=True)
+    n_calls = len(call_rows)
+    call_of_row = np.full(n, -1, dtype=np.int64)
+    call_of_row[att_rows] = call_idx
+
+    # Rows of each call, outer first (start order, longer first): the backend comes from the
+    # innermost op that names one (the variant that ran), the shapes from the outermost op whose
+    # dims parse, causality from the first op that records it.
+    order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
+    spec_o = spec[order]
+    table = [s for _, s in OPS_RE]
+    op_backend_o = np.array([table[i][0] for i in spec_o], dtype=object)
+    per_row = pd.DataFrame({"call": call_of_row[order], "row": order, "backend": op_backend_o})
+    named = per_row[per_row["backend"].notna()].drop_duplicates("call", keep="last")
+    op_backend = np.full(n_calls, None, dtype=object)
+    op_backend[named["call"].to_numpy()] = named["backend"].to_numpy()
+
+    dims = ev["input_dims"].to_numpy()
+    codes = value_codes(dims[order])
+    parsed: dict[tuple[int, int], dict[str, int | None]] = {}
+    for code, sp, r in zip(codes, spec_o, order):  # once per distinct (shapes, op kind)
+        key = (int(code), int(sp))
+        if key not in parsed:
+            parsed[key] = parse_shapes(dims[r], table[sp][1])
+    shapes_o = [parsed[(int(c), int(sp))] for c, sp in zip(codes, spec_o)]
+    per_row["ok"] = [p["q_len"] is not None for p in shapes_o]
+    per_row["i"] = np.arange(len(order))
+    concrete = ev["concrete_inputs"].to_numpy()
+    per_row["causal"] = [_causal(concrete[r], table[sp][2]) for r, sp in zip(order, spec_o)]
+    shape_cols: dict[str, list] = {k: [None] * n_calls for k in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")}
+    types = ev["input_type"].to_numpy()
+    for c, i, r in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i", "row"]].itertuples(index=False):
+        for k, v in shapes_o[i].items():
+            shape_cols[k][c] = v
+        shape_cols["dtype"][c] = dtype_name(types[r])
+    causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
+    for c, v in zip(causal["call"], causal["causal"]):
+        shape_cols["causal"][c] = bool(v)
+
+    g_op = gpu["op"].to_numpy()
+    nearest = climb_to(parent, g_op, is_att)
+    call_of_gpu = np.where(nearest >= 0, call_of_row[np.maximum(nearest, 0)], -1)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass)
+    backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
+    # SDPA with no fused kernel and no named variant ran decomposed: the math path.
+    backend = np.where((backend == None) & (per["count"] > 0), MATH, backend)  # noqa: E711
+    backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
+    names = ev["name"].to_numpy()
+    calls = pd.DataFrame({
+        "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
+        **shape_cols,
+        "ts": ev["ts"].to_numpy()[call_rows], "end": ev["end"].to_numpy()[call_rows], "row": call_rows,
+        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": ev["dur"].to_numpy()[call_rows] / US,
+    })
+    return calls, is_att, call_of_gpu
+
+
+def _kernel_calls(trace: Trace, kclass: np.ndarray, taken: np.ndarray) -> pd.DataFrame:
+    """Calls from attention kernels no attention op encloses: consecutive ones on a stream form one call."""
+    gpu = trace.gpu
+    free = (kclass != None) & ~taken  # noqa: E711
+    if not free.any():
+        return _empty_calls()
+    order = np.lexsort((gpu["ts"].to_numpy(), gpu["stream"].to_numpy(), gpu["device"].to_numpy()))
+    f = free[order]
+    dev = gpu["device"].to_numpy()[order]
+    stream = gpu["stream"].to_numpy()[order]
+    same_stream = np.r_[False, (dev[1:] == dev[:-1]) & (stream[1:] == stream[:-1])]
+    prev_free = np.r_[False, f[:-1]] & same_stream
+    starts = f & ~prev_free
+    call_sorted = np.cumsum(starts) - 1
+    call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
+    call_of_gpu[order[f]] = call_sorted[f]
+    n_calls = int(starts.sum())
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass)
+    rows = gpu.index.to_numpy(np.int64)
+    first = pd.Series(np.arange(len(gpu))[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).min().to_numpy()
+    last_end = pd.Series(gpu["end"].to_numpy()[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).max().to_numpy()
+    return pd.DataFrame({
+        "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
+        "batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None, "dtype": None,
+        "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
+        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
+    })
+
+
+def _modules_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Name of the innermost attention module (python_function) around each (thread, time); None outside."""
+    out = np.full(len(ts), None, dtype=object)
+    py = trace.narrow(("python_function",), PYTHON_COLUMNS)
+    if py.empty or not len(ts):
+        return out
+    # The regex runs once per distinct function name, not per event.
+    cats = py["name"].array.categories
+    label = np.array([(lambda m: (m.group(1) or m.group(2)) if m else None)(ATTENTION_MODULE_RE.search(str(c))) for c in cats]
+                     + [None], dtype=object)
+    codes = np.asarray(py["name"].array.codes, dtype=np.int64)
+    mod = label[np.where(codes >= 0, codes, len(cats))]
+    keep = mod != None  # noqa: E711
+    if not keep.any():
+        return out
+    m_pid, m_tid = py["pid"].to_numpy()[keep], py["tid"].to_numpy()[keep]
+    m_ts, m_end, m_name = py["ts"].to_numpy()[keep], py["end"].to_numpy()[keep], mod[keep]
+    for (p, t), qi in pd.Series(np.arange(len(ts))).groupby([pid, tid]).indices.items():
+        sel = np.flatnonzero((m_pid == p) & (m_tid == t))
+        if not len(sel):
+            continue
+        sel = sel[np.lexsort((-m_end[sel], m_ts[sel]))]
+        hit = innermost_containing(m_ts[sel], m_end[sel], nest_parents(m_ts[sel], m_end[sel]), ts[qi])
+        out[qi] = np.where(hit >= 0, m_name[sel][np.maximum(hit, 0)], None)
+    return out
+
+
+def _stack_module(stack: Any) -> str | None:
+    frames = stack if isinstance(stack, list) else [stack] if isinstance(stack, str) else []
+    for fr in frames:
+        m = ATTENTION_MODULE_RE.search(str(fr))
+        if m:
+            return m.group(1) or m.group(2)
+        if "attention" in str(fr).lower() and "forward" in str(fr):
+            return str(fr)
+    return None
+
+
+def _dims_of(d: Any, i: int) -> list[int] | None:
+    if isinstance(d, list) and len(d) > i and isinstance(d[i], list) and d[i] and all(int_or_none(x) is not None for x in d[i]):
+        return [int(x) for x in d[i]]
+    return None
+
+
+def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
+    """Shapes of q@k^T -> softmax -> @v when they chain consistently, else None."""
+    a, b, x, a2, b2 = _dims_of(d1, 0), _dims_of(d1, 1), _dims_of(ds, 0), _dims_of(d2, 0), _dims_of(d2, 1)
+    # Rank >= 3 (batch or heads before the matrix dims): a 2-D matmul -> softmax -> matmul is as
+    # likely a classifier head or a router, and needs module evidence to count as attention.
+    if None in (a, b, x, a2, b2) or min(len(a), len(b), len(x), len(a2), len(b2)) < 3:
+        return None
+    sq, dh, skv = a[-2], a[-1], b[-1]
+    if b[-2] != dh or x[-2:] != [sq, skv] or a2[-2:] != [sq, skv] or b2[-2] != skv:
+        return None
+    batch = a[0]
+    heads = a[1] if len(a) == 4 else None
+    kv_heads = b[1] if len(b) == 4 else None
+    return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
+
+
+def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame:
+    """matmul -> softmax -> matmul on one thread, outside any attention op."""
+    ev = trace.events
+    ops = trace.cpu_ops
+    if ops.empty:
+        return _empty_calls()
+    names = trace.names[ops.index.to_numpy(np.int64)]
+    is_mm = np.isin(names, MATMUL_OPS)
+    is_sm = np.isin(names, SOFTMAX_OPS)
+    if not is_sm.any() or is_mm.sum() < 2:
+        return _empty_calls()
+    n = len(ev)
+    cand = np.zeros(n, dtype=bool)
+    rows_all = ops.index.to_numpy(np.int64)
+    cand[rows_all[is_mm | is_sm]] = True
+    parent = ev["parent"].to_numpy()
+    rows = rows_all[is_mm | is_sm]
+    # Outermost candidates only (aten::matmul, not the aten::bmm inside it), outside attention ops.
+    rows = rows[(outermost(parent, rows, cand) == rows) & (outermost(parent, rows, is_att) < 0)]
+    if len(rows) < 3:
+        return _empty_calls()
+    pid, tid, ts = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows], ev["ts"].to_numpy()[rows]
+    o = np.lexsort((ts, tid, pid))
+    rows, pid, tid = rows[o], pid[o], tid[o]
+    nm = trace.names[rows]
+    mm, sm = np.isin(nm, MATMUL_OPS), np.isin(nm, SOFTMAX_OPS)
+    same = (pid[:-2] == pid[2:]) & (tid[:-2] == tid[2:])
+    trip = np.flatnonzero(same & mm[:-2] & sm[1:-1] & mm[2:])
+    if not len(trip):
+        return _empty_calls()
+    dims = ev["input_dims"].to_numpy()
+    types = ev["input_type"].to_numpy()
+    stacks = ev["stack"].to_numpy()
+    ts_all, end_all = ev["ts"].to_numpy(), ev["end"].to_numpy()
+    modules = _modules_at(trace, pid[trip], tid[trip], ts_all[rows[trip + 1]])
+    recs = []
+    used_until = -1
+    for i, module in zip(trip, modules):  # once per candidate triple, not per event
+        if i <= used_until:
+            continue
+        r1, rs, r2 = rows[i], rows[i + 1], rows[i + 2]
+        module = module or _stack_module(stacks[rs])
+        shp = _eager_shapes(dims[r1], dims[rs], dims[r2])
+        if shp is None and module is None:
+            continue
+        shp = shp or {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
+        used_until = i + 2
+        recs.append({"source": "eager", "op": f"{nm[i]} -> {nm[i + 1]} -> {nm[i + 2]}", "backend": EAGER, "module": module,
+                     **shp, "dtype": dtype_name(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
+                     "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
+    if not recs:
+        return _empty_calls()
+    calls = pd.DataFrame(recs)
+    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.gpu, len(calls), kclass)
+    calls["gpu_us"] = per["gpu_ns"] / US
+    calls["gpu_kernels"] = per["count"]
+    calls["kernel"] = per["top"]
+    calls["cpu_us"] = (calls["end"] - calls["ts"]) / US
+    return calls.drop(columns=["pid", "tid"])
+
+
+def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
+    """Per GPU row, the eager call (index into calls) whose thread launched it between the call's
+    first matmul and its last one's end; -1 for none. Calls on one thread do not overlap."""
+    ev = trace.events
+    gpu = trace.gpu
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    launch = gpu["launch"].to_numpy()
+    ok = np.flatnonzero(launch >= 0)
+    lr = launch[ok]
+    lp, lt, lts = ev["pid"].to_numpy()[lr], ev["tid"].to_numpy()[lr], ev["ts"].to_numpy()[lr]
+    c_ts, c_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
+    for (p, t), idx in calls.groupby(["pid", "tid"]).indices.items():
+        idx = idx[np.argsort(c_ts[idx], kind="stable")]
+        sel = np.flatnonzero((lp == p) & (lt == t))
+        j = np.searchsorted(c_ts[idx], lts[sel], side="right") - 1
+        inside = (j >= 0) & (lts[sel] < c_end[idx][np.maximum(j, 0)])
+        out[ok[sel[inside]]] = idx[j[inside]]
+    return out
+
+
+def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None) -> pd.DataFrame:
+    """Every attention call in the trace (one row each, columns CALL_COLUMNS), in time order.
+    `op_spec`: attention_op_spec(trace) when the caller holds it (computed here otherwise)."""
+    segments = segments or Segments()
+    if op_spec is None:
+        op_spec = attention_op_spec(trace)
+    gpu = trace.gpu
+    kclass = np.full(len(gpu), None, dtype=object)
+    if len(gpu):
+        kidx = match_categories(gpu["name"].array, KERNELS_RE)
+        kb = np.array([s[0] for _, s in KERNELS_RE], dtype=object)
+        kclass = np.where(kidx >= 0, kb[np.maximum(kidx, 0)], None)
+    op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, op_spec)
+    parts = [op_calls, _kernel_calls(trace, kclass, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return _empty_calls()
+    calls = pd.concat(parts, ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
+    calls["call"] = np.arange(len(calls))
+    rows = calls["row"].to_numpy(np.int64)
+    seg_phase, seg = phase_labels(trace, segments, rows)
+    q = pd.to_numeric(calls["q_len"], errors="coerce").to_numpy(float)
+    by_len = np.where(q > 1, "prefill", np.where(q == 1, "decode", None))
+    from_seg = np.isin(seg_phase, ("prefill", "decode"))
+    phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
+    calls["phase"] = [str(p) for p in phase]
+    calls["seg"] = seg
+    calls["causal"] = pd.Series([v if v is None else bool(v) for v in calls["causal"].astype(object).where(calls["causal"].notna(), None)],
+                                dtype=object)
+    for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
+        calls[c] = pd.array(pd.to_numeric(calls[c], errors="coerce"), dtype="Int64")
+    return calls[CALL_COLUMNS]
+
+
+
+def time_column(trace: Trace) -> str:
+    """The time a call costs: its GPU time, or its host time in a trace without GPU activity (a CPU
+    run, where the op's duration is the work)."""
+    return "gpu_us" if len(trace.gpu) else "cpu_us"
+

@@ -1,0 +1,49 @@
+"""The busy timeline of each GPU: the union of its kernels, memcpys and memsets over all streams,
+with the rows that open and close each busy interval. The gpu, gaps and syncs detectors read it;
+it is a pure function of the trace, computed once per run (`ctx.shared(device_busy)`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.loading.trace import Trace
+
+
+@dataclass
+class BusyTimeline:
+    """Per device: GPU rows sorted by start, and the merged busy intervals over all streams."""
+
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # device -> event rows sorted by ts
+    starts: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy starts (ns)
+    ends: dict[int, np.ndarray] = field(default_factory=dict)  # device -> merged busy ends (ns)
+    opener: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row opening each busy interval
+    closer: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row reaching each interval's end
+
+    @property
+    def devices(self) -> list[int]:
+        return sorted(self.starts)
+
+
+def device_busy(trace: Trace) -> BusyTimeline:
+    """Merged busy intervals per device, with the rows that open and close each of them."""
+    gpu = trace.gpu
+    out = BusyTimeline()
+    if gpu.empty:
+        return out
+    rows = gpu.index.to_numpy(np.int64)
+    dev = gpu["device"].to_numpy(np.int64)
+    ts = gpu["ts"].to_numpy(np.int64)
+    end = gpu["end"].to_numpy(np.int64)
+    order = np.lexsort((ts, dev))
+    rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
+    bounds = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        d = int(dev[a])
+        ms, me, first, last = iv.union_with_last(ts[a:b], end[a:b])
+        out.rows[d] = rows[a:b]
+        out.starts[d], out.ends[d] = ms, me
+        out.opener[d], out.closer[d] = rows[a:b][first], rows[a:b][last]
+    return out

@@ -1,0 +1,55 @@
+"""What a host thread was doing at an instant (the innermost cpu op, the Python stack) and an op's
+recorded call stack: the lookups behind the `op` and `stack` of top gaps and longest syncs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+
+
+class HostLookup:
+    """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
+
+    Each thread's ops and frames are selected once; a lookup scans that thread's rows, so it is
+    meant for a handful of instants (top gaps, longest syncs), not for every event."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key = (what, pid, tid)
+        if key not in self._cache:
+            df = self.trace.cpu_ops if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
+            on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
+            self._cache[key] = (df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on])
+        return self._cache[key]
+
+    def op_at(self, pid: int, tid: int, t: int) -> int:
+        """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
+        ts, end, rows = self._rows("op", pid, tid)
+        hit = iv.enclosing(ts, end, t)
+        return int(rows[hit[-1]]) if len(hit) else -1
+
+    def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
+        """Python frames enclosing instant t on the thread, outermost first; None without any."""
+        ts, end, rows = self._rows("py", pid, tid)
+        hit = iv.enclosing(ts, end, t)
+        if not len(hit):
+            return None
+        names = self.trace.names
+        return [str(n) for n in names[rows[hit]]]
+
+
+def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
+    """The op's own call stack when the profiler recorded one (with_stack=True)."""
+    if op_row < 0:
+        return None
+    st = trace.events["stack"].to_numpy()[op_row]
+    if isinstance(st, str) and st:
+        return [s for s in st.split(";") if s]
+    if isinstance(st, (list, tuple)) and st:
+        return [str(s) for s in st]
+    return None

@@ -1,0 +1,85 @@
+"""Phase, step and region labels of rows, gaps and syncs from the phase segmentation, and the
+decode scale (steps, tokens per step) that per-token figures divide by.
+
+Two labels for "not in any segment", kept apart because they answer different questions:
+`OUTSIDE_PHASE` is the phase of a row outside every segment of a segmented trace (a value of the
+`phase` columns, next to "prefill" and "decode"); `OUTSIDE_REGION` is the region name of a gap or
+sync outside every annotated step (a value of the `region` columns, next to step names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+# Phase label when the trace has no segmentation at all (every row belongs to one phase).
+NO_PHASE = "all"
+# Phase label of rows outside every segment of a segmented trace.
+OUTSIDE_PHASE = "other"
+# Region name of gaps and syncs outside every segment.
+OUTSIDE_REGION = "outside any annotated region"
+
+
+def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase code, phase labels, segment id) per event row, codes numbered in order of first
+    appearance like pd.factorize of the labels. Labels are resolved per segment and factorized as
+    integers: factorizing a million label strings is what would cost."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(segments) == 0:
+        labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
+        return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
+    seg = segments.locate_rows(trace, rows)
+    table = segments.table
+    # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
+    text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
+    pos = pd.Index(table["seg"].to_numpy(np.int64)).get_indexer(seg)
+    text_of_row = np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
+    codes, used = pd.factorize(text_of_row)
+    return codes.astype(np.int64, copy=False), np.asarray(texts, dtype=object)[used], seg
+
+
+def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(phase label, segment id) per event row; GPU rows count in the segment that launched them."""
+    codes, labels, seg = phase_codes(trace, segments, rows)
+    return labels[codes].astype(object, copy=False), seg
+
+
+def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Phase, step index and region name of each segment id (-1: None, None, OUTSIDE_REGION)."""
+    seg = np.asarray(seg, dtype=np.int64)
+    phase = np.full(len(seg), None, dtype=object)
+    step = np.full(len(seg), None, dtype=object)
+    region = np.full(len(seg), OUTSIDE_REGION, dtype=object)
+    if segments is not None and len(segments) and len(seg):
+        t = segments.table.set_index("seg")
+        ok = seg >= 0
+        found = t.reindex(seg[ok])
+        phase[ok] = found["phase"].astype(object).to_numpy()
+        step[ok] = [None if v != v else int(v) for v in found["index"].to_numpy()]
+        region[ok] = found["name"].astype(object).to_numpy()
+    return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
+            pd.Series(region, index=index, dtype=object))
+
+
+def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
+    """Decode steps seen, tokens each step emits (the batch) and decode steps per request, from the
+    segments (phases detector) or the capture metadata; None where unknown."""
+    dec = segments.of_phase("decode") if segments is not None and len(segments) else pd.DataFrame()
+    batch = None
+    for col in ("batch", "batch_size", "tokens"):
+        if col in dec.columns:
+            vals = pd.to_numeric(dec[col], errors="coerce")
+            vals = vals[vals > 0]  # -1 marks unknown
+            if len(vals):
+                batch = float(vals.median())
+                break
+    cap = trace.capture
+    if batch is None and isinstance(cap.get("batch"), (int, float)) and cap["batch"] > 0:
+        batch = float(cap["batch"])
+    per_request = cap.get("decode_steps") if isinstance(cap.get("decode_steps"), int) else None
+    return {"steps": len(dec), "tokens_per_step": batch, "steps_per_request": per_request or (len(dec) or None)}

@@ -1,0 +1,36 @@
+"""Integer codes for the shape (Input Dims / Input type) lists of ops, so detectors group and
+compare shapes with numpy instead of hashing a million nested lists."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+
+def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
+    """One integer per distinct dims (or types) list, equal lists sharing it, numbered in order of
+    first appearance; -1 for absent.
+
+    The loader parses each distinct JSON text once, so a million rows hold a few hundred list
+    objects. Rows are grouped by object identity first (an integer factorize), and only one list
+    per distinct object is encoded (msgspec JSON) to merge equal lists held by different objects.
+    Objects are numbered in first-appearance order, so the content codes are too."""
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype=object)
+    elif not isinstance(values, np.ndarray):
+        # np.asarray would turn a list of equal-length lists into a 2-D array.
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = list(values)
+        values = arr
+    if len(values) == 0:
+        return np.empty(0, dtype=np.int64)
+    # Ids stay valid: `values` holds every object alive for the duration of this call.
+    ids = np.fromiter(map(id, values), dtype=np.intp, count=len(values))
+    obj_code, uniq_ids = pd.factorize(ids)
+    objs = np.empty(len(uniq_ids), dtype=object)
+    objs[obj_code] = values  # any row of a code holds the same object
+    enc = msgspec.json.encode
+    keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
+    content = pd.factorize(keys, use_na_sentinel=True)[0]
+    return content[obj_code].astype(np.int64, copy=False)

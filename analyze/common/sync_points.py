@@ -1,0 +1,181 @@
+"""The one definition of a sync point on a Kineto trace, read by the gpu (Nsight Systems rules),
+gaps and syncs detectors:
+
+- host calls that block until GPU work finishes (HOST_SYNC_APIS: device/stream/event sync);
+- synchronous memcpy/memset calls (SYNC_MEMCPY_APIS, SYNC_MEMSET_APIS);
+- cudaMemcpyAsync into pageable host memory (Kineto names the copy "... Pageable ..."), which the
+  driver stages synchronously;
+- GPU-side waits (GPU_WAIT_APIS, cudaStreamWaitEvent): listed, but the host is not blocked;
+- Kineto's cuda_sync activity (Context/Stream/Event Sync, Stream Wait Event) when no runtime call
+  is linked to it, and ops that force a sync (apis.SYNC_CAUSING_OPS: .item(), nonzero, ...) when
+  the trace shows them talking to the GPU without a recorded sync call.
+
+`sync_calls` is a pure function of the trace: the pipeline computes it once per run
+(`ctx.shared(sync_calls)`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.apis import (
+    GPU_WAIT_APIS,
+    HOST_SYNC_APIS,
+    MEMCPY_APIS,
+    SYNC_CAUSING_OPS,
+    SYNC_MEMCPY_APIS,
+    SYNC_MEMSET_APIS,
+)
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.loading.trace import Trace
+
+# A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
+# Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
+# before the GPU went idle still counts as the one that drained it.
+SYNC_RETURN_SLACK_NS = 2_000
+# Kineto's name of a copy whose host side is pageable memory ("Memcpy HtoD (Pageable -> Device)").
+PAGEABLE = "Pageable"
+
+# Kinds of sync point; `blocking` kinds stop the host.
+KIND_OF_CUDA_SYNC = {"Context Sync": "device_sync", "Stream Sync": "stream_sync", "Event Sync": "event_sync",
+                     "Stream Wait Event": "gpu_wait"}
+BLOCKING_KINDS = ("device_sync", "stream_sync", "event_sync", "memcpy_sync", "memcpy_pageable", "memset_sync", "op")
+TRANSFER_KINDS = ("memcpy_sync", "memcpy_pageable")
+
+
+def api_kind(name: str) -> str | None:
+    """Kind of sync a runtime/driver call is by name alone (pageable memcpy needs the activity).
+    Every call in apis.BLOCKING_APIS gets a blocking kind (tests/test_syncs.py checks)."""
+    if name in HOST_SYNC_APIS:
+        if "Stream" in name:
+            return "stream_sync"
+        if "Event" in name:
+            return "event_sync"
+        return "device_sync"
+    if name in GPU_WAIT_APIS:
+        return "gpu_wait"
+    if name in SYNC_MEMCPY_APIS:
+        return "memcpy_sync"
+    if name in SYNC_MEMSET_APIS:
+        return "memset_sync"
+    return None
+
+
+def sync_calls(trace: Trace) -> pd.DataFrame:
+    """Every sync point as one row: row (event row), api, kind, blocking, ts, end (ns), pid, tid,
+    device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op").
+    The gpu, gaps and syncs sections all read it (computed once per run); treat it as read-only."""
+    ev = trace.events
+    names = trace.names
+    rt = trace.runtime
+    parts: list[pd.DataFrame] = []
+    rows = rt.index.to_numpy(np.int64)
+    cats = rt["name"].cat
+    # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
+    by_cat = np.array([api_kind(str(c)) for c in cats.categories] + [None], dtype=object)
+    kinds = by_cat[cats.codes.to_numpy()]
+    # Pageable async copies: the activity's name says the host side is pageable memory.
+    gpu_dev = pd.Series(dtype=np.int64)
+    gpu_stream = pd.Series(dtype=np.int64)
+    copy_name = pd.Series(dtype=object)
+    targets = ev.index[ev["kind"].isin(("gpu_memcpy", "gpu_memset", "cuda_sync")) & (ev["launch"] >= 0)]
+    if len(targets):
+        tl = ev.loc[targets, ["launch", "device", "stream"]]
+        first = ~tl["launch"].duplicated()
+        gpu_dev = pd.Series(tl["device"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
+        gpu_stream = pd.Series(tl["stream"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
+        mc = targets[ev.loc[targets, "kind"].to_numpy(dtype=object) == "gpu_memcpy"]
+        if len(mc):
+            mcl = ev.loc[mc, "launch"].to_numpy()
+            copy_name = pd.Series(names[mc], index=mcl)
+            copy_name = copy_name[~copy_name.index.duplicated()]
+    if len(rows) and len(copy_name):
+        is_pageable = copy_name.map(lambda c: isinstance(c, str) and PAGEABLE in c)
+        pageable = is_pageable.reindex(rows).fillna(False).to_numpy(bool)
+        is_memcpy = rt["name"].isin(MEMCPY_APIS).to_numpy()
+        kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
+    keep = kinds != None  # noqa: E711
+    if keep.any():
+        r = rows[keep]
+        parts.append(pd.DataFrame({
+            "row": r, "api": names[r], "kind": kinds[keep].astype(object),
+            "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
+            "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
+            "device": gpu_dev.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_dev) else np.full(len(r), -1),
+            "stream": gpu_stream.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_stream) else np.full(len(r), -1),
+            "copy": copy_name.reindex(r).to_numpy(dtype=object) if len(copy_name) else np.full(len(r), None, dtype=object),
+            "source": "api",
+        }))
+    # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
+    cs = trace.cuda_sync
+    if len(cs):
+        linked = cs["launch"].to_numpy()
+        covered = np.isin(linked, rows[keep]) if keep.any() else np.zeros(len(cs), dtype=bool)
+        lone = cs[~covered]
+        if len(lone):
+            kind_src = lone["sync_kind"].astype(object).where(lone["sync_kind"].notna(), lone["name"].astype(object))
+            k = kind_src.map(lambda s: KIND_OF_CUDA_SYNC.get(str(s))).to_numpy(dtype=object)
+            ok = k != None  # noqa: E711
+            lone = lone[ok]
+            parts.append(pd.DataFrame({
+                "row": lone.index.to_numpy(np.int64), "api": lone["name"].astype(object).to_numpy(), "kind": k[ok],
+                "ts": lone["ts"].to_numpy(), "end": lone["end"].to_numpy(), "pid": -1, "tid": -1,
+                "device": lone["device"].to_numpy(), "stream": lone["stream"].to_numpy(), "copy": None,
+                "source": "cuda_sync",
+            }))
+    calls = pd.concat(parts, ignore_index=True) if parts else _empty_calls()
+    ops = _sync_ops_without_call(trace, calls)
+    if len(ops):
+        calls = pd.concat([calls, ops], ignore_index=True)
+    calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
+    return calls.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _empty_calls() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+        ("row", np.int64), ("api", object), ("kind", object), ("ts", np.int64), ("end", np.int64), ("pid", np.int64),
+        ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
+
+
+def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
+    """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
+    went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
+    ev = trace.events
+    ops = trace.cpu_ops
+    if ops.empty:
+        return _empty_calls()
+    names = trace.names
+    is_sync_op = np.zeros(len(ev), dtype=bool)
+    sync_rows = ops.index[ops["name"].isin(SYNC_CAUSING_OPS)].to_numpy(np.int64)
+    if not len(sync_rows):
+        return _empty_calls()
+    is_sync_op[sync_rows] = True
+    parent = ev["parent"].to_numpy()
+    op_col = ev["op"].to_numpy()
+    api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
+    has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
+    rt_rows = trace.runtime.index.to_numpy(np.int64)
+    talks = iv.with_ancestors(parent, op_col[rt_rows]) if len(rt_rows) else np.zeros(len(ev), dtype=bool)
+    # Outermost sync-causing op of each chain only: no sync-causing ancestor.
+    cand = sync_rows[talks[sync_rows] & ~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
+    if not len(cand):
+        return _empty_calls()
+    return pd.DataFrame({
+        "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
+        "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
+        "source": "op",
+    })
+
+
+def _has_sync_ancestor(parent: np.ndarray, rows: np.ndarray, is_sync_op: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(rows), dtype=bool)
+    cur = parent[rows]
+    todo = np.flatnonzero(cur >= 0)
+    while len(todo):
+        hit = is_sync_op[cur[todo]]
+        out[todo[hit]] = True
+        todo = todo[~hit]
+        cur[todo] = parent[cur[todo]]
+        todo = todo[cur[todo] >= 0]
+    return out

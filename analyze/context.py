@@ -1,0 +1,78 @@
+"""The context a detector runs in: the trace, the options, the results it declared it reads, and
+the per-trace values every detector may share.
+
+The runner (analysis.pipeline) gives each detector a view of one shared Context that knows the
+detector's name and its `NEEDS`. `ctx.result("gaps")` returns the gaps result only when "gaps" is
+declared; reading an undeclared result, one that failed, or one that has not run raises
+`DependencyError` (the runner records it as the reader's error too). `ctx.segments` is the phase
+segmentation, the phases result's `segments` (so it needs "phases").
+
+`ctx.shared(fn)` memoises a pure function of the trace for the whole run (`sync_calls`,
+`device_busy`, `op_gpu`, `attention_op_spec`): computed by the first detector that asks, the
+same object for every later one. Nothing is cached in module globals.
+
+Tests and notebooks may build a Context directly: `Context(trace, Options(), results={...})`
+reads any result it was given (no `needs` restriction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+if TYPE_CHECKING:
+    from tokentrace.analysis.pipeline import Options
+
+T = TypeVar("T")
+
+
+class DependencyError(RuntimeError):
+    """A detector read a result it did not declare, or one that failed or did not run."""
+
+
+@dataclass
+class Context:
+    trace: Trace
+    options: Options
+    results: dict[str, Any] = field(default_factory=dict)
+    # Errors of detectors that failed in this run, by section name.
+    errors: dict[str, str] = field(default_factory=dict)
+    # Per-trace values computed once per run (see `shared`), keyed by the function.
+    memo: dict[Callable[[Trace], Any], Any] = field(default_factory=dict)
+    # The detector this view belongs to and what it declared; None: unrestricted (tests, notebooks).
+    detector: str | None = None
+    needs: frozenset[str] | None = None
+
+    def for_detector(self, name: str, needs: tuple[str, ...]) -> Context:
+        """A view for one detector: same results, errors and memo, reads limited to `needs`."""
+        return replace(self, detector=name, needs=frozenset(needs))
+
+    def result(self, name: str) -> Any:
+        """The result of detector `name`, which this detector must have declared in NEEDS."""
+        who = self.detector or "this detector"
+        if self.needs is not None and name not in self.needs:
+            raise DependencyError(f"{who} reads the {name!r} result but does not declare it in NEEDS")
+        if name in self.errors:
+            raise DependencyError(f"{who} needs the {name!r} result, which failed ({self.errors[name]})")
+        if name not in self.results:
+            raise DependencyError(f"{who} needs the {name!r} result, which has not run")
+        return self.results[name]
+
+    @property
+    def segments(self) -> Segments:
+        """The phase segmentation (the phases result's `segments`); needs "phases"."""
+        seg = self.result("phases").segments
+        if not isinstance(seg, Segments):
+            raise DependencyError(f"the phases result holds {type(seg).__name__}, not Segments")
+        return seg
+
+    def shared(self, fn: Callable[[Trace], T]) -> T:
+        """fn(trace), computed once per run and shared by every detector (fn must be pure)."""
+        if fn not in self.memo:
+            self.memo[fn] = fn(self.trace)
+        value: T = self.memo[fn]
+        return value
