@@ -12,15 +12,15 @@ import gc
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 from tokentrace.errors import TokentraceError
 
-from .conventions import RUN_JSON
-from .options import CaptureOptions
+from .conventions import COMPILE_MODES, MANUAL_KINDS, RUN_JSON
+from .options import CaptureOptions, _names, _positive_ints
 from .runs import RunOutput, RunPlan
 from .table import format_table
 from .timing import Timings
@@ -66,7 +66,7 @@ def plan_runs(label: str, opts: CaptureOptions) -> list[RunPlan]:
     return plans
 
 
-def _progress(plans: list[RunPlan], enabled: bool) -> ContextManager[Iterable[RunPlan]]:
+def _progress(plans: list[RunPlan], enabled: bool) -> AbstractContextManager[Iterable[RunPlan]]:
     """A click progress bar on stderr over the sweep (stdout stays for results)."""
     if not enabled:
         return nullcontext(plans)
@@ -114,10 +114,13 @@ def capture(
     `static_cache=None` means static when compiled. Raises TokentraceError for bad input, before
     anything is written.
     """
+    # The lists are parsed here so that CaptureOptions holds its declared types from the start.
     opts = CaptureOptions(
-        preset=preset, model=model, prompt_lens=prompt_lens, batches=batches, max_new_tokens=max_new_tokens,
-        out_dir=os.fspath(out_dir), device=device, dtype=dtype, compile=compile, attn_implementation=attn_implementation,
-        static_cache=static_cache, mode=mode, warmup=warmup, traces=traces, record_shapes=record_shapes,
+        preset=preset, model=model, prompt_lens=_positive_ints(prompt_lens, "prompt lengths"),
+        batches=_positive_ints(batches, "batch sizes"), max_new_tokens=max_new_tokens,
+        out_dir=os.fspath(out_dir), device=device, dtype=dtype, compile=_names(compile, COMPILE_MODES, "compile"),
+        attn_implementation=attn_implementation, static_cache=static_cache, mode=mode, warmup=warmup,
+        traces=_names(traces, MANUAL_KINDS, "traces") if mode == "manual" else ["generate"], record_shapes=record_shapes,
         profile_memory=profile_memory, with_stack=with_stack, seed=seed, temperature=temperature,
         local_files_only=local_files_only, overwrite=overwrite,
     ).validated()

@@ -73,7 +73,7 @@ class Profile:
             **extra,
         }
         self._device_arg = device
-        self._prof_kw = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
+        self._prof_kw: dict[str, Any] = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
         self._staging: Path | None = None
         self._prof: Any = None
         self._timer: StageTimer | None = None

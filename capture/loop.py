@@ -160,6 +160,8 @@ class DecodeLoop:
 
     def decode_step(self, state: LoopState, i: int, timer: StageTimer | None = None, annotate: bool = True) -> None:
         name = decode_step_name(i)
+        if state.next_ids is None:
+            raise RuntimeError("decode_step before prefill: no sampled token to continue from")
         with _annotation(name, annotate), (timer.stage(name) if timer else nullcontext()):
             logits = self._forward(state.next_ids[:, None], state.positions[state.pos : state.pos + 1], state.cache, decode=True)
             self._deliver(state, self._sample(logits))

@@ -63,6 +63,7 @@ def resolve_source(preset: str | None, model: str | None, local_files_only: bool
     if preset is not None:
         p = get_preset(preset)
         return ModelSource(preset=p, model=None, config=build_config(p))
+    assert model is not None  # exactly one of preset and model, checked above
 
     from transformers import AutoConfig
 
@@ -119,6 +120,7 @@ def load_model(source: ModelSource, device: torch.device, dtype: torch.dtype, at
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(source.config, **kwargs)
         else:
+            assert source.model is not None  # a ModelSource holds a preset or a model
             model = AutoModelForCausalLM.from_pretrained(source.model, local_files_only=source.local_files_only, **kwargs)
     except (ValueError, ImportError, OSError) as exc:  # e.g. an attention backend this model lacks
         raise TokentraceError(f"could not build {source.label} with attn implementation '{attn_implementation}': {_one_line(exc)}") from None

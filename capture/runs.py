@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +85,7 @@ def run_manual(
     n = opts.max_new_tokens
     steps = n - 1
     loop = DecodeLoop(model, device, forward=forward, compile_mode=plan.compile, static_cache=plan.static_cache, temperature=opts.temperature, seed=opts.seed)
-    prof_kw = dict(record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack)
+    prof_kw: dict[str, Any] = dict(record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack)
     command = opts.command(prompt_lens=[plan.prompt_len], batches=[plan.batch], compile=[plan.compile])
 
     # no_grad rather than inference_mode, as generate() does: inference tensors in a static cache
@@ -106,7 +107,8 @@ def run_manual(
             extra["host_wall_us"] = _wall_summary(timer)
 
         def meta(kind: str, profiled: Timings | None) -> dict[str, Any]:
-            return run_meta(base, kind=kind, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile, static_cache=plan.static_cache, timings=timings, command=command, timings_profiled=profiled, extra=extra)
+            return run_meta(base, kind=kind, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                            static_cache=plan.static_cache, timings=timings, command=command, timings_profiled=profiled, extra=extra)
 
         traces: dict[str, Path] = {}
         if KIND_COMBINED in opts.traces:
@@ -244,12 +246,13 @@ def run_generate(
                 t0 = time.perf_counter()
                 model.generate(ids, streamer=clock, **kw)
             stamps = [t0] + clock.times
-            deltas = [(b - a) * 1e6 for a, b in zip(stamps, stamps[1:])]
+            deltas = [(b - a) * 1e6 for a, b in pairwise(stamps)]
             timings = Timings(ttft_us=deltas[0], decode_step_us=deltas[1:], tokenize_us=tokenize_us, clock="perf_counter")
 
             sched = schedule(wait=1, warmup=1, active=1, repeat=1)
             raw: list[Any] = []
-            with make_profiler(device, record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack, schedule=sched, on_trace_ready=raw.append) as prof:
+            with make_profiler(device, record_shapes=opts.record_shapes, profile_memory=opts.profile_memory,
+                               with_stack=opts.with_stack, schedule=sched, on_trace_ready=raw.append) as prof:
                 for _ in range(3):
                     model.generate(ids, **kw)
                     prof.step()
@@ -259,7 +262,9 @@ def run_generate(
         else:
             model.forward = original
 
-    meta = run_meta(base, kind=KIND_GENERATE, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile, static_cache=plan.static_cache, timings=timings, command=command, extra={"peak_memory_bytes": _peak_memory(device), "profiler_schedule": {"wait": 1, "warmup": 1, "active": 1}})
+    meta = run_meta(base, kind=KIND_GENERATE, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                    static_cache=plan.static_cache, timings=timings, command=command,
+                    extra={"peak_memory_bytes": _peak_memory(device), "profiler_schedule": {"wait": 1, "warmup": 1, "active": 1}})
     traces = {KIND_GENERATE: export_trace(raw[-1], folder, KIND_GENERATE, meta)}
     run_json = {k: v for k, v in meta.items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}

@@ -18,11 +18,12 @@ def format_table(runs: Sequence[Any]) -> str:
         t = r.timings
         mean = t.tpot_us["mean"]
         tput = "-" if not mean else f"{r.batch * 1e6 / mean:.1f}"
-        rows.append([r.name, str(r.prompt_len), str(r.batch), r.compile, _ms(t.tokenize_us), _ms(t.ttft_us), _ms(mean), _ms(t.tpot_us["p50"]), _ms(t.tpot_us["p90"]), tput])
+        rows.append([r.name, str(r.prompt_len), str(r.batch), r.compile, _ms(t.tokenize_us), _ms(t.ttft_us), _ms(mean),
+                     _ms(t.tpot_us["p50"]), _ms(t.tpot_us["p90"]), tput])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = []
     for n, row in enumerate(rows):
-        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def check_phase_annotations(trace: dict[str, Any], *, prefill: bool, steps: int)
     phase = [e for e in anns if e["name"] == "tokentrace/prefill" or _STEP.match(e["name"])]
     if prefill:
         assert phase[0]["name"] == "tokentrace/prefill"
-    for a, b in zip(phase, phase[1:]):
+    for a, b in pairwise(phase):
         assert a["ts"] < b["ts"]
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3  # stages are sequential: each ends before the next
     assert all(e["dur"] > 0 for e in phase)

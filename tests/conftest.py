@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tracebuilder import TraceBuilder  # noqa: E402
+from tracebuilder import TraceBuilder
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 REAL_TRACES = sorted(SHARED_TRACES.glob("*.json.gz")) if SHARED_TRACES.is_dir() else []

@@ -55,7 +55,7 @@ def diffs(a: object, b: object, where: str = "") -> list[str]:
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{where}: {len(a)} items -> {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diffs(x, y, f"{where}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in diffs(x, y, f"{where}[{i}]")]
     same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # NaN == NaN here
     return [] if same else [f"{where}: {str(a)[:80]} -> {str(b)[:80]}"]
 

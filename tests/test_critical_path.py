@@ -28,9 +28,9 @@ def gpu(*acts: tuple[int, int, int, int]) -> pd.DataFrame:
 
 
 def with_launch_ts(g: pd.DataFrame, h: pd.DataFrame) -> pd.DataFrame:
-    ts_of = dict(zip(h["row"], h["ts"]))
+    ts_of = dict(zip(h["row"], h["ts"], strict=True))
     g = g.copy()
-    g["launch_ts"] = [ts_of.get(r, t) for r, t in zip(g["launch"], g["ts"])]
+    g["launch_ts"] = [ts_of.get(r, t) for r, t in zip(g["launch"], g["ts"], strict=True)]
     return g
 
 
@@ -112,7 +112,7 @@ def _random_step(rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame, 
     h = pd.DataFrame({"row": np.arange(nh) + 10, "ts": ts, "end": ts + rng.integers(0, 30, nh), "blocking": rng.random(nh) < 0.3})
     gts = rng.integers(-20, 150, ng)
     launch = np.where(rng.random(ng) < 0.8, rng.integers(8, 10 + max(nh, 1), ng), -1)
-    launch_ts = np.array([ts[r - 10] if 0 <= r - 10 < nh else t for r, t in zip(launch, gts)], dtype=np.int64)
+    launch_ts = np.array([ts[r - 10] if 0 <= r - 10 < nh else t for r, t in zip(launch, gts, strict=True)], dtype=np.int64)
     g = pd.DataFrame({"ts": gts, "end": gts + rng.integers(0, 25, ng), "stream": rng.integers(0, 3, ng), "launch": launch, "launch_ts": launch_ts})
     return h, g, int(rng.integers(-10, 10)), int(rng.integers(0, 160))
 

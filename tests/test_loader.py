@@ -48,7 +48,7 @@ def frame_counts(trace) -> Counter:
     ev = trace.events
     ph = ev["ph"].astype(object).where(ev["ph"].notna(), None)
     cat = ev["cat"].astype(object).where(ev["cat"].notna(), None)
-    return Counter(zip(ph, cat))
+    return Counter(zip(ph, cat, strict=True))
 
 
 def test_json_and_gz_and_columns(tmp_path):

@@ -367,8 +367,8 @@ def test_capture_timings_agree_with_the_trace(tiny_capture):
     got = [j["ttft_us"]] + res.decode["step_us"].tolist()
     ref = [timings["ttft_us"]] + list(timings["decode_step_us"])
     assert len(got) == len(ref) == 8
-    within = [_close(g, r) for g, r in zip(got, ref)]
-    assert sum(within) >= CAPTURE_STAGES_WITHIN * len(within), list(zip(got, ref))
+    within = [_close(g, r) for g, r in zip(got, ref, strict=True)]
+    assert sum(within) >= CAPTURE_STAGES_WITHIN * len(within), list(zip(got, ref, strict=True))
     assert _close(float(np.median(got)), float(np.median(ref))), (got, ref)
     ref_p50 = float(np.percentile(timings["decode_step_us"], 50))
     assert _close(j["tpot_us"]["p50"], ref_p50), (j["tpot_us"]["p50"], ref_p50)

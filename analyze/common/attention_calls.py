@@ -116,15 +116,15 @@ def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.Da
     dims = ev["input_dims"].to_numpy()
     codes = value_codes(dims[order])
     parsed: dict[tuple[int, int], dict[str, int | None]] = {}
-    for code, sp, r in zip(codes, spec_o, order):  # once per distinct (shapes, op kind)
+    for code, sp, r in zip(codes, spec_o, order, strict=True):  # once per distinct (shapes, op kind)
         key = (int(code), int(sp))
         if key not in parsed:
             parsed[key] = parse_shapes(dims[r], table[sp][1])
-    shapes_o = [parsed[(int(c), int(sp))] for c, sp in zip(codes, spec_o)]
+    shapes_o = [parsed[(int(c), int(sp))] for c, sp in zip(codes, spec_o, strict=True)]
     per_row["ok"] = [p["q_len"] is not None for p in shapes_o]
     per_row["i"] = np.arange(len(order))
     concrete = ev["concrete_inputs"].to_numpy()
-    per_row["causal"] = [_causal(concrete[r], table[sp][2]) for r, sp in zip(order, spec_o)]
+    per_row["causal"] = [_causal(concrete[r], table[sp][2]) for r, sp in zip(order, spec_o, strict=True)]
     shape_cols: dict[str, list] = {k: [None] * n_calls for k in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")}
     types = ev["input_type"].to_numpy()
     for c, i, r in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i", "row"]].itertuples(index=False):
@@ -132,7 +132,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.Da
             shape_cols[k][c] = v
         shape_cols["dtype"][c] = dtype_name(types[r])
     causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
-    for c, v in zip(causal["call"], causal["causal"]):
+    for c, v in zip(causal["call"], causal["causal"], strict=True):
         shape_cols["causal"][c] = bool(v)
 
     g_op = gpu["op"].to_numpy()
@@ -231,7 +231,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     a, b, x, a2, b2 = _dims_of(d1, 0), _dims_of(d1, 1), _dims_of(ds, 0), _dims_of(d2, 0), _dims_of(d2, 1)
     # Rank >= 3 (batch or heads before the matrix dims): a 2-D matmul -> softmax -> matmul is as
     # likely a classifier head or a router, and needs module evidence to count as attention.
-    if None in (a, b, x, a2, b2) or min(len(a), len(b), len(x), len(a2), len(b2)) < 3:
+    if a is None or b is None or x is None or a2 is None or b2 is None or min(len(a), len(b), len(x), len(a2), len(b2)) < 3:
         return None
     sq, dh, skv = a[-2], a[-1], b[-1]
     if b[-2] != dh or x[-2:] != [sq, skv] or a2[-2:] != [sq, skv] or b2[-2] != skv:
@@ -278,8 +278,8 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     ts_all, end_all = ev["ts"].to_numpy(), ev["end"].to_numpy()
     modules = _modules_at(trace, pid[trip], tid[trip], ts_all[rows[trip + 1]])
     recs = []
-    used_until = -1
-    for i, module in zip(trip, modules):  # once per candidate triple, not per event
+    used_until: int = -1
+    for i, module in zip(trip, modules, strict=True):  # once per candidate triple, not per event
         if i <= used_until:
             continue
         r1, rs, r2 = rows[i], rows[i + 1], rows[i + 2]
@@ -288,7 +288,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
         if shp is None and module is None:
             continue
         shp = shp or {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
-        used_until = i + 2
+        used_until = int(i) + 2
         recs.append({"source": "eager", "op": f"{nm[i]} -> {nm[i + 1]} -> {nm[i + 2]}", "backend": EAGER, "module": module,
                      **shp, "dtype": dtype_name(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
                      "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
@@ -334,7 +334,7 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     if len(gpu):
         kidx = match_categories(gpu["name"].array, KERNELS_RE)
         kb = np.array([s[0] for _, s in KERNELS_RE], dtype=object)
-        kclass = np.where(kidx >= 0, kb[np.maximum(kidx, 0)], None)
+        kclass = np.where(kidx >= 0, kb[np.maximum(kidx, 0)], np.array(None))
     op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, op_spec)
     parts = [op_calls, _kernel_calls(trace, kclass, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
     parts = [p for p in parts if len(p)]
@@ -345,7 +345,7 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     rows = calls["row"].to_numpy(np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
     q = pd.to_numeric(calls["q_len"], errors="coerce").to_numpy(float)
-    by_len = np.where(q > 1, "prefill", np.where(q == 1, "decode", None))
+    by_len = np.where(q > 1, "prefill", np.where(q == 1, "decode", np.array(None)))
     from_seg = np.isin(seg_phase, ("prefill", "decode"))
     phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
     calls["phase"] = [str(p) for p in phase]

@@ -5,6 +5,7 @@ it is a pure function of the trace, computed once per run (`ctx.shared(device_bu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def device_busy(trace: Trace) -> BusyTimeline:
     order = np.lexsort((ts, dev))
     rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
     bounds = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1], True])
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in pairwise(bounds):
         d = int(dev[a])
         ms, me, first, last = iv.union_with_last(ts[a:b], end[a:b])
         out.rows[d] = rows[a:b]

@@ -30,6 +30,7 @@ The share of CPU time on the critical path is the measured form of "decode is la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import networkx as nx
 import numpy as np
@@ -108,7 +109,7 @@ def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int)
         to_time = np.r_[hts[1:], host_end]
         weight = np.maximum(0, to_time - out_time)
         nxt = np.r_[np.arange(1, nh), E]
-        edges.extend(zip(out_node.tolist(), nxt.tolist(), weight.tolist()))
+        edges.extend(zip(out_node.tolist(), nxt.tolist(), weight.tolist(), strict=True))
         edges.extend((int(b), nh + int(b), 0) for b in np.flatnonzero(hblock))
     else:
         edges.append((S, E, max(0, host_end - start)))
@@ -125,19 +126,19 @@ def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int)
         here = (ci >= 0) & (launch >= 0)
         here[here] = hrow[ci[here]] == launch[here]
         hj = np.flatnonzero(here)
-        edges.extend(zip(ci[hj].tolist(), (base + hj).tolist(), [0] * len(hj)))
+        edges.extend(zip(ci[hj].tolist(), (base + hj).tolist(), [0] * len(hj), strict=True))
         order = np.lexsort((gts, ci, stream))
         block_idx = np.flatnonzero(hblock)
         for s in np.unique(stream):
             js = order[stream[order] == s]
-            edges.extend(zip((base + js[:-1]).tolist(), (base + js[1:]).tolist(), gdur[js[:-1]].tolist()))
+            edges.extend(zip((base + js[:-1]).tolist(), (base + js[1:]).tolist(), gdur[js[:-1]].tolist(), strict=True))
             edges.append((base + int(js[-1]), E, int(gdur[js[-1]])))
             if len(block_idx):
                 # For each blocking call, the stream's last activity launched at or before it.
                 k = np.searchsorted(ci[js], block_idx, side="right") - 1
                 ok = k >= 0
                 src = js[k[ok]]
-                edges.extend(zip((base + src).tolist(), (nh + block_idx[ok]).tolist(), gdur[src].tolist()))
+                edges.extend(zip((base + src).tolist(), (nh + block_idx[ok]).tolist(), gdur[src].tolist(), strict=True))
     G.add_weighted_edges_from(edges)
     G.graph["topo_order"] = _topological_order(G, nh, ci if len(gpu) else np.empty(0, np.int64), order if len(gpu) else None)
     return G
@@ -161,7 +162,7 @@ def longest_path(G: nx.DiGraph) -> StepPath:
     nodes = nx.dag_longest_path(G, weight="weight", default_weight=0, topo_order=G.graph.get("topo_order"))
     gpu_from = G.graph.get("gpu_from", 0)
     cpu = gpu = 0
-    for u, v in zip(nodes[:-1], nodes[1:]):
+    for u, v in pairwise(nodes):
         w = int(G[u][v]["weight"])
         if u >= gpu_from:
             gpu += w

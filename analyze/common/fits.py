@@ -69,7 +69,7 @@ def power_law(x: Iterable[float], y: Iterable[float], *, min_points: int = MIN_F
     n = len(px)
     stderr = float(np.sqrt(ssr / (n - 2) / sxx)) if n > 2 and sxx > 0 else None
     r2 = 1.0 - ssr / sst if sst > 0 else None
-    return PowerFit(float(slope), stderr, float(np.exp(intercept)), r2, list(zip(px.tolist(), py.tolist())), int(len(xa)))
+    return PowerFit(float(slope), stderr, float(np.exp(intercept)), r2, list(zip(px.tolist(), py.tolist(), strict=True)), int(len(xa)))
 
 
 # ---- sweeps across traces ------------------------------------------------------------------

@@ -169,7 +169,7 @@ def _token_ready(trace: Trace, g: pd.DataFrame, rt: pd.DataFrame, rseg: np.ndarr
     bend = rt["end"].to_numpy(np.int64)[bmask]
     order = np.lexsort((bts, bseg))
     bseg, bts, bend = bseg[order], bts[order], bend[order]
-    for seg, cts, cend in zip(copies["seg"].to_numpy(np.int64), launch_ts, copies["end"].to_numpy(np.int64)):
+    for seg, cts, cend in zip(copies["seg"].to_numpy(np.int64), launch_ts, copies["end"].to_numpy(np.int64), strict=True):
         lo, hi = np.searchsorted(bseg, seg, "left"), np.searchsorted(bseg, seg, "right")
         k = lo + np.searchsorted(bts[lo:hi], cts, "left")
         if k < hi:

@@ -92,7 +92,7 @@ def _gpu_gaps(busy: BusyTimeline, gap_ms: float, t0: int) -> dict[str, Any]:
 
 
 def _gpu_time_util(busy: BusyTimeline, chunks: int, threshold_pct: float, t0: int) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     total = 0
     chunks = max(chunks, 1)
     for d in busy.devices:

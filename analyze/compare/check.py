@@ -51,7 +51,8 @@ def normalize_thresholds(raw: dict[str, Any], where: str) -> dict[str, float]:
         m = metric_for(key)
         if not key.startswith(("max_", "min_")) or m is None or m.unit == "text":
             known = ", ".join(sorted({*(f"max_{k}" for k, mm in BY_KEY.items() if mm.unit != "text"), *ALIASES}))
-            raise TokentraceError(f"{where}: unknown threshold '{name}' (known: {known}, max_idle_<cause>_us, max_idle_<cause>_per_step_decode_us, min_<metric>)")
+            raise TokentraceError(f"{where}: unknown threshold '{name}' "
+                                  f"(known: {known}, max_idle_<cause>_us, max_idle_<cause>_per_step_decode_us, min_<metric>)")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TokentraceError(f"{where}: threshold '{name}' must be a number, not {value!r}")
         out[key] = float(value)
@@ -190,10 +191,15 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
     notes: list[str] = []
     # Report in the registry's order (prefill, decode, whole trace), whatever order they were given in.
     order = {m.key: i for i, m in enumerate(METRICS)}
-    names = sorted(limits, key=lambda n: (order.get(metric_for(n).key, len(order)), n))  # type: ignore[union-attr]
+
+    def position(name: str) -> tuple[int, str]:
+        metric = metric_for(name)  # known: normalize_thresholds rejected unknown names
+        return (order.get(metric.key, len(order)) if metric is not None else len(order), name)
+
+    names = sorted(limits, key=position)
     items = [_threshold_item(name, limits[name], side.summary) for name in names]
     base_label = None
-    if baseline is not None:
+    if baseline is not None and max_regression is not None:  # a baseline without max_regression was refused above
         base_side = side_of(baseline)
         base_label = base_side.label
         items.extend(_regression_items(side.summary, base_side.summary, float(max_regression), notes))

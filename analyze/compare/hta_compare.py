@@ -48,7 +48,7 @@ def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
             df = ta.get_temporal_breakdown(visualize=False)
     except TokentraceError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - HTA asserts and indexes freely on traces it does not expect
+    except BaseException as exc:  # HTA asserts and indexes freely on traces it does not expect
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise TokentraceError(f"{path}: HTA could not analyse it ({type(exc).__name__}: {str(exc)[:120]})") from None

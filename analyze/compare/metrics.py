@@ -106,8 +106,7 @@ def _ttft(doc: Summary) -> float | None:
 
 def _prefill_sum(key: str) -> Callable[[Summary], float | None]:
     def read(doc: Summary) -> float | None:
-        vals = [_number(p.get(key)) for p in _prefills(doc)]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in (_number(p.get(key)) for p in _prefills(doc)) if v is not None]
         return sum(vals) if vals else None
 
     return read

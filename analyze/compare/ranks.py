@@ -46,7 +46,7 @@ def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, 
     if seg is not None and len(seg):
         steps = [{"phase": str(p), "index": int(i), "name": str(n), "start_us": (int(s) - t0) / 1000.0,
                   "dur_us": (int(e) - int(s)) / 1000.0}
-                 for p, i, n, s, e in zip(seg["phase"], seg["index"], seg["name"], seg["start"], seg["end"])]
+                 for p, i, n, s, e in zip(seg["phase"], seg["index"], seg["name"], seg["start"], seg["end"], strict=True)]
     else:
         steps = [{"phase": "all", "index": 0, "name": "trace", "start_us": 0.0, "dur_us": trace.duration_ns / 1000.0}]
     summary = analysis.to_json()

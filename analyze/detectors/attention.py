@@ -78,7 +78,7 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
             fit = power_law(g[xcol].to_numpy(float), g[time_col].to_numpy(float))
             if fit is None:
                 continue
-            labels = dict(zip(FIT_KEYS, key))
+            labels = dict(zip(FIT_KEYS, key, strict=True))
             shape = {k: (None if pd.isna(labels[k]) else int(labels[k])) for k in ("batch", "heads", "kv_heads", "head_dim")}
             fits.append(fit.record(phase=phase, op=labels["op"], backend=labels["backend"], x=xcol, shape=shape,
                                    time=time_col.removesuffix("_us"), calls=int(len(g)),

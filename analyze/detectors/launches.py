@@ -106,7 +106,8 @@ def _queue_depth(act: pd.DataFrame) -> np.ndarray:
 
 
 def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any) -> dict[str, Any]:
-    per_api = {str(a): {"count": int(len(g)), "total_us": round(float(g["dur_us"].sum()), 3), **{f"{k}_us": v for k, v in _stats(g["dur_us"].to_numpy()).items()}}
+    per_api = {str(a): {"count": int(len(g)), "total_us": round(float(g["dur_us"].sum()), 3),
+                        **{f"{k}_us": v for k, v in _stats(g["dur_us"].to_numpy()).items()}}
                for a, g in calls.groupby("api", sort=True)}
     kern = act[act["kind"] == "kernel"]
     own = kern[~kern["graph"]]

@@ -67,7 +67,7 @@ def _kv_cat_shape(dims: Any) -> tuple[int, int, int, tuple] | None:
     a, b = dims[0]
     if not (isinstance(a, list) and isinstance(b, list)) or len(a) != len(b) or len(a) not in (3, 4):
         return None
-    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
     if len(diff) != 1 or diff[0] == len(a) - 1:
         return None
     d = diff[0]
@@ -139,18 +139,18 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
     return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(len(counts))}
 
 
-def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float]]:
+def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float | int | None]]:
     """At most TIMELINE_POINTS [t_us, max allocated, max reserved] over equal time bins (peaks kept)."""
     if not len(ts):
         return []
     if len(ts) <= TIMELINE_POINTS:
-        return [[round((t - t0) / US, 3), int(a), _int_or_none(r)] for t, a, r in zip(ts, alloc, reserved)]
+        return [[round((t - t0) / US, 3), int(a), _int_or_none(r)] for t, a, r in zip(ts, alloc, reserved, strict=True)]
     edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
     b = np.searchsorted(ts, edges[:-1], side="left")
     b = np.unique(b[b < len(ts)])
     amax = np.maximum.reduceat(alloc, b)
     rmax = np.fmax.reduceat(reserved, b)
-    return [[round((ts[i] - t0) / US, 3), int(a), _int_or_none(r)] for i, a, r in zip(b, amax, rmax)]
+    return [[round((ts[i] - t0) / US, 3), int(a), _int_or_none(r)] for i, a, r in zip(b, amax, rmax, strict=True)]
 
 
 def _int_or_none(v: float) -> int | None:

@@ -84,11 +84,12 @@ def gemm_cost(name: str, dims: Any, dtype: str | None) -> tuple[float, float] | 
         return None
     if name == "aten::linear":
         x, w = _shape(dims, 0), _shape(dims, 1)
-        bias = _shape(dims, 2) or []
+        lin_bias = _shape(dims, 2) or []
         if not x or not w or len(w) != 2 or x[-1] != w[1]:
             return None
         m, k, n = _numel(x[:-1]), x[-1], w[0]
-        return 2.0 * m * k * n, float(e * (m * k + k * n + m * n + (_numel(bias) if bias else 0)))
+        return 2.0 * m * k * n, float(e * (m * k + k * n + m * n + (_numel(lin_bias) if lin_bias else 0)))
+    bias: list[int] | None
     if name in ("aten::mm", "aten::bmm", "aten::matmul"):
         a, b, bias = _shape(dims, 0), _shape(dims, 1), None
     elif name in ("aten::addmm", "aten::baddbmm"):
@@ -96,7 +97,7 @@ def gemm_cost(name: str, dims: Any, dtype: str | None) -> tuple[float, float] | 
     else:
         return None
     got = _matmul_shapes(a, b) if a and b else None
-    if got is None:
+    if got is None or a is None or b is None:
         return None
     batch, m, k, n, out = got
     nbytes = _numel(a) + _numel(b) + _numel(out) + (_numel(bias) if bias else 0)
@@ -161,7 +162,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
         first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()
     dims = ev["input_dims"].to_numpy()
-    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"])]
+    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"], strict=True)]
     g["flops"] = [c[0] if c else np.nan for c in costs]
     g["bytes"] = [c[1] if c else np.nan for c in costs]
     g["input_dims"] = dims[g["first"].to_numpy()]
@@ -229,7 +230,7 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     df["compute_share"] = df["tflops"] / df["peak_tflops"]
     df["bandwidth_share"] = df["gbs"] / df["peak_gbs"]
     ridge = df["peak_tflops"] * 1e12 / (df["peak_gbs"] * 1e9)
-    df["bound"] = np.where(ridge.isna() | df["intensity"].isna(), None,
+    df["bound"] = np.where(ridge.isna() | df["intensity"].isna(), np.array(None),
                            np.where(df["intensity"] >= ridge, "compute", "memory"))
     return df.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
 

@@ -149,7 +149,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
             best = order[np.r_[True, pair_g[order][1:] != pair_g[order][:-1]]]
             top_k[pair_g[best]] = k[pair_first][best]
             top_us[pair_g[best]] = pair_ns[best] / US
-        out["top_kernel"] = np.where(top_k >= 0, _label(labels, top_k), None)
+        out["top_kernel"] = np.where(top_k >= 0, _label(labels, top_k), np.array(None))
         out["top_kernel_us"] = top_us
     first = out["first_row"].to_numpy()
     out["input_dims"] = ev["input_dims"].to_numpy()[first]

@@ -173,7 +173,7 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
         cnt = hi - lo
         last = np.where(cnt > 0, rows_by_end[np.maximum(hi - 1, 0)], -1)
         out["count"][sel] = cnt
-        out["name"][sel] = np.where(last >= 0, names[np.maximum(last, 0)], None)
+        out["name"][sel] = np.where(last >= 0, names[np.maximum(last, 0)], np.array(None))
         out["busy_us"][sel] = iv.overlap(busy.starts[d], busy.ends[d], ts[sel], end[sel] - SYNC_RETURN_SLACK_NS) / US
     return out
 

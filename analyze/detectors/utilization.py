@@ -75,9 +75,9 @@ def run(trace: Trace, ctx: Context) -> GpuUtilization:
     for d in busy.devices:
         ms, me = busy.starts[d], busy.ends[d]
         b = int((me - ms).sum())
-        span = int(me[-1] - ms[0])
-        dev_rows.append({"device": d, "start_us": (ms[0] - t0) / US, "end_us": (me[-1] - t0) / US, "span_us": span / US,
-                         "busy_us": b / US, "idle_us": (span - b) / US, "utilization": b / span if span else None,
+        dev_span = int(me[-1] - ms[0])
+        dev_rows.append({"device": d, "start_us": (ms[0] - t0) / US, "end_us": (me[-1] - t0) / US, "span_us": dev_span / US,
+                         "busy_us": b / US, "idle_us": (dev_span - b) / US, "utilization": b / dev_span if dev_span else None,
                          "activities": len(busy.rows[d])})
     devices = pd.DataFrame(dev_rows, columns=["device", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities"])
     streams = _streams(trace, t0)

@@ -34,9 +34,11 @@ def _list_presets(ctx: click.Context, _param: click.Parameter, value: bool) -> N
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", default="auto", show_default=True, help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16.")
 @click.option("--attn-implementation", default="sdpa", show_default=True, help="eager, sdpa, or flash_attention_2 where installed.")
-@click.option("--compile", "compile_modes", default="none", show_default=True, metavar="MODE[,MODE...]", help=f"torch.compile modes, one run set each: {', '.join(COMPILE_MODES)}.")
+@click.option("--compile", "compile_modes", default="none", show_default=True, metavar="MODE[,MODE...]",
+              help=f"torch.compile modes, one run set each: {', '.join(COMPILE_MODES)}.")
 @click.option("--static-cache/--dynamic-cache", default=None, help="KV cache kind [default: static when compiled, else dynamic].")
-@click.option("--mode", type=click.Choice(MODES), default="manual", show_default=True, help="manual: annotated prefill/decode loop; generate: model.generate profiled with a schedule.")
+@click.option("--mode", type=click.Choice(MODES), default="manual", show_default=True,
+              help="manual: annotated prefill/decode loop; generate: model.generate profiled with a schedule.")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Discarded warm-up generations before measuring.")
 @click.option("--traces", default=",".join(MANUAL_KINDS), show_default=True, metavar="KIND[,KIND...]", help="Which traces to write per run (manual mode).")
 @click.option("--record-shapes/--no-record-shapes", default=True, show_default=True, help="Input shapes of ops (attention-scaling analysis needs them).")
