@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from capture_checks import check_phase_annotations, check_run_folder, check_timings, read_trace  # noqa: E402
+from capture_checks import check_phase_annotations, check_run_folder, check_timings, read_trace
 
-import tokentrace  # noqa: E402
-import tokentrace.profiling as tc  # noqa: E402
-from tokentrace.errors import TokentraceError  # noqa: E402
+import tokentrace
+import tokentrace.profiling as tc
+from tokentrace.errors import TokentraceError
 
 NEW = 5  # max_new_tokens: the prefill token plus 4 decode steps
 MANUAL = ("combined", "prefill", "decode")
@@ -61,8 +61,6 @@ def test_every_trace_has_metadata_annotations_and_timings(sweep: tc.CaptureResul
 
 
 def test_traces_load_with_tokentrace_load(sweep: tc.CaptureResult) -> None:
-    if not hasattr(tokentrace, "load"):
-        pytest.skip("tokentrace.load is not available yet")
     for run in sweep.runs:
         for kind, path in run.traces.items():
             trace = tokentrace.load(path)
@@ -281,7 +279,8 @@ def test_presets_cover_the_real_architectures() -> None:
     }
     for name, (layers, heads, kv, hidden, vocab, ctx) in want.items():
         s = config_summary(build_config(tc.PRESETS[name]))
-        assert (s["num_layers"], s["num_heads"], s["num_kv_heads"], s["hidden_size"], s["vocab_size"], s["max_position_embeddings"]) == (layers, heads, kv, hidden, vocab, ctx)
+        got = (s["num_layers"], s["num_heads"], s["num_kv_heads"], s["hidden_size"], s["vocab_size"], s["max_position_embeddings"])
+        assert got == (layers, heads, kv, hidden, vocab, ctx)
     assert config_summary(build_config(tc.PRESETS["llama-3.2-1b"]))["head_dim"] == 64
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracebuilder import TraceBuilder
@@ -16,7 +16,6 @@ import tokentrace
 from tokentrace.errors import TraceError
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-WORKDIR = Path(tempfile.mkdtemp(prefix="tokentrace-fuzz-"))
 
 
 def _base() -> dict:
@@ -47,8 +46,15 @@ json_values = st.recursive(
 junk = st.sampled_from([b'"', b"\\", b"\x00", b"\x01", b"\n", b"\t", b"}, {", b"NaN", b",", b"]", b"{", b"\xff", b"1e999"])
 
 
-def _outcome(data: bytes, name: str = "fuzz.json") -> None:
-    p = WORKDIR / name
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for every example of the module (hypothesis runs many per test, and refuses
+    function-scoped fixtures); pytest's own temp-folder retention removes it later."""
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def _outcome(workdir: Path, data: bytes, name: str = "fuzz.json") -> None:
+    p = workdir / name
     p.write_bytes(data)
     try:
         t = tokentrace.load(p)
@@ -65,15 +71,15 @@ def _outcome(data: bytes, name: str = "fuzz.json") -> None:
 
 @SETTINGS
 @given(text=st.sampled_from(TEXTS), cut=st.floats(min_value=0.0, max_value=1.0), gz=st.booleans())
-def test_truncated_anywhere(text, cut, gz):
+def test_truncated_anywhere(workdir, text, cut, gz):
     data = gzip.compress(text) if gz else text
-    _outcome(data[: int(len(data) * cut)], "fuzz.json.gz" if gz else "fuzz.json")
+    _outcome(workdir, data[: int(len(data) * cut)], "fuzz.json.gz" if gz else "fuzz.json")
 
 
 @SETTINGS
 @given(text=st.sampled_from(TEXTS), edits=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 255), st.booleans(), junk),
                                                      min_size=1, max_size=6))
-def test_flipped_and_inserted_bytes(text, edits):
+def test_flipped_and_inserted_bytes(workdir, text, edits):
     data = bytearray(text)
     for where, byte, insert, piece in edits:
         i = min(int(where * len(data)), len(data) - 1)
@@ -81,14 +87,14 @@ def test_flipped_and_inserted_bytes(text, edits):
             data[i:i] = piece
         else:
             data[i] = byte
-    _outcome(bytes(data))
+    _outcome(workdir, bytes(data))
 
 
 @SETTINGS
 @given(changes=st.lists(st.tuples(st.integers(0, len(BASE["traceEvents"]) - 1), st.booleans(),
                                   st.sampled_from(EVENT_KEYS + ARG_KEYS), json_values), min_size=1, max_size=5),
        as_list=st.booleans())
-def test_random_values_in_fields(changes, as_list):
+def test_random_values_in_fields(workdir, changes, as_list):
     doc = json.loads(json.dumps(BASE))
     events = doc["traceEvents"]
     for idx, in_args, key, value in changes:
@@ -96,10 +102,10 @@ def test_random_values_in_fields(changes, as_list):
         if in_args and isinstance(target.get("args"), dict):
             target = target["args"]
         target[key] = value
-    _outcome(json.dumps(events if as_list else doc).encode())
+    _outcome(workdir, json.dumps(events if as_list else doc).encode())
 
 
 @SETTINGS
 @given(value=json_values)
-def test_any_json_document(value):
-    _outcome(json.dumps(value).encode())
+def test_any_json_document(workdir, value):
+    _outcome(workdir, json.dumps(value).encode())
