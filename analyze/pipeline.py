@@ -29,6 +29,7 @@ SCHEMA_VERSION = 1
 DETECTORS: tuple[tuple[str, str], ...] = (
     ("trace", "tokentrace.analysis.detectors.overview"),
     ("phases", "tokentrace.analysis.detectors.phases"),
+    ("health", "tokentrace.analysis.detectors.health"),
     ("gpu", "tokentrace.analysis.detectors.utilization"),
     ("gaps", "tokentrace.analysis.detectors.gaps"),
     ("launches", "tokentrace.analysis.detectors.launches"),
@@ -81,6 +82,13 @@ class Analysis:
         raise AttributeError(name)
 
     @property
+    def warnings(self) -> list[str]:
+        """What this trace cannot be trusted for, shown before any number: the health section's
+        warnings (which include the loader's repairs), else the loader's warnings alone."""
+        health = self.results.get("health")
+        return list(health.warnings) if health is not None else list(self.trace.warnings)
+
+    @property
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
         for res in self.results.values():
@@ -90,7 +98,8 @@ class Analysis:
     def to_json(self) -> dict[str, Any]:
         from tokentrace import __version__
 
-        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__}}
+        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__},
+                               "warnings": self.warnings}
         for name, _ in DETECTORS:
             if name in self.errors:
                 doc[name] = {"error": self.errors[name]}

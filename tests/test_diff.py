@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import REAL_TRACES, real_trace_params
 from tracebuilder import TraceBuilder
 
-from tokentrace.analysis.compare.diff import diff, match_items, normalize_name, side_of
+from tokentrace.analysis.compare.diff import diff, match_items, normalize_name, per_step, side_of
 from tokentrace.analysis.compare.metrics import headline
 from tokentrace.cli import main
 
@@ -223,9 +223,12 @@ def test_diff_unrelated_real_traces(path):
     assert doc["base"]["label"] == str(path) and doc["test"]["label"] == str(other)
     k = d.kernels
     if len(k):
-        # Every GPU microsecond of both traces is accounted for in the matched table.
-        assert k["base_us"].sum() == pytest.approx(d.base.kernels["total_us"].sum())
-        assert k["test_us"].sum() == pytest.approx(d.test.kernels["total_us"].sum())
+        # Every GPU microsecond of both traces is accounted for in the matched table (per step of
+        # each phase when their step counts differ).
+        norm = d.normalisation
+        for side, tab in (("base", d.base.kernels), ("test", d.test.kernels)):
+            expected = per_step(tab, norm["divisors"][side]) if norm["applied"] else tab
+            assert k[f"{side}_us"].sum() == pytest.approx(expected["total_us"].sum())
     assert "tokentrace diff" in d.to_markdown() and d.to_html().startswith("<!DOCTYPE html>")
 
 

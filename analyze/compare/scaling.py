@@ -1,10 +1,9 @@
-"""Power-law fits of GPU time against sequence length, within one trace and across a sweep of traces.
+"""Attention cost against sequence length across a sweep of traces.
 
-Owns the fit (`power_law`: y = c * x**k by least squares on log-log, with the exponent's standard
-error and the points it used) and the sweep (`fit_sweep`: one point per trace of a directory
-written by `tokentrace capture --prompt-lens ...`, x = the prompt length the capture recorded).
-The attention detector fits prefill (time per call vs query length) and decode (vs KV length)
-inside a trace with the same function, so both report the same record shape.
+Owns the sweep (`fit_sweep`: one point per trace of a directory written by `tokentrace capture
+--prompt-lens ...`, x = the prompt length the capture recorded). The fit itself (`power_law`, with
+its interval and the rule for ranges too narrow to fit) lives in analysis.common.fits, which the
+attention detector uses inside a trace too, so both report the same record shape.
 """
 
 from __future__ import annotations
@@ -15,70 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common.fits import Narrow, PowerFit, power_law
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.errors import TokentraceError
 
-# Two points always fit a line exactly; a third is the least that says how well a power law holds
-# (and gives the exponent a standard error).
-MIN_FIT_POINTS = 3
-
-
-@dataclass
-class PowerFit:
-    exponent: float
-    exponent_stderr: float | None
-    coefficient: float  # y = coefficient * x ** exponent (y in the unit given, usually us)
-    r2: float | None
-    points: list[tuple[float, float]]  # (x, median y at that x), sorted by x
-    samples: int  # raw observations behind the points
-
-    def record(self, **labels: Any) -> dict[str, Any]:
-        """The JSON form every fit shares: labels (phase, op, backend, ...) then the numbers."""
-        return {
-            **labels,
-            "exponent": round(self.exponent, 4),
-            "exponent_stderr": None if self.exponent_stderr is None else round(self.exponent_stderr, 4),
-            "coefficient": self.coefficient,
-            "r2": None if self.r2 is None else round(self.r2, 4),
-            "samples": self.samples,
-            # Largest over smallest x: a power law fitted over a narrow range says little.
-            "x_span": round(self.points[-1][0] / self.points[0][0], 3) if self.points else None,
-            "points": [[_num(x), round(y, 3)] for x, y in self.points],
-        }
-
-
-def _num(x: float) -> float | int:
-    return int(x) if float(x).is_integer() else float(x)
-
-
-def power_law(x: Iterable[float], y: Iterable[float], *, min_points: int = MIN_FIT_POINTS) -> PowerFit | None:
-    """Fit y = c * x**k. Repeated x values are reduced to their median y first (robust to a slow
-    outlier call); None when fewer than `min_points` distinct positive x remain."""
-    xa = np.asarray(list(x) if not isinstance(x, np.ndarray) else x, dtype=float)
-    ya = np.asarray(list(y) if not isinstance(y, np.ndarray) else y, dtype=float)
-    ok = np.isfinite(xa) & np.isfinite(ya) & (xa > 0) & (ya > 0)
-    xa, ya = xa[ok], ya[ok]
-    if len(xa) == 0:
-        return None
-    med = pd.Series(ya).groupby(xa).median()
-    if len(med) < max(2, min_points):
-        return None
-    px = med.index.to_numpy(float)
-    py = med.to_numpy(float)
-    lx, ly = np.log(px), np.log(py)
-    slope, intercept = np.polyfit(lx, ly, 1)
-    resid = ly - (slope * lx + intercept)
-    ssr = float(resid @ resid)
-    sxx = float(((lx - lx.mean()) ** 2).sum())
-    sst = float(((ly - ly.mean()) ** 2).sum())
-    n = len(px)
-    stderr = float(np.sqrt(ssr / (n - 2) / sxx)) if n > 2 and sxx > 0 else None
-    r2 = 1.0 - ssr / sst if sst > 0 else None
-    return PowerFit(float(slope), stderr, float(np.exp(intercept)), r2, list(zip(px.tolist(), py.tolist())), int(len(xa)))
-
+__all__ = ["PowerFit", "Sweep", "fit_sweep", "power_law", "sweep_rows"]
 
 # ---- sweeps across traces ------------------------------------------------------------------
 
@@ -90,13 +32,15 @@ class Sweep:
     traces: pd.DataFrame  # path, prompt_len, prompt_len_source, batch, op, backend, time, calls, median_us, total_us
     fits: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Groups whose prompt lengths are too few or too close to fit: their mean time per call instead.
+    too_narrow: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         rows = [
             {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
             for r in self.traces.to_dict("records")
         ]
-        return {"traces": rows, "fits": self.fits, "notes": self.notes}
+        return {"traces": rows, "fits": self.fits, "too_narrow": self.too_narrow, "notes": self.notes}
 
 
 def _preferred_traces(folder: Path) -> list[Path]:
@@ -188,6 +132,7 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
     cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "time", "calls", "median_us", "total_us"]
     table = pd.DataFrame(rows, columns=cols)
     fits: list[dict[str, Any]] = []
+    narrow: list[dict[str, Any]] = []
     if not table.empty:
         keyed = table.assign(batch_key=table["batch"].fillna(-1))
         for (op, backend, batch, time), g in keyed.groupby(["op", "backend", "batch_key", "time"], sort=True):
@@ -195,8 +140,10 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
             label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len", "time": time,
                      "batch": None if batch == -1 else int(batch), "traces": int(len(g))}
             if fit is None:
-                notes.append(f"{op} ({backend}, batch {label['batch']}): {g['prompt_len'].nunique()} prompt lengths; "
-                             f"a fit needs {MIN_FIT_POINTS}")
+                continue
+            if isinstance(fit, Narrow):
+                narrow.append(fit.record(**label))
+                notes.append(f"{op} ({backend}, batch {label['batch']}): {fit.text('prompt length')} per call: {fit.reason}")
                 continue
             fits.append(fit.record(**label))
-    return Sweep(table, fits, notes)
+    return Sweep(table, fits, notes, narrow)
