@@ -90,6 +90,11 @@ def _num(x: float) -> float | int:
     return int(x) if float(x).is_integer() else float(x)
 
 
+def range_text(lo: float, hi: float) -> str:
+    """'513..520', or '512' when every x is the same."""
+    return f"{_num(lo)}" if lo == hi else f"{_num(lo)}..{_num(hi)}"
+
+
 def _rounded(v: float | None, places: int = 4) -> float | None:
     return None if v is None or not math.isfinite(v) else round(float(v), places)
 
@@ -127,7 +132,7 @@ class Narrow:
         }
 
     def text(self, x_name: str = "x", unit: str = "us") -> str:
-        return f"{TOO_NARROW} ({x_name} {_num(self.x_min)}..{_num(self.x_max)}; mean {self.mean:.1f} {unit})"
+        return f"{TOO_NARROW} ({x_name} {range_text(self.x_min, self.x_max)}; mean {self.mean:.1f} {unit})"
 
 
 @dataclass(frozen=True)
@@ -209,8 +214,8 @@ def narrow_reason(distinct_x: np.ndarray) -> str | None:
         return None
     rule = f"a fit needs {MIN_POINTS} distinct values spanning {MIN_X_RATIO:g}x"
     if n < MIN_POINTS:
-        return f"{n} distinct value{'s' if n != 1 else ''} ({_num(lo)}..{_num(hi)}); {rule}"
-    return f"values span {_num(lo)}..{_num(hi)} ({span:.2f}x); {rule}"
+        return f"{n} distinct value{'s' if n != 1 else ''} ({range_text(lo, hi)}); {rule}"
+    return f"values span {range_text(lo, hi)} ({span:.2f}x); {rule}"
 
 
 def _clean(x: Iterable[float], y: Iterable[float], positive_y: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -240,16 +245,31 @@ def _least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | 
     return float(slope), float(intercept), stderr, r2
 
 
-def line_fit(x: Iterable[float], y: Iterable[float]) -> LineFit | Narrow | None:
-    """Fit y = a * x + b over every (x > 0, finite) sample; Narrow when the x range cannot support
-    a slope; None without data."""
-    xa, ya = _clean(x, y, positive_y=False)
+def _pairs(px: np.ndarray, py: np.ndarray) -> list[tuple[float, float]]:
+    return list(zip(px.tolist(), py.tolist(), strict=True))
+
+
+def _fit_input(x: Iterable[float], y: Iterable[float], positive_y: bool
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | Narrow | None:
+    """(samples x, y, distinct x, median y per x) ready to fit; Narrow when the range cannot
+    support a fit; None without data."""
+    xa, ya = _clean(x, y, positive_y)
     if not len(xa):
         return None
     px, py = _medians(xa, ya)
     reason = narrow_reason(px)
     if reason is not None:
-        return Narrow(reason, float(ya.mean()), list(zip(px.tolist(), py.tolist(), strict=True)), int(len(xa)))
+        return Narrow(reason, float(ya.mean()), _pairs(px, py), int(len(xa)))
+    return xa, ya, px, py
+
+
+def line_fit(x: Iterable[float], y: Iterable[float]) -> LineFit | Narrow | None:
+    """Fit y = a * x + b over every (x > 0, finite) sample; Narrow when the x range cannot support
+    a slope; None without data."""
+    got = _fit_input(x, y, positive_y=False)
+    if got is None or isinstance(got, Narrow):
+        return got
+    xa, ya, px, _ = got
     slope, intercept, stderr, r2 = _least_squares(xa, ya)
     ci = interval(slope, stderr, len(xa) - 2)
     return LineFit(slope, intercept, stderr, ci, r2, int(len(px)), int(len(xa)), float(px[0]), float(px[-1]))
@@ -258,13 +278,10 @@ def line_fit(x: Iterable[float], y: Iterable[float]) -> LineFit | Narrow | None:
 def power_law(x: Iterable[float], y: Iterable[float]) -> PowerFit | Narrow | None:
     """Fit y = c * x**k. Repeated x values are reduced to their median y first (robust to a slow
     outlier call); Narrow when the distinct x cannot support a fit; None without data."""
-    xa, ya = _clean(x, y, positive_y=True)
-    if not len(xa):
-        return None
-    px, py = _medians(xa, ya)
-    reason = narrow_reason(px)
-    if reason is not None:
-        return Narrow(reason, float(ya.mean()), list(zip(px.tolist(), py.tolist(), strict=True)), int(len(xa)))
+    got = _fit_input(x, y, positive_y=True)
+    if got is None or isinstance(got, Narrow):
+        return got
+    xa, _, px, py = got
     k, log_c, stderr, r2 = _least_squares(np.log(px), np.log(py))
     ci = interval(k, stderr, len(px) - 2)
-    return PowerFit(k, stderr, float(np.exp(log_c)), r2, list(zip(px.tolist(), py.tolist(), strict=True)), int(len(xa)), ci)
+    return PowerFit(k, stderr, float(np.exp(log_c)), r2, _pairs(px, py), int(len(xa)), ci)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.common.fits import TOO_NARROW, power_law
+from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.detectors.shapes import US, climb_to, outermost, phase_labels, segments_of, value_codes
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
@@ -563,7 +563,7 @@ def _fit_line(f: dict[str, Any]) -> str:
     """One terminal line per fit record: the exponent with its interval, or the mean when too narrow."""
     what = f"{f['phase']} {f['op']} ({f['backend']}) {f['time'].upper()} time per call vs {f['x']}"
     if f.get("status") == TOO_NARROW:
-        return f"{what}: {TOO_NARROW} ({f['x']} {f['x_min']}..{f['x_max']}); mean {f['mean']:.1f} us"
+        return f"{what}: {TOO_NARROW} ({f['x']} {range_text(f['x_min'], f['x_max'])}); mean {f['mean']:.1f} us"
     ci = f.get("exponent_ci95")
     ci_text = f", 95% CI {ci[0]:.2f}..{ci[1]:.2f}" if ci else ""
     return f"{what} ~ {f['x']}^{f['exponent']:.2f}{ci_text} over {len(f['points'])} lengths"

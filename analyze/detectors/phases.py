@@ -370,7 +370,7 @@ def _slope_text(rec: dict[str, Any] | None, basis: str) -> str | None:
     if not rec:
         return None
     if rec["status"] == fits.TOO_NARROW:
-        return f"TPOT growth: {fits.TOO_NARROW} ({basis} {rec['x_min']}..{rec['x_max']})"
+        return f"TPOT growth: {fits.TOO_NARROW} ({basis} {fits.range_text(rec['x_min'], rec['x_max'])})"
     lo, hi = rec["ci95"] or (None, None)
     if not rec["significant"] or lo is None:
         ci = f" (95% CI {lo:+.1f}..{hi:+.1f} us)" if lo is not None else ""
