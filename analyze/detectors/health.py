@@ -233,12 +233,20 @@ def _top_names(values: np.ndarray, n: int = 2) -> str:
     return ", ".join(f"{uniq[i]} x{counts[i]}" for i in order)
 
 
+def _gpu_and_host(c: _Cols, real: np.ndarray, host_kinds: np.ndarray, check_id: str) -> tuple[np.ndarray, np.ndarray] | HealthCheck:
+    """Masks of the real GPU activity and host events a check compares, or the check skipped without them."""
+    gpu, host = c.gpu & real, host_kinds & real
+    if not gpu.any() or not host.any():
+        return HealthCheck(check_id, "skipped", "no GPU activity or host events to compare")
+    return gpu, host
+
+
 def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
     """GPU activity without a launch call that starts before the first host call: launched before the profiler started."""
-    gpu = c.gpu & real
-    host = c.api & real
-    if not gpu.any() or not host.any():
-        return HealthCheck("launched_before_window", "skipped", "no GPU activity or host calls to compare")
+    masks = _gpu_and_host(c, real, c.api, "launched_before_window")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = masks
     first_host = int(c.ts[host].min())
     early = gpu & (c.launch < 0) & (c.ts < first_host)
     n = int(early.sum())
@@ -253,10 +261,10 @@ def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
 
 def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
     """GPU activity running well past the last host event: the host side of the window was cut first."""
-    gpu = c.gpu & real
-    host = c.host & real
-    if not gpu.any() or not host.any():
-        return HealthCheck("gpu_beyond_host", "skipped", "no GPU activity or host events to compare")
+    masks = _gpu_and_host(c, real, c.host, "gpu_beyond_host")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = masks
     host_end = int(c.end[host].max())
     gpu_end = int(c.end[gpu].max())
     span = max(gpu_end, host_end) - min(int(c.ts[gpu].min()), int(c.ts[host].min()))
@@ -319,10 +327,10 @@ def _cropped_step(c: _Cols, real: np.ndarray, segments: Any) -> HealthCheck:
 
 def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
     """GPU activity before its own launch call, or GPU and host times that never overlap."""
-    gpu = np.flatnonzero(c.gpu & real)
-    host = (c.op | c.api) & real
-    if not len(gpu) or not host.any():
-        return HealthCheck("clocks", "skipped", "no GPU activity or host calls to compare")
+    masks = _gpu_and_host(c, real, c.op | c.api, "clocks")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = np.flatnonzero(masks[0]), masks[1]
     g1 = int(c.end[gpu].max())
     h0 = int(c.ts[host].min())
     if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock

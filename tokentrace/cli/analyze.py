@@ -26,6 +26,10 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
 
     found = resolve(trace)
     if isinstance(found, CaptureSweep) and len(found.runs) > 1:
+        if with_hta:
+            from tokentrace.errors import TokentraceError
+
+            raise TokentraceError(f"{trace}: --hta compares one trace; give one run folder of the sweep")
         _analyze_sweep(trace, json_out, html_out, md_out, annotated_out, min_gap_us, quiet)
         return
     if isinstance(found, CaptureSweep):
