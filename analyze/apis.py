@@ -67,6 +67,14 @@ KERNEL_LAUNCH_APIS: tuple[str, ...] = (
     "hipLaunchCooperativeKernel",
 )
 GRAPH_LAUNCH_APIS: tuple[str, ...] = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+# Calls that open and close a stream capture: the launches between them on the capturing thread
+# record a graph's nodes instead of running them (a graph map reads its kernels and ops there).
+GRAPH_CAPTURE_BEGIN_APIS: tuple[str, ...] = (
+    "cudaStreamBeginCapture", "cudaStreamBeginCapture_v2", "cudaStreamBeginCaptureToGraph",
+    "cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCaptureToGraph",
+    "hipStreamBeginCapture", "hipStreamBeginCaptureToGraph",
+)
+GRAPH_CAPTURE_END_APIS: tuple[str, ...] = ("cudaStreamEndCapture", "cuStreamEndCapture", "hipStreamEndCapture")
 MEMCPY_APIS: tuple[str, ...] = (
     "cudaMemcpy",
     "cudaMemcpyAsync",
@@ -156,6 +164,9 @@ SYNC_CAUSING_OPS: tuple[str, ...] = (
     "aten::_unique2",
     "aten::equal",
 )
+# Operators that copy between host and device (`.cpu()`, `.to(device)`, `.tolist()`): a copy to or
+# from pageable host memory waits for the device, and its memcpy and stream-sync calls are one wait.
+HOST_COPY_OPS: tuple[str, ...] = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::tolist")
 
 # The op that opens a language model's forward pass: the token-embedding lookup, Input Dims[1] =
 # (batch, tokens per sequence).

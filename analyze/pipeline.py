@@ -37,6 +37,7 @@ from tokentrace.analysis.context import Context
 from tokentrace.analysis.detectors import (
     attention,
     gaps,
+    health,
     launches,
     memory,
     overview,
@@ -58,6 +59,7 @@ SCHEMA_VERSION = 1
 DETECTORS: tuple[ModuleType, ...] = (
     overview,  # "trace"
     phases,
+    health,
     utilization,  # "gpu"
     gaps,
     launches,
@@ -139,6 +141,13 @@ class Analysis:
         raise AttributeError(name)
 
     @property
+    def warnings(self) -> list[str]:
+        """What this trace cannot be trusted for, shown before any number: the health section's
+        warnings (which include the loader's repairs), else the loader's warnings alone."""
+        health = self.results.get("health")
+        return list(health.warnings) if health is not None else list(self.trace.warnings)
+
+    @property
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
         for name in SECTIONS:  # registry order, whatever order the detectors ran in
@@ -149,7 +158,8 @@ class Analysis:
     def to_json(self) -> dict[str, Any]:
         from tokentrace import __version__
 
-        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__}}
+        doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__},
+                               "warnings": self.warnings}
         for name in SECTIONS:
             if name in self.errors:
                 doc[name] = {"error": self.errors[name]}

@@ -3,7 +3,7 @@
 Manual mode, in order: warm-up loops (discarded: they absorb cuDNN/cuBLAS autotuning, allocator
 growth and torch.compile), one measured loop without the profiler (the timings), one profiled loop
 (the combined trace), and one loop whose prefill and decode are profiled by two separate sessions
-(the prefill and decode traces). Generate mode profiles `model.generate` the way the common
+(the prefill and decode traces), each exported before the next session starts. Generate mode profiles `model.generate` the way the common
 tutorials do: `schedule(wait=1, warmup=1, active=1)` and `prof.step()` after each call.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -23,7 +23,7 @@ from .environment import synchronize
 from .loop import DecodeLoop
 from .metadata import run_meta
 from .prompts import Prompt
-from .sessions import export_trace, make_profiler
+from .sessions import export_raw, export_trace, finish_trace, make_profiler
 from .timing import StageTimer, Timings, timings_from_stages
 from .writer import write_json
 
@@ -123,20 +123,28 @@ def run_manual(
         if KIND_PREFILL in opts.traces or KIND_DECODE in opts.traces:
             # Two profiler sessions around the two phases of one generation: each trace holds
             # exactly one phase, while the decode steps still read the cache that prefill filled.
+            # Each session is exported the moment it ends (sessions.export_raw says why); the
+            # metadata, which needs the decode timings too, is added afterwards.
             ptimer = StageTimer(device)
             state = loop.start(prompt.input_ids, n)
-            prefill_prof = make_profiler(device, **prof_kw) if KIND_PREFILL in opts.traces else None
-            with prefill_prof or nullcontext():
+            raw: dict[str, Path] = {}
+            if KIND_PREFILL in opts.traces:
+                with make_profiler(device, **prof_kw) as prefill_prof:
+                    loop.prefill(state, ptimer)
+                raw[KIND_PREFILL] = export_raw(prefill_prof, folder, KIND_PREFILL)
+            else:
                 loop.prefill(state, ptimer)
-            decode_prof = make_profiler(device, **prof_kw) if KIND_DECODE in opts.traces and steps > 0 else None
-            with decode_prof or nullcontext():
+            if KIND_DECODE in opts.traces and steps > 0:
+                with make_profiler(device, **prof_kw) as decode_prof:
+                    for i in range(steps):
+                        loop.decode_step(state, i, ptimer)
+                raw[KIND_DECODE] = export_raw(decode_prof, folder, KIND_DECODE)
+            else:
                 for i in range(steps):
                     loop.decode_step(state, i, ptimer)
             profiled = _loop_timings(ptimer, steps, None)
-            if prefill_prof is not None:
-                traces[KIND_PREFILL] = export_trace(prefill_prof, folder, KIND_PREFILL, meta(KIND_PREFILL, profiled))
-            if decode_prof is not None:
-                traces[KIND_DECODE] = export_trace(decode_prof, folder, KIND_DECODE, meta(KIND_DECODE, profiled))
+            for kind, path in raw.items():
+                traces[kind] = finish_trace(path, folder, kind, meta(kind, profiled))
 
     run_json = {k: v for k, v in meta(KIND_COMBINED, None).items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}

@@ -43,8 +43,26 @@ def make_profiler(
     )
 
 
-def export_trace(prof: Any, folder: Path, kind: str, meta: dict[str, Any]) -> Path:
-    """Write `prof`'s trace as `folder/<kind>.pt.trace.json.gz` with `meta` as its "tokentrace" key."""
+def export_raw(prof: Any, folder: Path, kind: str) -> Path:
+    """Write a finished session's Chrome trace to a hidden raw file; call before the next session starts.
+
+    Kineto converts the GPU-side (CUPTI) timestamps when the trace is exported, not when the session
+    stops, through a process-wide clock converter that every later profiler session replaces
+    (torch's finalizeTrace and Kineto's configure both reset it). Exported after another session
+    ran, every kernel, runtime and driver event of the earlier one comes out at ts 0 with duration
+    0 (the gpt2_p128_b1 prefill sample of 2026-11-30 is such a file), while its CPU ops, which
+    torch converted at stop, look fine. So each session is exported as soon as it ends.
+    """
     raw = folder / f".{kind}.raw.json"
     prof.export_chrome_trace(str(raw))
+    return raw
+
+
+def finish_trace(raw: Path, folder: Path, kind: str, meta: dict[str, Any]) -> Path:
+    """Turn a raw export into `folder/<kind>.pt.trace.json.gz` with `meta` as its "tokentrace" key."""
     return finalize_trace(raw, folder / trace_file_name(kind), meta, expect_gpu=meta.get("device") == "cuda")
+
+
+def export_trace(prof: Any, folder: Path, kind: str, meta: dict[str, Any]) -> Path:
+    """Export a session that has just ended and finish it at once (the metadata is already known)."""
+    return finish_trace(export_raw(prof, folder, kind), folder, kind, meta)

@@ -51,8 +51,9 @@ def render_terminal(analysis: Any, color: bool = False) -> str:
         lines.append(style(f"  findings  {len(v.findings)}, most expensive first:", bold=True))
         for i, f in enumerate(v.findings[:TOP_FINDINGS], 1):
             sev = style(f"[{f['severity']}]", fg=SEVERITY_COLORS.get(f["severity"], "white"), bold=True)
-            lines.append(f"  {i}. {sev} {_clean(f['title'])}  (costs {fmt.duration(f.get('cost_total_us'))}, "
-                         f"saves ~{fmt.duration(f.get('est_savings_us'))})")
+            outcome = (f"saves ~{fmt.duration(f['est_savings_us'])}" if f.get("est_savings_us") is not None
+                       else f"explains {_clean(f.get('explains') or 'where the time goes')}")
+            lines.append(f"  {i}. {sev} {_clean(f['title'])}  (costs {fmt.duration(f.get('cost_total_us'))}, {outcome})")
             if f.get("recommendation"):
                 lines.append(f"     -> {_clean(f['recommendation'])}")
         if len(v.findings) > TOP_FINDINGS:

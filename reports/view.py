@@ -283,7 +283,8 @@ def build(analysis: Any) -> TraceView:
         timeline=timeline,
         timeline_note=note,
         reproduce=_reproduce(doc, analysis),
-        warnings=[str(w) for w in t.get("warnings") or []],
+        # Health warnings first in every output (the Analysis' warnings include the loader's).
+        warnings=[str(w) for w in (doc.get("warnings") if isinstance(doc.get("warnings"), list) else t.get("warnings")) or []],
     )
 
 

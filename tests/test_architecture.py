@@ -83,7 +83,7 @@ def test_every_detector_module_is_registered_once_with_its_declarations():
     for mod in pipeline.DETECTORS:
         assert isinstance(mod.NAME, str) and isinstance(mod.NEEDS, tuple) and callable(mod.run)
     # The JSON summary's sections keep their order.
-    assert pipeline.SECTIONS == ("trace", "phases", "gpu", "gaps", "launches", "syncs", "shapes", "attention", "roofline", "memory")
+    assert pipeline.SECTIONS == ("trace", "phases", "health", "gpu", "gaps", "launches", "syncs", "shapes", "attention", "roofline", "memory")
 
 
 def test_run_order_respects_needs():
@@ -159,5 +159,6 @@ def test_a_failed_result_fails_its_readers_and_spares_the_rest(builder, tmp_path
     doc = a.to_json()
     assert doc["gaps"] == {"error": "ValueError: odd input"} and "error" in doc["syncs"]
     assert doc["gpu"]["busy_us"] == 10.0  # detectors that do not read gaps still ran
-    assert list(doc)[2:] == [*pipeline.SECTIONS, "findings"]
+    assert list(doc)[:3] == ["schema_version", "tool", "warnings"]
+    assert list(doc)[3:] == [*pipeline.SECTIONS, "findings"]
     assert "gaps analysis failed" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.common.attention_calls import find_calls
 from tokentrace.analysis.common.attention_ops import kernel_backend
-from tokentrace.analysis.common.fits import power_law
+from tokentrace.analysis.common.fits import Narrow, PowerFit, power_law
 from tokentrace.analysis.compare.scaling import fit_sweep
 from tokentrace.analysis.detectors import attention
 from tokentrace.analysis.segments import Segments
@@ -203,12 +203,29 @@ def test_prefill_fit_recovers_quadratic_law(tmp_path):
 
 
 def test_decode_fit_recovers_linear_law_in_kv_length(tmp_path):
-    kv = range(200, 240)
+    kv = range(200, 440, 6)  # 2.2x from shortest to longest
     res = run_alone(build_law(tmp_path, prefill_lens=(200,), decode_kv=kv, cost=lambda x: 0.05 * x))
     f = fit_of(res, "decode")
     assert abs(f["exponent"] - 1.0) < 0.1
+    lo, hi = f["exponent_ci95"]
+    assert lo <= f["exponent"] <= hi and hi - lo < 0.05  # an exact law: a tight 95% interval around 1
     assert f["x"] == "kv_len" and len(f["points"]) == 40 and f["calls"] == 40
     assert (res.calls["phase"] == "decode").sum() == 40
+
+
+def test_narrow_kv_range_reports_the_mean_not_a_law(tmp_path):
+    # Eight decode steps after a 512-token prompt: KV lengths 513..520 say nothing about scaling.
+    kv = range(513, 521)
+    res = run_alone(build_law(tmp_path, prefill_lens=(512,), decode_kv=kv, cost=lambda x: 0.05 * x))
+    assert not [f for f in res.fits if f["phase"] == "decode"]
+    [n] = [f for f in res.too_narrow if f["phase"] == "decode"]
+    assert n["status"] == "range too narrow to fit" and "exponent" not in n
+    assert n["mean"] == pytest.approx(0.05 * sum(kv) / len(kv), abs=1e-3)
+    assert (n["x_min"], n["x_max"], n["samples"]) == (513, 520, 8)
+    assert "range too narrow to fit" in n["reason"] or "2x" in n["reason"]
+    doc = res.to_json()
+    assert doc["too_narrow"] and not [f for f in doc["fits"] if f["phase"] == "decode"]
+    assert any("decode" in line and "range too narrow to fit (kv_len 513..520)" in line for line in res.summary_lines())
 
 
 def test_quadratic_prefill_on_math_path_is_flagged(tmp_path):
@@ -230,11 +247,15 @@ def test_segments_decide_the_phase_when_present(tmp_path):
     assert set(find_calls(tr)["phase"]) == {"prefill"}
 
 
-def test_power_law_reports_points_and_needs_three_lengths():
-    fit = power_law([10, 10, 20, 40], [1.0, 3.0, 8.0, 32.0])  # median 2 at x=10
-    assert fit is not None and fit.points == [(10.0, 2.0), (20.0, 8.0), (40.0, 32.0)]
+def test_power_law_reports_points_and_needs_four_lengths_over_2x():
+    fit = power_law([10, 10, 20, 40, 80], [1.0, 3.0, 8.0, 32.0, 128.0])  # median 2 at x=10
+    assert isinstance(fit, PowerFit) and fit.points == [(10.0, 2.0), (20.0, 8.0), (40.0, 32.0), (80.0, 128.0)]
     assert fit.exponent == pytest.approx(2.0) and fit.exponent_stderr == pytest.approx(0.0, abs=1e-9)
-    assert power_law([10, 20], [1.0, 4.0]) is None
+    three = power_law([10, 20, 40], [1.0, 4.0, 16.0])
+    assert isinstance(three, Narrow) and "3 distinct values" in three.reason
+    close = power_law([100, 110, 120, 130, 140], [1.0, 1.1, 1.2, 1.3, 1.4])
+    assert isinstance(close, Narrow) and "1.40x" in close.reason and close.mean == pytest.approx(1.2)
+    assert power_law([], []) is None
 
 
 def test_fit_sweep_across_capture_folders_and_cli(tmp_path):
@@ -297,9 +318,11 @@ def test_sample_cpu_capture_uses_host_time():
     assert len(pre) == 2 and len(dec) == 16
     assert pre[["batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim"]].drop_duplicates().to_numpy().tolist() == [[1, 4, 2, 32, 32, 16]]
     assert sorted(dec["kv_len"].unique()) == list(range(33, 41))
-    # A CPU run has no GPU time: fits use the ops' host time, and say so.
-    [f] = [f for f in res.fits if f["phase"] == "decode"]
+    # A CPU run has no GPU time: fits use the ops' host time, and say so. KV 33..40 is too narrow to fit.
+    assert not [f for f in res.fits if f["phase"] == "decode"]
+    [f] = [f for f in res.too_narrow if f["phase"] == "decode"]
     assert f["time"] == "cpu" and len(f["points"]) == 8 and f["x_span"] == pytest.approx(40 / 33, abs=1e-3)
+    assert f["mean"] == pytest.approx(float(dec["cpu_us"].mean()), abs=1e-3)
 
 
 @pytest.mark.parametrize("path", real_trace_params())

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import REAL_TRACES, real_trace_params
 from tracebuilder import TraceBuilder
 
-from tokentrace.analysis.compare.diff import diff, match_items, normalize_name, side_of
+from tokentrace.analysis.compare.diff import diff, match_items, normalize_name, per_step, side_of
 from tokentrace.analysis.compare.metrics import headline
 from tokentrace.cli import main
 
@@ -223,9 +223,12 @@ def test_diff_unrelated_real_traces(path):
     assert doc["base"]["label"] == str(path) and doc["test"]["label"] == str(other)
     k = d.kernels
     if len(k):
-        # Every GPU microsecond of both traces is accounted for in the matched table.
-        assert k["base_us"].sum() == pytest.approx(d.base.kernels["total_us"].sum())
-        assert k["test_us"].sum() == pytest.approx(d.test.kernels["total_us"].sum())
+        # Every GPU microsecond of both traces is accounted for in the matched table (per step of
+        # each phase when their step counts differ).
+        norm = d.normalisation
+        for side, tab in (("base", d.base.kernels), ("test", d.test.kernels)):
+            expected = per_step(tab, norm["divisors"][side]) if norm["applied"] else tab
+            assert k[f"{side}_us"].sum() == pytest.approx(expected["total_us"].sum())
     assert "tokentrace diff" in d.to_markdown() and d.to_html().startswith("<!DOCTYPE html>")
 
 
@@ -267,3 +270,49 @@ def test_a_run_against_itself_has_no_changes(tmp_path):
     assert set(d.kernels["match"]) == {"exact"} and set(d.ops["match"]) == {"exact"}
     assert d.worse().empty and d.better().empty
     assert set(d.metrics["verdict"]) == {"same"}
+
+
+def generation(tmp_path: Path, name: str, decode_steps: int, cpu_per_op=lambda i: 10.0) -> Path:
+    """An annotated prefill and `decode_steps` identical-shape decode steps (step i's host ops take cpu_per_op(i) us)."""
+    b = TraceBuilder()
+    r = b.llm_step(0.0, q_len=32, annotation="tokentrace/prefill")
+    t = r["host_end"] + 5
+    for i in range(decode_steps):
+        r = b.llm_step(t, q_len=1, kv_len=33 + i, annotation=f"tokentrace/decode_step[{i}]", gpu_free_at=t,
+                       cpu_per_op=cpu_per_op(i))
+        t = r["host_end"] + 5
+    return b.write(tmp_path / f"{name}.pt.trace.json")
+
+
+def test_8_vs_16_decode_steps_compare_per_step(tmp_path):
+    d = diff(generation(tmp_path, "eight", 8), generation(tmp_path, "sixteen", 16))
+    norm = d.normalisation
+    assert norm["applied"] and "decode 8 vs 16" in norm["reason"] and norm["per"]["decode"] == "per decode step"
+    assert any("per decode step (decode)" in n for n in d.notes)
+    # Every decode kernel runs once per step in both: per step nothing changed (raw totals would say +100%).
+    dec = d.kernels[d.kernels["phase"] == "decode"]
+    assert len(dec) and (dec["delta_us"].abs() < 1e-9).all() and (dec["base_count"] == dec["test_count"]).all()
+    assert d.worse("kernel").empty and d.better("kernel").empty
+    m = d.metrics.set_index("key")
+    assert m.at["gpu_busy_us", "verdict"] == "not comparable" and "8 vs 16 decode steps" in m.at["gpu_busy_us", "noise_basis"]
+    assert m.at["kernels_per_step_decode", "verdict"] == "same" and m.at["tpot_p50_us", "verdict"] == "same"
+    doc = json.loads(json.dumps(d.to_json()))
+    assert doc["normalisation"]["applied"] and {r["phase"] for r in doc["kernels"]["rows"]} >= {"prefill", "decode"}
+
+
+def test_better_or_worse_only_beyond_the_measured_spread(tmp_path):
+    # Step times alternate by 4 us per op (36 us a step): a 0.5 us/op shift is inside that spread,
+    # a 3 us/op shift is not. A flat 1% rule would call both worse.
+    def steps(base: float):
+        return lambda i: base + (4.0 if i % 2 else 0.0)
+
+    base = generation(tmp_path, "base", 16, steps(10.0))
+    small = diff(base, generation(tmp_path, "small", 16, steps(10.5))).metrics.set_index("key")
+    assert small.at["tpot_mean_us", "delta_pct"] > 1.0  # more than the 1% rule
+    assert small.at["tpot_mean_us", "verdict"] == "same"
+    assert small.at["tpot_mean_us", "delta"] < small.at["tpot_mean_us", "noise"]
+    assert small.at["tpot_mean_us", "noise_basis"] == "95% interval of the per-step spread (16 vs 16 decode steps)"
+    large = diff(base, generation(tmp_path, "large", 16, steps(13.0))).metrics.set_index("key")
+    assert large.at["tpot_mean_us", "verdict"] == "worse" and large.at["tpot_mean_us", "delta"] > large.at["tpot_mean_us", "noise"]
+    # TTFT has one prefill per run: no spread to measure, so the 1% rule, and the table says so.
+    assert large.at["ttft_us", "noise_basis"].startswith("1% of the larger value")

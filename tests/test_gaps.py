@@ -145,7 +145,7 @@ def test_graph_with_200_kernels_has_no_launch_bound_idle(builder, tmp_path):
     # Replay idle is neither a gap cause nor a CUDA-graph saving.
     assert sum(c["count"] for c in j["by_cause"].values()) == 1
     assert j["savings"]["cuda_graphs"]["launch_bound_us"] == 0.0
-    assert not [f for f in a.findings if f.category == "gaps" and f.est_savings_us > 0]
+    assert not [f for f in a.findings if f.category == "gaps" and f.est_savings_us is not None]
 
 
 def _decode_trace(builder, steps: int = 5):

@@ -67,7 +67,10 @@ def test_small_kernel_finding_only_when_the_gpu_starves(builder, tmp_path):
     f = [f for f in res.findings if f.id == "small_kernels"][0]
     # The GPU idle before those kernels: 19 launch-bound gaps of 6 us. The launch-bound finding
     # claims that saving; this one names fusion without counting the time twice.
-    assert f.cost_total_us == pytest.approx(114.0) and f.est_savings_us == 0.0
+    assert f.cost_total_us == pytest.approx(114.0) and f.est_savings_us is None
+    # No saving of its own: it says what it explains instead, in the JSON too.
+    assert "launch-bound finding" in f.explains and f.to_json()["explains"] == f.explains
+    assert f.to_json()["est_savings_us"] is None
     assert a.gaps.to_json()["by_cause"]["launch_bound"]["total_us"] == pytest.approx(114.0)
     assert [g for g in a.findings if g.id == "launch_bound"][0].est_savings_us == pytest.approx(114.0)
     assert {e["kernel"] for e in f.evidence} == {"add0", "add1"}

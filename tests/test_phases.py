@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import real_trace_params, shared_trace
+from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
 from detector_context import run_alone
 from tracebuilder import TraceBuilder
 
@@ -96,6 +96,8 @@ def test_four_prefills_and_256_decode_steps(tmp_path, annotated):
     # Two attention kernels per step, each 0.25 us longer per cached token.
     assert j["decode"]["tpot_slope_us_per_token"] == pytest.approx(0.5, abs=1e-6)
     assert j["decode"]["tpot_slope_basis"] == "kv_token"
+    slope = j["decode"]["tpot_slope"]
+    assert slope["status"] == "fitted" and slope["significant"] and slope["ci95"][0] <= 0.5 <= slope["ci95"][1]
     assert j["ttft_us"] == pytest.approx(expect["ttft"][0], abs=1e-3)
     assert j["tpot_us"] == j["decode"]["tpot_us"]
     assert [p["prompt_len"] for p in j["prefill"]] == list(PROMPTS)
@@ -372,3 +374,32 @@ def test_capture_timings_agree_with_the_trace(tiny_capture):
     assert _close(float(np.median(got)), float(np.median(ref))), (got, ref)
     ref_p50 = float(np.percentile(timings["decode_step_us"], 50))
     assert _close(j["tpot_us"]["p50"], ref_p50), (j["tpot_us"]["p50"], ref_p50)
+
+
+def test_tpot_slope_needs_a_wide_range_and_an_interval_that_excludes_zero():
+    from tokentrace.analysis.common import fits
+
+    # Eight decode steps after a 512-token prompt: KV 513..520 is too narrow for any slope.
+    narrow = fits.line_fit(range(513, 521), [37400, 37100, 36900, 37600, 36000, 35800, 36100, 35500])
+    assert isinstance(narrow, fits.Narrow)
+    rec = narrow.record(x="kv_token")
+    assert rec["status"] == "range too narrow to fit" and "slope" not in rec
+    assert phases._slope_text(rec, "kv_token") == "TPOT growth: range too narrow to fit (kv_token 513..520)"
+    # A wide range with no trend: the slope is fitted, its interval spans zero, and the line says so.
+    flat = fits.line_fit(range(100, 1700, 100), [50.0 + (3.0 if i % 2 else -3.0) for i in range(16)])
+    assert isinstance(flat, fits.LineFit) and not flat.significant and flat.ci[0] < 0 < flat.ci[1]
+    text = phases._slope_text(flat.record(x="kv_token"), "kv_token")
+    assert text.startswith("no significant TPOT growth per kv_token") and "us per kv_token (95%" not in text
+
+
+def test_sample_llama_tpot_slope_is_not_a_result():
+    path = SAMPLE_TRACES / "gpu_llama-3.2-1b_eager" / "llama-3.2-1b_p512_b1" / "combined.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip(f"sample trace {path} is absent")
+    res = phases.run(tokentrace.load(path), None)
+    d = res.to_json()["decode"]
+    # 8 decode steps: the -353 us/token of a line through them is not reported, the mean TPOT is.
+    assert d["tpot_slope_us_per_token"] is None and d["tpot_slope"]["status"] == "range too narrow to fit"
+    assert d["tpot_slope"]["mean"] == pytest.approx(d["tpot_us"]["mean"], abs=0.01)
+    line = [x for x in res.summary_lines() if x.startswith("TPOT")][0]
+    assert "us per kv_token" not in line and "range too narrow to fit (kv_token 513..520)" in line

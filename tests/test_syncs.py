@@ -125,16 +125,62 @@ def test_syncs_per_decode_token(builder, tmp_path):
     a, res = _syncs(builder, tmp_path)
     pt = res.to_json()["per_token"]
     assert pt["decode_steps"] == 4
-    # Each step: the token's cudaMemcpyAsync into pageable memory (1 us) + cudaStreamSynchronize.
-    assert pt["syncs_per_step"] == 2.0
+    # Each step: one host wait (the token's copy, aten::_to_copy) made of two calls, its
+    # cudaMemcpyAsync into pageable memory (1 us) and cudaStreamSynchronize.
+    assert pt["syncs_per_step"] == 1.0 and pt["calls_per_step"] == 2.0
+    assert pt["syncs_per_token"] == 0.5 and pt["calls_per_token"] == 1.0  # batch 2: two tokens per step
     assert pt["blocked_us_per_step"] == pytest.approx(1.0 + steps[0]["sync_blocked"])
     # Sync gaps between steps: the next step's first kernel waits for the host to leave the sync.
     assert pt["idle_caused_us_per_step"] > 0
     assert a.gaps.to_json()["by_cause"]["sync"]["count"] == 3
     f = [f for f in a.findings if f.id == "sync_stream_sync"][0]
     assert f.phase == "decode" and f.cost_per_step_us == pytest.approx(pt["idle_caused_us_per_step"], abs=1e-3)
-    # The pageable token copy is a sync point in decode too, even where it idled nothing itself.
-    assert [f for f in a.findings if f.id == "sync_memcpy_pageable"]
+    # The pageable copy is a call inside that one point, not a second finding.
+    assert not [f for f in a.findings if f.id == "sync_memcpy_pageable"]
+    decode_points = [p for p in res.to_json()["points"] if p["phase"] == "decode"]
+    assert [p["calls"] for p in decode_points] == [["cudaMemcpyAsync", "cudaStreamSynchronize"]] * 4
+    assert {p["op"] for p in decode_points} == {"aten::_to_copy"}
+
+
+def item_per_token(builder, steps: int, t: float = 10.0) -> None:
+    """Decode steps that each read the sampled token with one `.item()`: aten::item ->
+    aten::_local_scalar_dense holding a pageable cudaMemcpyAsync (DtoH) and cudaStreamSynchronize."""
+    builder.annotation("tokentrace/prefill", 0, 5)
+    for i in range(steps):
+        builder.launch("argmax_kernel", t, t + 2, 20)
+        builder.cpu_op("aten::item", t + 5, 40)
+        builder.cpu_op("aten::_local_scalar_dense", t + 6, 38)
+        builder.memcpy("DtoH (Device -> Pageable)", t + 7, t + 23, 1, launch_dur=18.0)
+        builder.sync_call("cudaStreamSynchronize", t + 26, 2, kineto="Stream Sync")
+        builder.annotation(f"tokentrace/decode_step[{i}]", t, 50)
+        t += 60
+
+
+def test_one_item_per_token_is_one_sync_point_per_token(builder, tmp_path):
+    item_per_token(builder, 6)
+    a, res = _syncs(builder, tmp_path)
+    j = res.to_json()
+    assert j["per_token"]["syncs_per_token"] == 1.0
+    assert j["per_token"]["calls_per_token"] == 2.0  # the calls stay in the JSON
+    assert j["count"] == 6 and j["calls"] == {"count": 12, "blocking": 12}
+    assert all(p["op"] == "aten::item" and p["calls"] == ["cudaMemcpyAsync", "cudaStreamSynchronize"] for p in j["points"])
+    # Each point's blocked time is both calls' together: 18 us in the copy + 2 in the sync.
+    assert {p["blocked_us"] for p in j["points"]} == {20.0}
+    assert {i["point"] for i in j["items"]} == set(range(6))
+    # The headline metric reads sync points.
+    from tokentrace.analysis.compare.metrics import BY_KEY
+
+    assert BY_KEY["syncs_per_token"].read(a.to_json()) == 1.0
+
+
+def test_bare_sync_calls_are_points_of_their_own(builder, tmp_path):
+    builder.launch("k", 0, 5, 10)
+    builder.cpu_op("aten::linear", 18, 40)  # not a host-wait op: its syncs stay separate waits
+    builder.sync_call("cudaDeviceSynchronize", 20, 10)
+    builder.sync_call("cudaStreamSynchronize", 40, 5)
+    _, res = _syncs(builder, tmp_path)
+    j = res.to_json()
+    assert j["count"] == 2 and [p["calls"] for p in j["points"]] == [["cudaDeviceSynchronize"], ["cudaStreamSynchronize"]]
 
 
 def test_sync_calls_frame_is_the_single_definition(builder, tmp_path):

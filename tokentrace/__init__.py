@@ -1,7 +1,8 @@
 """tokentrace: turn PyTorch profiler traces of LLM inference into answers.
 
 The Python API, one plain typed function per command: `load`, `load_all`, `analyze`, `report`,
-`diff`, `check`, `scaling`, `ranks`, `capture` (see `tokentrace.api`). Importing this package
+`diff`, `check`, `scaling`, `ranks`, `capture`, and `sweep` for a capture sweep folder (see
+`tokentrace.api`). Importing this package
 is cheap: the analysis stack (numpy, pandas) loads on first use, torch only inside `capture`.
 
 Subpackages: `tokentrace.analysis` (the analyze/ folder: loading, detectors, comparison tools),
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tokentrace.api import analyze, capture, check, diff, load, load_all, ranks, report, scaling
+from tokentrace.api import analyze, capture, check, diff, load, load_all, ranks, report, scaling, sweep
 from tokentrace.errors import TokentraceError, TraceError
 
 __version__ = "0.1.0"
 __all__ = [
     "Analysis", "Trace", "TokentraceError", "TraceError", "__version__",
-    "analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling",
+    "analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling", "sweep",
 ]
 
 if TYPE_CHECKING:

@@ -16,19 +16,38 @@ from typing import TYPE_CHECKING, Any
 # so importing it here is cheap; `tokentrace.capture` is that function, with its real signature.
 from tokentrace.profiling.api import capture
 
-__all__ = ["analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling"]
+__all__ = ["analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling", "sweep"]
 
 if TYPE_CHECKING:
     from tokentrace.analysis.compare.check import CheckResult
     from tokentrace.analysis.compare.diff import DiffResult
     from tokentrace.analysis.compare.ranks import RanksResult
     from tokentrace.analysis.compare.scaling import Sweep
+    from tokentrace.analysis.compare.sweep import SweepCheck, SweepDiff, SweepResult
     from tokentrace.analysis.loading.trace import Trace
     from tokentrace.analysis.pipeline import Analysis, Options
 
 PathLike = str | os.PathLike[str]
 # A run to compare: an Analysis, a loaded Trace, a trace file or folder, or a saved JSON summary.
 RunLike = Any
+
+
+def _capture_folder(x: Any) -> Any:
+    """The capture run or sweep a path names (analysis.loading.capture_folders), else None."""
+    if not isinstance(x, (str, os.PathLike)):
+        return None
+    from tokentrace.analysis.loading.capture_folders import resolve
+
+    return resolve(x)
+
+
+def _one_run(x: Any) -> Any:
+    """A run folder (or a sweep of one run) as the path of its combined trace; anything else as is."""
+    if not isinstance(x, (str, os.PathLike)):
+        return x
+    from tokentrace.analysis.loading.capture_folders import run_or_path
+
+    return run_or_path(x)[0]
 
 
 def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
@@ -60,7 +79,27 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options
     opts = options or _Options()
     if min_gap_us is not None:
         opts = replace(opts, min_gap_us=float(min_gap_us))
-    return run_pipeline(trace, opts)
+    # A capture run folder stands for its combined trace; a sweep of several runs is `sweep`'s.
+    return run_pipeline(_one_run(trace), opts)
+
+
+def sweep(folder: PathLike, *, min_gap_us: float | None = None, options: Options | None = None,
+          progress: Callable[[str], None] | None = None) -> SweepResult:
+    """Analyse every run of a capture sweep folder (or one run folder) and tabulate them.
+
+    The result holds one row per run (prompt length x batch x compile x attention: TTFT, TPOT,
+    GPU utilisation, health warnings, top finding) as `table`, and each run's Analysis.
+    """
+    from tokentrace.analysis.compare.sweep import analyze_sweep
+    from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep
+    from tokentrace.errors import TokentraceError
+
+    found = _capture_folder(folder)
+    if isinstance(found, CaptureRun):
+        found = CaptureSweep(found.folder, [found])
+    if not isinstance(found, CaptureSweep):
+        raise TokentraceError(f"{folder}: not a capture folder (no run.json here or in its subfolders)")
+    return analyze_sweep(found, lambda p: analyze(p, min_gap_us=min_gap_us, options=options), progress)
 
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
@@ -72,6 +111,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     Markdown. Returns the report text and writes it to `output` when given ("-" for stdout).
     `progress`, when given, is called with a line per trace analysed.
     """
+    from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep
     from tokentrace.analysis.loading.trace import Trace as _Trace
     from tokentrace.analysis.pipeline import Analysis as _Analysis
     from tokentrace.io import write_output
@@ -79,8 +119,19 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
 
     kind = format_for(None if output is None else os.fspath(output), format)
     items = list(traces) if isinstance(traces, Sequence) and not isinstance(traces, str) else [traces]
+    # A sweep folder becomes its sweep table and one section per run; a run folder, its combined trace.
+    sweeps = []
+    plain: list[Any] = []
+    for item in items:
+        found = _capture_folder(item)
+        if isinstance(found, CaptureSweep):
+            result = sweep(found.folder, min_gap_us=min_gap_us, options=options, progress=progress)
+            sweeps.append(result)
+            plain.extend(result.analyses)
+        else:
+            plain.append(found.analysis_trace()[1] if isinstance(found, CaptureRun) else item)
     # Command-line order; a directory's traces (ranks, steps) in load_all's order within it.
-    loaded = [t for item in items for t in ([item] if isinstance(item, (_Analysis, _Trace)) else load_all(item))]
+    loaded = [t for item in plain for t in ([item] if isinstance(item, (_Analysis, _Trace)) else load_all(item))]
     analyses: list[Analysis] = []
     for i, item in enumerate(loaded, 1):
         if isinstance(item, _Analysis):
@@ -90,20 +141,46 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
         analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
     text = render(analyses, kind)
+    if sweeps:
+        text = _with_sweeps(text, sweeps, kind)
     if output is not None:
         write_output(os.fspath(output), text)
     return text
 
 
-def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None) -> DiffResult:
-    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary)."""
-    from tokentrace.analysis.compare.diff import diff as _diff
+def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
+    """The report text with each sweep's table first (Markdown and JSON; the HTML table comes with the HTML report)."""
+    import json
 
-    return _diff(base, test, **({} if min_gap_us is None else {"min_gap_us": min_gap_us}))
+    if kind == "markdown":
+        from tokentrace.reports.sweep import sweep_markdown
+
+        return "".join(sweep_markdown(s) + "\n" for s in sweeps) + text
+    if kind == "json":
+        doc = json.loads(text)
+        return json.dumps({"sweeps": [s.to_json(with_runs=False) for s in sweeps], "report": doc}, indent=2)
+    return text
+
+
+def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None) -> DiffResult | SweepDiff:
+    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary).
+
+    Two capture sweep folders give a SweepDiff: their runs paired by prompt length x batch x
+    compile x attention, each pair diffed.
+    """
+    from tokentrace.analysis.compare.diff import diff as _diff
+    from tokentrace.analysis.compare.sweep import diff_sweeps
+    from tokentrace.analysis.loading.capture_folders import CaptureSweep
+
+    kw = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    b, t = _capture_folder(base), _capture_folder(test)
+    if isinstance(b, CaptureSweep) and isinstance(t, CaptureSweep) and (len(b.runs) > 1 or len(t.runs) > 1):
+        return diff_sweeps(b, t, lambda x, y: _diff(x, y, **kw))
+    return _diff(_one_run(base), _one_run(test), **kw)
 
 
 def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike = None,
-          max_regression: float | None = None, **thresholds: float | None) -> CheckResult:
+          max_regression: float | None = None, **thresholds: float | None) -> CheckResult | SweepCheck:
     """Evaluate thresholds on a run; `result.passed` says whether all hold.
 
     Thresholds are `max_<metric>=` / `min_<metric>=` keywords for the metrics in
@@ -111,21 +188,43 @@ def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike =
     `baseline` with `max_regression` percent. An unknown threshold raises TokentraceError.
     """
     from tokentrace.analysis.compare.check import check as _check
+    from tokentrace.analysis.compare.sweep import check_sweep
+    from tokentrace.analysis.loading.capture_folders import CaptureSweep
 
-    return _check(trace, baseline=baseline, max_regression=max_regression,
-                  config=None if config is None else os.fspath(config), **thresholds)
+    def one(run: RunLike) -> CheckResult:
+        return _check(run, baseline=None if baseline is None else _one_run(baseline), max_regression=max_regression,
+                      config=None if config is None else os.fspath(config), **thresholds)
+
+    found = _capture_folder(trace)
+    if isinstance(found, CaptureSweep) and len(found.runs) > 1:
+        return check_sweep(found, one)  # every run must pass
+    return one(_one_run(trace))
 
 
 def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace]) -> Sweep:
     """Attention cost against sequence length across a sweep (a capture folder, or traces)."""
     from tokentrace.analysis.compare.scaling import fit_sweep
+    from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep
 
-    return fit_sweep(traces)
+    items = [traces] if isinstance(traces, (str, os.PathLike)) or not isinstance(traces, Iterable) else list(traces)
+    # Capture folders give one trace per run: its combined trace (prefill is in it, and the phases
+    # detector finds it); other folders are searched for trace files as before.
+    expanded: list[Any] = []
+    for item in items:
+        found = _capture_folder(item)
+        if isinstance(found, CaptureSweep):
+            expanded.extend(r.analysis_trace()[1] for r in found.runs)
+        elif isinstance(found, CaptureRun):
+            expanded.append(found.analysis_trace()[1])
+        else:
+            expanded.append(item)
+    return fit_sweep(expanded)
 
 
 def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None) -> RanksResult:
     """Analyse every rank's trace under `paths` (in worker processes) and compare the ranks."""
     from tokentrace.analysis.compare.ranks import analyze_ranks
+    from tokentrace.analysis.loading.capture_folders import rank_paths
 
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    items = rank_paths([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
     return analyze_ranks(items, workers=workers, options=None if min_gap_us is None else {"min_gap_us": min_gap_us})

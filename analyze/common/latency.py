@@ -214,16 +214,3 @@ def percentiles(values_us: np.ndarray) -> dict[str, float] | None:
         "mean": round(float(v.mean()), 3),
         "max": round(float(v.max()), 3),
     }
-
-
-# Fewest decode steps over which a TPOT slope means anything (two points always fit a line).
-MIN_STEPS_FOR_SLOPE = 3
-
-
-def slope(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Least-squares slope of y against x, None with too few points or x constant."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if len(x) < MIN_STEPS_FOR_SLOPE or np.ptp(x) == 0:
-        return None
-    return float(np.polyfit(x, y, 1)[0])

@@ -15,6 +15,14 @@ summary (path or dict):
 
 Better and worse are ranked by time. A JSON summary has no kernel table, so with one the item
 comparison is skipped and a note says so.
+
+Honest comparisons: when the runs' step counts differ (8 vs 16 decode steps, 1 vs 2 prefills) the
+item tables are compared per step of each phase (per token when the batch differs too), and
+whole-trace totals are not called better or worse at all. A metric counts as better or worse only
+when its change exceeds the run-to-run spread the summaries can measure: for metrics over decode
+steps, the 95% interval of the difference of means from the per-step spread of both runs (Welch);
+for a TPOT slope, its two standard errors combined; otherwise a 1% threshold. The metric table
+says which (`noise`, `noise_basis`).
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common.fits import CONFIDENCE, t_quantile
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.json_values import records as json_records
-from tokentrace.analysis.compare.metrics import Metric, is_summary, metrics_for
+from tokentrace.analysis.compare.metrics import Metric, dig, is_summary, metrics_for
 from tokentrace.errors import TokentraceError
 
 DIFF_SCHEMA_VERSION = 1
@@ -49,8 +58,23 @@ TOP = 20
 # ("schemaVersion", "traceEvents"): json.dumps writes schema_version first.
 SNIFF_BYTES = 4096
 
+# Metrics measured over decode steps, and the per-step field of phases.decode.per_step whose
+# spread is their noise (a ratio field is busy over span).
+PER_STEP_SAMPLES: dict[str, str] = {
+    "tpot_p50_us": "tpot_us", "tpot_p90_us": "tpot_us", "tpot_mean_us": "tpot_us", "tpot_max_us": "tpot_us",
+    "decode_gpu_busy_per_step_us": "gpu_busy_us", "kernels_per_step_decode": "kernels",
+    "launches_per_step_decode": "launches", "gpu_utilization_decode": "utilization", "idle_share_decode": "idle",
+}
+# Sums over the prefill passes: comparable only when both runs have as many prefills.
+PREFILL_SUMS = ("prefill_gpu_busy_us", "prefill_kernels", "prefill_launches")
+# Verdict of a whole-trace total when the step counts differ (its per-step forms are compared instead).
+NOT_COMPARABLE = "not comparable"
+# How items of each phase are normalised when step counts differ; outside every step, not at all.
+PHASE_BASIS = {"prefill": "per prefill pass", "decode": "per decode step", "step": "per step", "mixed": "per step"}
+OUTSIDE_PHASE = "other"
+
 ITEM_COLUMNS = [
-    "kind", "match", "name", "base_name", "shape", "base_shape", "base_count", "test_count", "count_delta",
+    "phase", "kind", "match", "name", "base_name", "shape", "base_shape", "base_count", "test_count", "count_delta",
     "base_us", "test_us", "delta_us", "delta_pct", "base_gpu_us", "test_gpu_us", "delta_gpu_us",
 ]
 
@@ -62,22 +86,15 @@ class Side:
 
     label: str
     summary: dict[str, Any]
-    kernels: pd.DataFrame | None = None  # name, shape, count, total_us
-    ops: pd.DataFrame | None = None  # name, shape, count, total_us (host), gpu_us
+    kernels: pd.DataFrame | None = None  # phase, name, shape, count, total_us
+    ops: pd.DataFrame | None = None  # phase, name, shape, count, total_us (host), gpu_us
     source: str = "trace"  # "trace" | "summary"
+    steps: dict[str, int] = field(default_factory=dict)  # segments per phase (from the trace's segmentation)
 
     @property
     def device(self) -> str | None:
         t = self.summary.get("trace")
         return t.get("device") if isinstance(t, dict) else None
-
-
-def _combined_in(folder: Path) -> Path | None:
-    """A capture run folder holds combined/prefill/decode traces: the combined one is the run."""
-    from tokentrace.profiling.conventions import KIND_COMBINED, trace_file_name
-
-    p = folder / trace_file_name(KIND_COMBINED)
-    return p if p.is_file() else None
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
@@ -121,14 +138,34 @@ def side_of(x: Any, options: dict[str, Any] | None = None) -> Side:
         doc = read_summary(path)
         if doc is not None:
             return Side(label=str(path), summary=doc, source="summary")
-        if path.is_dir():
-            path = _combined_in(path) or path
+        if path.is_dir():  # a capture run folder stands for its combined trace
+            from tokentrace.analysis.loading.capture_folders import run_or_path
+
+            path = run_or_path(path)[0]
         x = analyze(path, **(options or {}))
     elif isinstance(x, Trace):
         x = analyze(x, **(options or {}))
     if not isinstance(x, Analysis):
         raise TokentraceError(f"cannot diff a {type(x).__name__}: give an Analysis, a Trace, a path or a JSON summary")
-    return Side(label=x.trace.path, summary=x.to_json(), kernels=kernel_table(x.trace), ops=op_table(x.trace))
+    segments = getattr(x.results.get("phases"), "segments", None)
+    trace = x.trace
+    steps = {str(k): int(v) for k, v in segments.table["phase"].value_counts().items()} if segments is not None else {}
+    return Side(label=trace.path, summary=x.to_json(),
+                kernels=kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True)),
+                ops=op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False)), steps=steps)
+
+
+def _phases(trace: Any, segments: Any, rows: pd.Index, *, gpu: bool) -> np.ndarray | None:
+    """Phase of each row (GPU work by its launch time, ops by their start); OUTSIDE_PHASE outside every step."""
+    if segments is None or not len(segments) or not len(rows):
+        return None
+    r = np.asarray(rows, dtype=np.int64)
+    seg = segments.locate_rows(trace, r) if gpu else segments.locate_times(trace.events["ts"].to_numpy()[r])
+    phase_of = segments.table.set_index("seg")["phase"].astype(object)
+    out = np.full(len(r), OUTSIDE_PHASE, dtype=object)
+    ok = seg >= 0
+    out[ok] = phase_of.reindex(seg[ok]).to_numpy(dtype=object)
+    return out
 
 
 # ---- item tables -----------------------------------------------------------------------
@@ -138,38 +175,66 @@ def _dims_text(values: pd.Series) -> pd.Series:
                      index=values.index, dtype=object)
 
 
-def kernel_table(trace: Any) -> pd.DataFrame:
-    """GPU activity grouped by name and launch shape (grid x block): count and GPU time (us)."""
+def _empty_items(gpu: bool) -> pd.DataFrame:
+    cols = {"phase": object, "name": object, "shape": object, "count": np.int64, "total_us": float}
+    if gpu:
+        cols["gpu_us"] = float
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+
+
+def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
+    """GPU activity grouped by phase, name and launch shape (grid x block): count and GPU time (us).
+    `phase` labels each GPU row (default: all "all")."""
     g = trace.gpu
     if g.empty:
-        return pd.DataFrame({"name": pd.Series(dtype=object), "shape": pd.Series(dtype=object),
-                             "count": pd.Series(dtype=np.int64), "total_us": pd.Series(dtype=float)})
+        return _empty_items(gpu=False)
     grid, block = _dims_text(g["grid"]), _dims_text(g["block"])
     shape = np.where(grid.to_numpy() == "", "", "grid " + grid.astype(str) + " block " + block.astype(str))
-    df = pd.DataFrame({"name": g["name"].astype(str).to_numpy(), "shape": shape, "dur": g["dur"].to_numpy()})
-    out = df.groupby(["name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum")).reset_index()
+    df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": g["name"].astype(str).to_numpy(),
+                       "shape": shape, "dur": g["dur"].to_numpy()})
+    out = df.groupby(["phase", "name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum")).reset_index()
     out["total_us"] = out["total_us"] / 1000.0
     return out
 
 
-def op_table(trace: Any) -> pd.DataFrame:
-    """CPU ops grouped by name and input shapes: count, host time and GPU time of the kernels they launched (us)."""
+def op_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
+    """CPU ops grouped by phase, name and input shapes: count, host time and GPU time of the kernels they launched (us)."""
     ops = trace.cpu_ops
     if ops.empty:
-        return pd.DataFrame({"name": pd.Series(dtype=object), "shape": pd.Series(dtype=object),
-                             "count": pd.Series(dtype=np.int64), "total_us": pd.Series(dtype=float),
-                             "gpu_us": pd.Series(dtype=float)})
+        return _empty_items(gpu=True)
     g = trace.gpu
     # A kernel's `op` is the innermost op on its launching thread: its GPU time is that op's own.
     linked = g[g["op"] >= 0]
     gpu_by_op = linked.groupby("op")["dur"].sum()
     gpu_ns = gpu_by_op.reindex(ops.index, fill_value=0).to_numpy()
-    df = pd.DataFrame({"name": ops["name"].astype(str).to_numpy(), "shape": _dims_text(ops["input_dims"]).to_numpy(),
-                       "dur": ops["dur"].to_numpy(), "gpu": gpu_ns})
-    out = df.groupby(["name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum"),
-                                                       gpu_us=("gpu", "sum")).reset_index()
+    df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": ops["name"].astype(str).to_numpy(),
+                       "shape": _dims_text(ops["input_dims"]).to_numpy(), "dur": ops["dur"].to_numpy(), "gpu": gpu_ns})
+    out = df.groupby(["phase", "name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum"),
+                                                                gpu_us=("gpu", "sum")).reset_index()
     out["total_us"] = out["total_us"] / 1000.0
     out["gpu_us"] = out["gpu_us"] / 1000.0
+    return out
+
+
+def whole(table: pd.DataFrame | None) -> pd.DataFrame | None:
+    """An item table summed over phases (the whole trace)."""
+    if table is None:
+        return None
+    sums = {c: "sum" for c in ("count", "total_us", "gpu_us") if c in table.columns}
+    out = table.groupby(["name", "shape"], sort=False).agg(sums).reset_index()
+    out.insert(0, "phase", "all")
+    return out
+
+
+def per_step(table: pd.DataFrame | None, divisors: dict[str, float]) -> pd.DataFrame | None:
+    """An item table with each phase's counts and times divided by that phase's divisor (steps or tokens)."""
+    if table is None:
+        return None
+    out = table.copy()
+    d = out["phase"].map(lambda p: divisors.get(str(p), 1.0)).to_numpy(float)
+    for c in ("count", "total_us", "gpu_us"):
+        if c in out.columns:
+            out[c] = out[c].to_numpy(float) / d
     return out
 
 
@@ -207,14 +272,14 @@ def _side_frame(t: pd.DataFrame | None, side: str) -> pd.DataFrame:
     t = t if t is not None else pd.DataFrame(columns=["name", "shape", "count", "total_us"])
     return pd.DataFrame({
         "name": t["name"].astype(object).to_numpy(), "shape": t["shape"].astype(object).to_numpy(),
-        f"{side}_count": t["count"].to_numpy(np.int64),
+        f"{side}_count": t["count"].to_numpy(float),
         f"{side}_us": t["total_us"].to_numpy(float),
         f"{side}_gpu_us": (t["gpu_us"] if "gpu_us" in t else pd.Series(np.nan, index=t.index)).to_numpy(float),
     })
 
 
-def match_items(base: pd.DataFrame | None, test: pd.DataFrame | None, kind: str) -> pd.DataFrame:
-    """Match two item tables (name, shape, count, total_us[, gpu_us]) into one delta table."""
+def match_items(base: pd.DataFrame | None, test: pd.DataFrame | None, kind: str, phase: str = "all") -> pd.DataFrame:
+    """Match two item tables (name, shape, count, total_us[, gpu_us]) of one phase into one delta table."""
     b, t = _side_frame(base, "base"), _side_frame(test, "test")
     parts: list[pd.DataFrame] = []
 
@@ -259,8 +324,12 @@ def match_items(base: pd.DataFrame | None, test: pd.DataFrame | None, kind: str)
         return pd.DataFrame({c: pd.Series(dtype=object) for c in ITEM_COLUMNS})
     out = pd.concat(parts, ignore_index=True)
     out["kind"] = kind
-    out["base_count"] = out["base_count"].fillna(0).astype(np.int64)
-    out["test_count"] = out["test_count"].fillna(0).astype(np.int64)
+    out["phase"] = phase
+    counts = out[["base_count", "test_count"]].fillna(0).astype(float)
+    # Whole counts stay integers; per-step counts (normalised tables) keep their fractions.
+    is_int = bool((counts == counts.round()).all().all())
+    out["base_count"] = counts["base_count"].astype(np.int64) if is_int else counts["base_count"]
+    out["test_count"] = counts["test_count"].astype(np.int64) if is_int else counts["test_count"]
     out["count_delta"] = out["test_count"] - out["base_count"]
     out["delta_us"] = out["test_us"].astype(float) - out["base_us"].astype(float)
     out["delta_gpu_us"] = out["test_gpu_us"].astype(float) - out["base_gpu_us"].astype(float)
@@ -273,7 +342,8 @@ def match_items(base: pd.DataFrame | None, test: pd.DataFrame | None, kind: str)
 
 
 # ---- metrics ---------------------------------------------------------------------------
-def _verdict(m: Metric, base: Any, test: Any) -> str:
+def _verdict(m: Metric, base: Any, test: Any, noise: float | None) -> str:
+    """better / worse only beyond `noise` (the measured spread), else beyond SAME_REL of the larger value."""
     if base is None and test is None:
         return "n/a"
     if base is None:
@@ -284,15 +354,68 @@ def _verdict(m: Metric, base: Any, test: Any) -> str:
         return "same" if base == test else "changed"
     delta = test - base
     scale = max(abs(base), abs(test))
-    if scale == 0 or abs(delta) <= SAME_REL * scale:
+    threshold = noise if noise is not None else SAME_REL * scale
+    if scale == 0 or abs(delta) <= threshold:
         return "same"
     if m.better == "none":
         return "changed"
     return "better" if (delta < 0) == (m.better == "lower") else "worse"
 
 
+def step_samples(doc: dict[str, Any], field_name: str) -> np.ndarray:
+    """Per-decode-step values of a field of phases.decode.per_step (utilization/idle from busy over span)."""
+    rows = dig(doc, "phases.decode.per_step")
+    rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+    def col(k: str) -> np.ndarray:
+        return np.array([r.get(k) if isinstance(r.get(k), (int, float)) else np.nan for r in rows], dtype=float)
+
+    if field_name in ("utilization", "idle"):
+        busy, span = col("gpu_busy_us"), col("gpu_span_us")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(span > 0, busy / span, np.nan)
+        v = 1.0 - v if field_name == "idle" else v
+    else:
+        v = col(field_name)
+    return v[np.isfinite(v)]
+
+
+def _spread(key: str, base: dict[str, Any], test: dict[str, Any]) -> tuple[float | None, str]:
+    """(noise threshold, what it is) for one metric: the run-to-run spread the summaries can measure."""
+    if key in PER_STEP_SAMPLES:
+        b, t = step_samples(base, PER_STEP_SAMPLES[key]), step_samples(test, PER_STEP_SAMPLES[key])
+        if len(b) >= 2 and len(t) >= 2:
+            se = float(np.sqrt(b.var(ddof=1) / len(b) + t.var(ddof=1) / len(t)))
+            q = t_quantile(CONFIDENCE, min(len(b), len(t)) - 1)
+            return q * se, f"{CONFIDENCE:.0%} interval of the per-step spread ({len(b)} vs {len(t)} decode steps)"
+    if key == "tpot_slope_us_per_token":
+        sb, st = dig(base, "phases.decode.tpot_slope"), dig(test, "phases.decode.tpot_slope")
+        eb, et = (s.get("stderr") if isinstance(s, dict) else None for s in (sb, st))
+        if isinstance(eb, (int, float)) and isinstance(et, (int, float)):
+            n = min(int(sb.get("samples") or 0), int(st.get("samples") or 0))
+            q = t_quantile(CONFIDENCE, max(n - 2, 1))
+            return q * float(np.hypot(eb, et)), f"{CONFIDENCE:.0%} interval of both slopes' standard errors"
+    return None, f"{SAME_REL:.0%} of the larger value (no spread measurable)"
+
+
+def _step_counts(doc: dict[str, Any]) -> tuple[float | None, int]:
+    """(decode steps, prefill passes) of a summary."""
+    from tokentrace.analysis.compare.metrics import BY_KEY
+
+    pre = dig(doc, "phases.prefill")
+    return BY_KEY["decode_steps"].read(doc), len(pre) if isinstance(pre, list) else 0
+
+
+def _total(m: Metric) -> bool:
+    """A whole-trace total (it grows with the number of steps), not a rate or a per-step figure."""
+    return m.phase == "all" and m.unit in ("us", "count") and m.better != "none"
+
+
 def metric_table(base: dict[str, Any], test: dict[str, Any]) -> pd.DataFrame:
-    """One row per metric present in either summary: values, delta, relative delta, verdict."""
+    """One row per metric present in either summary: values, delta, relative delta, the noise a
+    change must exceed (and what it is), and the verdict."""
+    (b_dec, b_pre), (t_dec, t_pre) = _step_counts(base), _step_counts(test)
+    steps_differ = (b_dec or 0) != (t_dec or 0) or b_pre != t_pre
     rows = []
     for m in metrics_for(base, test):
         b, t = m.read(base), m.read(test)
@@ -301,10 +424,16 @@ def metric_table(base: dict[str, Any], test: dict[str, Any]) -> pd.DataFrame:
         numeric = m.unit != "text" and b is not None and t is not None
         delta = (t - b) if numeric else None
         pct = (delta / abs(b) * 100.0) if numeric and b else None
+        noise, basis = _spread(m.key, base, test) if numeric else (None, "")
+        verdict = _verdict(m, b, t, noise)
+        if numeric and ((steps_differ and _total(m)) or (b_pre != t_pre and m.key in PREFILL_SUMS)):
+            verdict, basis = NOT_COMPARABLE, (f"a total over the whole trace; the runs have {b_dec or 0:g} vs {t_dec or 0:g} "
+                                              f"decode steps and {b_pre} vs {t_pre} prefills (compare the per-step rows)")
         rows.append({"key": m.key, "phase": m.phase, "label": m.label, "unit": m.unit, "better_when": m.better,
-                     "base": b, "test": t, "delta": delta, "delta_pct": pct, "verdict": _verdict(m, b, t)})
+                     "base": b, "test": t, "delta": delta, "delta_pct": pct, "noise": noise, "noise_basis": basis,
+                     "verdict": verdict})
     return pd.DataFrame(rows, columns=["key", "phase", "label", "unit", "better_when", "base", "test", "delta",
-                                       "delta_pct", "verdict"])
+                                       "delta_pct", "noise", "noise_basis", "verdict"])
 
 
 # ---- the result ------------------------------------------------------------------------
@@ -320,6 +449,8 @@ class DiffResult:
     kernels: pd.DataFrame  # see match_items (kind "kernel"); empty when a side has no trace
     ops: pd.DataFrame  # kind "op"
     notes: list[str] = field(default_factory=list)
+    # How the item tables are normalised: {"applied": bool, "reason": str, "per": {phase: basis}}.
+    normalisation: dict[str, Any] = field(default_factory=lambda: {"applied": False, "reason": "", "per": {}})
 
     @property
     def items(self) -> pd.DataFrame:
@@ -389,6 +520,7 @@ class DiffResult:
             "disappeared": {k: records(self.disappeared(k), TOP) for k in ("kernel", "op")},
             "kernels": table(self.kernels, has_items),
             "ops": table(self.ops, has_items),
+            "normalisation": self.normalisation,
             "notes": list(self.notes),
         }
 
@@ -417,6 +549,58 @@ def diff(base: Any, test: Any, **options: Any) -> DiffResult:
     if b.device and t.device and b.device != t.device:
         notes.append(f"the runs are on different devices ({b.device} vs {t.device})")
     with_items = b.kernels is not None and t.kernels is not None
-    kernels = match_items(b.kernels, t.kernels, "kernel") if with_items else match_items(None, None, "kernel")
-    ops = match_items(b.ops, t.ops, "op") if with_items else match_items(None, None, "op")
-    return DiffResult(base=b, test=t, metrics=metric_table(b.summary, t.summary), kernels=kernels, ops=ops, notes=notes)
+    norm: dict[str, Any] = normalisation(b, t) if with_items else {"applied": False, "reason": "", "per": {}}
+    if norm["applied"]:
+        notes.append(f"{norm['reason']}: kernel and op times are compared "
+                     + ", ".join(f"{basis} ({phase})" for phase, basis in norm["per"].items()))
+    kernels = _match_sides(b, t, "kernel", norm) if with_items else match_items(None, None, "kernel")
+    ops = _match_sides(b, t, "op", norm) if with_items else match_items(None, None, "op")
+    metrics = metric_table(b.summary, t.summary)
+    bases = sorted({str(x) for x in metrics.loc[metrics["verdict"].isin(("better", "worse", "same")), "noise_basis"] if x})
+    if bases:
+        notes.append("better or worse only beyond the run-to-run spread: " + "; ".join(bases))
+    return DiffResult(base=b, test=t, metrics=metrics, kernels=kernels, ops=ops, notes=notes, normalisation=norm)
+
+
+def _tokens_per_step(s: Side) -> float | None:
+    v = dig(s.summary, "syncs.per_token.tokens_per_step")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def normalisation(b: Side, t: Side) -> dict[str, Any]:
+    """Whether (and how) the item tables must be compared per step: when a phase's step count differs."""
+    phases = sorted((set(b.steps) | set(t.steps)) & set(PHASE_BASIS))
+    differ = [p for p in phases if b.steps.get(p, 0) != t.steps.get(p, 0)]
+    if not differ:
+        return {"applied": False, "reason": "", "per": {}}
+    tb, tt = _tokens_per_step(b), _tokens_per_step(t)
+    per_token = tb is not None and tt is not None and tb != tt
+    per = {p: ("per token" if p == "decode" and per_token else PHASE_BASIS[p]) for p in phases}
+    per[OUTSIDE_PHASE] = "whole trace (outside every step)"
+    reason = "step counts differ (" + ", ".join(f"{p} {b.steps.get(p, 0)} vs {t.steps.get(p, 0)}" for p in differ) + ")"
+    if per_token:
+        reason += f" and so do tokens per decode step ({tb:g} vs {tt:g})"
+    return {"applied": True, "reason": reason, "per": per,
+            "divisors": {"base": _divisors(b, per_token), "test": _divisors(t, per_token)}}
+
+
+def _divisors(s: Side, per_token: bool) -> dict[str, float]:
+    out = {p: float(n) for p, n in s.steps.items() if p in PHASE_BASIS and n > 0}
+    if per_token and "decode" in out:
+        out["decode"] *= _tokens_per_step(s) or 1.0
+    return out
+
+
+def _match_sides(b: Side, t: Side, kind: str, norm: dict[str, Any]) -> pd.DataFrame:
+    bt, tt = (b.kernels, t.kernels) if kind == "kernel" else (b.ops, t.ops)
+    if not norm["applied"]:
+        return match_items(whole(bt), whole(tt), kind)
+    bt, tt = per_step(bt, norm["divisors"]["base"]), per_step(tt, norm["divisors"]["test"])
+    assert bt is not None and tt is not None
+    parts = [match_items(bt[bt["phase"] == p], tt[tt["phase"] == p], kind, phase=str(p))
+             for p in sorted(set(bt["phase"]) | set(tt["phase"]), key=str)]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return match_items(None, None, kind)
+    out = pd.concat(parts, ignore_index=True)
+    return out.iloc[np.argsort(-out["delta_us"].abs().to_numpy(), kind="stable")].reset_index(drop=True)

@@ -1,9 +1,9 @@
-"""Power-law fits of GPU time against sequence length across a sweep of traces.
+"""Attention cost against sequence length across a sweep of traces.
 
-Owns the sweep (`fit_sweep`: one point per trace of a directory written by
-`tokentrace capture --prompt-lens ...`, x = the prompt length the capture recorded). The fit
-itself (`power_law`) lives in analysis.common.fits, shared with the attention detector's fits
-inside one trace, so both report the same record shape.
+Owns the sweep (`fit_sweep`: one point per trace of a directory written by `tokentrace capture
+--prompt-lens ...`, x = the prompt length the capture recorded). The fit itself (`power_law`, with
+its interval and the rule for ranges too narrow to fit) lives in analysis.common.fits, which the
+attention detector uses inside a trace too, so both report the same record shape.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ from typing import Any
 
 import pandas as pd
 
-from tokentrace.analysis.common.fits import MIN_FIT_POINTS, power_law
+from tokentrace.analysis.common.fits import Narrow, PowerFit, power_law
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.errors import TokentraceError
+
+__all__ = ["PowerFit", "Sweep", "fit_sweep", "power_law", "sweep_rows"]
+
+# ---- sweeps across traces ------------------------------------------------------------------
 
 
 @dataclass
@@ -28,13 +32,15 @@ class Sweep:
     traces: pd.DataFrame  # path, prompt_len, prompt_len_source, batch, op, backend, time, calls, median_us, total_us
     fits: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Groups whose prompt lengths are too few or too close to fit: their mean time per call instead.
+    too_narrow: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         rows = [
             {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
             for r in self.traces.to_dict("records")
         ]
-        return {"traces": rows, "fits": self.fits, "notes": self.notes}
+        return {"traces": rows, "fits": self.fits, "too_narrow": self.too_narrow, "notes": self.notes}
 
 
 def _preferred_traces(folder: Path) -> list[Path]:
@@ -126,6 +132,7 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
     cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "time", "calls", "median_us", "total_us"]
     table = pd.DataFrame(rows, columns=cols)
     fits: list[dict[str, Any]] = []
+    narrow: list[dict[str, Any]] = []
     if not table.empty:
         keyed = table.assign(batch_key=table["batch"].fillna(-1))
         for (op, backend, batch, time), g in keyed.groupby(["op", "backend", "batch_key", "time"], sort=True):
@@ -133,8 +140,10 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
             label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len", "time": time,
                      "batch": None if batch == -1 else int(batch), "traces": int(len(g))}
             if fit is None:
-                notes.append(f"{op} ({backend}, batch {label['batch']}): {g['prompt_len'].nunique()} prompt lengths; "
-                             f"a fit needs {MIN_FIT_POINTS}")
+                continue
+            if isinstance(fit, Narrow):
+                narrow.append(fit.record(**label))
+                notes.append(f"{op} ({backend}, batch {label['batch']}): {fit.text('prompt length')} per call: {fit.reason}")
                 continue
             fits.append(fit.record(**label))
-    return Sweep(table, fits, notes)
+    return Sweep(table, fits, notes, narrow)

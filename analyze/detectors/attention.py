@@ -19,7 +19,7 @@ import pandas as pd
 from tokentrace.analysis.common.attention_calls import find_calls, time_column
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import EAGER, MATH, UNFUSED_BACKENDS, UNKNOWN, attention_op_spec
-from tokentrace.analysis.common.fits import power_law
+from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.units import US
@@ -33,9 +33,8 @@ NEEDS = ("phases",)
 # A prefill exponent at or above this is "quadratic" growth: between linear (memory-bound or
 # launch-bound kernels) and the S^2 of materialised scores, closer to the latter.
 QUADRATIC_EXPONENT = 1.6
-# ... and only when the fit says so with confidence: the exponent minus this many standard errors
-# is still above linear (a fit over a narrow range of lengths says little either way).
-QUADRATIC_CONFIDENCE_SIGMAS = 2.0
+# ... and only when the fit says so with confidence: the lower end of the exponent's 95% interval
+# (analysis.common.fits) is still above linear.
 # When the GPU's peaks are unknown, an unfused path is assumed to take at least 2x a fused kernel's
 # time: the low end of the 2-4x FlashAttention-2 (Dao, 2023, fig. 4) reports over PyTorch eager.
 UNFUSED_SPEEDUP_FLOOR = 2.0
@@ -64,7 +63,9 @@ FIT_KEYS = ["op", "backend", "batch", "heads", "kv_heads", "head_dim"]
 
 
 def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, Any]]:
-    """Power-law fits: time per call vs query length (prefill) and vs KV length (decode)."""
+    """Power-law fits: time per call vs query length (prefill) and vs KV length (decode). A group
+    whose lengths are too few or too close to fit gets a record with `status` "range too narrow
+    to fit" and its mean time per call instead of an exponent (analysis.common.fits)."""
     fits: list[dict[str, Any]] = []
     if calls.empty:
         return fits
@@ -84,6 +85,16 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
                                    time=time_col.removesuffix("_us"), calls=int(len(g)),
                                    total_us=round(float(g[time_col].sum()), 3)))
     return fits
+
+
+def _fit_line(f: dict[str, Any]) -> str:
+    """One terminal line per fit record: the exponent with its interval, or the mean when too narrow."""
+    what = f"{f['phase']} {f['op']} ({f['backend']}) {f['time'].upper()} time per call vs {f['x']}"
+    if f.get("status") == TOO_NARROW:
+        return f"{what}: {TOO_NARROW} ({f['x']} {range_text(f['x_min'], f['x_max'])}); mean {f['mean']:.1f} us"
+    ci = f.get("exponent_ci95")
+    ci_text = f", 95% CI {ci[0]:.2f}..{ci[1]:.2f}" if ci else ""
+    return f"{what} ~ {f['x']}^{f['exponent']:.2f}{ci_text} over {len(f['points'])} lengths"
 
 
 # ---- findings ------------------------------------------------------------------------------------
@@ -150,12 +161,13 @@ def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spe
     for f in fits:
         if f["phase"] != "prefill" or f["exponent"] < QUADRATIC_EXPONENT or f["backend"] not in UNFUSED_BACKENDS + (UNKNOWN,):
             continue
-        if f["exponent_stderr"] is None or f["exponent"] - QUADRATIC_CONFIDENCE_SIGMAS * f["exponent_stderr"] <= 1.0:
+        ci = f.get("exponent_ci95")
+        if not ci or ci[0] is None or ci[0] <= 1.0:
             continue
         sel = calls[(calls["phase"] == "prefill") & (calls["op"] == f["op"]) & (calls["backend"] == f["backend"])]
         cost = float(sel[time_col].sum())
         save, how = _savings(sel, spec, time_col)
-        err = f" +/- {f['exponent_stderr']:.2f}" if f["exponent_stderr"] is not None else ""
+        err = f" (95% CI {ci[0]:.2f}..{ci[1]:.2f})"
         out.append(Finding(
             id="attention_quadratic_prefill",
             title=f"Prefill attention time grows as S^{f['exponent']:.2f} on the {f['backend']} path",
@@ -181,6 +193,8 @@ class Attention:
     fits: list[dict[str, Any]]
     gpu: str | None = None
     findings: list[Finding] = field(default_factory=list)
+    # Groups whose lengths are too few or too close to fit: the mean time per call, no exponent.
+    too_narrow: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def backends(self) -> dict[str, int]:
@@ -204,16 +218,23 @@ class Attention:
             "groups": records(groups),
             "groups_total": int(len(self.groups)),
             "fits": self.fits,
+            "too_narrow": self.too_narrow,
         }
+
+    def summary_lines(self) -> list[str]:
+        """Terminal lines: each scaling fit with its interval, or why there is none."""
+        return ["attention " + _fit_line(f) for f in [*self.fits, *self.too_narrow]]
 
 
 def run(trace: Trace, ctx: Context) -> Attention:
     calls = find_calls(trace, ctx.segments, ctx.shared(attention_op_spec))
     groups = group_calls(calls)
     time_col = time_column(trace)
-    fits = fit_calls(calls, time_col)
+    records = fit_calls(calls, time_col)
+    fits = [f for f in records if f.get("status") != TOO_NARROW]
     name, spec = spec_for_trace(trace)
-    res = Attention(calls=calls, groups=groups, fits=fits, gpu=name)
+    res = Attention(calls=calls, groups=groups, fits=fits, gpu=name,
+                    too_narrow=[f for f in records if f.get("status") == TOO_NARROW])
     res.findings = _findings(trace, calls, fits, spec, time_col)
     return res
 

@@ -478,7 +478,9 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
         out.append(Finding(
             id=fid, title=title, category="gaps", recommendation=_REC[cause], cost_total_us=cost,
             # What a queued stream waits for is often outside the trace: no saving is claimed for it.
-            est_savings_us=0.0 if cause == "gpu_wait" else cost, severity=severity_for(cost, span_us),
+            est_savings_us=None if cause == "gpu_wait" else cost, severity=severity_for(cost, span_us),
+            explains="GPU idle spent waiting on work the trace does not show (another stream, rank or process)"
+                     if cause == "gpu_wait" else None,
             phase=str(phases.mode().iat[0]) if len(phases) else None, op=op, stack=stack, evidence=evidence(rows),
             detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
                    + ("; the awaited work is not in the trace, so no saving is estimated" if cause == "gpu_wait" else "") + ".",

@@ -185,7 +185,9 @@ def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, 
         id="small_kernels", title="Many small kernels launched one by one while the GPU starves", category="launches",
         recommendation="Fuse small elementwise/normalisation kernels (torch.compile), and capture the step in a CUDA graph "
                        "so one launch replaces many.",
-        cost_total_us=cost, est_savings_us=0.0, severity=severity_for(cost, trace.duration_ns / US),
+        cost_total_us=cost, est_savings_us=None, severity=severity_for(cost, trace.duration_ns / US),
+        explains="why the GPU waits for launches: most kernels are shorter than their launch, so the queue runs "
+                 "dry (the launch-bound finding claims that idle time's saving)",
         evidence=evidence,
         detail=(f"{len(small)} of {len(own)} singly launched kernels ({share:.0%}) run under {SMALL_KERNEL_NS / US:.0f} us; "
                 f"{len(shorter)} run shorter than their own launch call; {starved:.0%} of launches found an empty queue; "

@@ -33,6 +33,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import EMBEDDING_OPS, TRAINING_OP_MARKERS
 from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.common import fits
 from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, parse_shapes
 from tokentrace.analysis.common.units import US
@@ -356,8 +357,9 @@ class PhasesResult:
             t = d["tpot_us"]
             line = (f"TPOT  p50 {t['p50'] / 1000:.3f} ms  p90 {t['p90'] / 1000:.3f}  mean {t['mean'] / 1000:.3f}  "
                     f"max {t['max'] / 1000:.3f} ms over {d['steps']} decode steps")
-            if d.get("tpot_slope_us_per_token") is not None:
-                line += f"; {d['tpot_slope_us_per_token']:+.3f} us per {d['tpot_slope_basis']}"
+            growth = _slope_text(d.get("tpot_slope"), d["tpot_slope_basis"])
+            if growth:
+                line += f"; {growth}"
             b = d.get("bound")
             if b:
                 line += f"; {b['verdict']} (critical path {b['cpu_share'] * 100:.0f}% CPU, {b['gpu_share'] * 100:.0f}% GPU)"
@@ -365,6 +367,19 @@ class PhasesResult:
                     line += f", {b['wait_share_of_step'] * 100:.0f}% of step time is waiting the trace cannot attribute"
             lines.append(line)
         return lines
+
+
+def _slope_text(rec: dict[str, Any] | None, basis: str) -> str | None:
+    """TPOT growth as the terminal says it: a slope only when its 95% interval excludes zero."""
+    if not rec:
+        return None
+    if rec["status"] == fits.TOO_NARROW:
+        return f"TPOT growth: {fits.TOO_NARROW} ({basis} {fits.range_text(rec['x_min'], rec['x_max'])})"
+    lo, hi = rec["ci95"] or (None, None)
+    if not rec["significant"] or lo is None:
+        ci = f" (95% CI {lo:+.1f}..{hi:+.1f} us)" if lo is not None else ""
+        return f"no significant TPOT growth per {basis}{ci}"
+    return f"{rec['slope']:+.3f} us per {basis} (95% CI {lo:+.3f}..{hi:+.3f})"
 
 
 def _int(v: Any, default: str) -> str:
@@ -462,18 +477,22 @@ def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
         if (p > 0).all():
             x = (p + d["step"].to_numpy(np.int64) + 1).astype(float)
         else:
-            x = d["step"].to_numpy(float)
+            x = d["step"].to_numpy(float) + 1.0  # steps counted from 1: a positive x, as fits need
             basis = "step"
     paths = steps.attrs.get("paths")
     bound = None
     if paths is not None and not paths.empty:
         bound = cp.aggregate(paths[paths["seg"].isin(d["seg"])])
+    # A slope only over a range of context wide enough to show growth (analysis.common.fits); the
+    # record says "range too narrow to fit" (with the mean TPOT) otherwise, and carries the interval.
+    fit = fits.line_fit(x, tpot)
     return {
         "steps": int(len(d)),
         "tpot_us": lat.percentiles(tpot),
         "tpot_intervals": int(d["tpot_is_interval"].sum()),
-        "tpot_slope_us_per_token": None if (s := lat.slope(x, tpot)) is None else round(s, 4),
+        "tpot_slope_us_per_token": round(fit.slope, 4) if isinstance(fit, fits.LineFit) else None,
         "tpot_slope_basis": basis,
+        "tpot_slope": None if fit is None else fit.record(x=basis),
         "gpu_busy_us": lat.percentiles(d["gpu_busy_us"].to_numpy(float)),
         "bound": bound,
     }
@@ -518,6 +537,8 @@ def _findings(steps: pd.DataFrame, decode: dict[str, Any] | None) -> list[Findin
         category="phases",
         severity="info",
         phase="decode",
+        explains="why TPOT is what it is: the host's time per step sets the pace, so GPU-side speed-ups will not "
+                 "shorten decode until host work per token shrinks",
         recommendation="Cut host work per token: capture the decode step in a CUDA graph (torch.compile mode="
                        "\"reduce-overhead\" or a static-cache graph), fuse small ops, keep sampling on the GPU.",
         detail=(f"Over {b['steps_analysed']} decode steps the critical path held {b['critical_path_cpu_us']:.1f} us of host "

@@ -4,6 +4,11 @@ The sync points are those of analysis.common.sync_points (the one definition, sh
 gap detector and the Nsight Systems rule table). Each sync gets its blocked time, the GPU work it
 waited for, the op and stack that caused it, its phase and step, and the GPU idle it caused
 (from the gaps detector's result).
+
+A sync point is one host wait: the calls under one host-wait op (`.item()` reads a value with a
+pageable cudaMemcpyAsync and then cudaStreamSynchronize; `.cpu()` copies likewise) form one point,
+and every other sync call is a point of its own. Counts, "syncs per token" and findings are in
+points; the calls stay listed (`items`, each naming its point).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import SYNC_CAUSING_OPS
+from tokentrace.analysis.apis import (
+    HOST_COPY_OPS,
+    SYNC_CAUSING_OPS,
+)
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import device_busy
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
@@ -63,12 +71,13 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
 
 @dataclass
 class SyncsResult:
-    items: pd.DataFrame  # one row per sync point
-    count: int
+    items: pd.DataFrame  # one row per sync call (API call, Kineto sync activity or sync-causing op); `point` says whose
+    count: int  # sync points (host waits), the unit of "syncs per token"
     blocked_us: float
-    by_kind: dict[str, dict[str, float]]
+    by_kind: dict[str, dict[str, float]]  # per call kind
     per_token: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
+    points: pd.DataFrame = field(default_factory=lambda: _points(pd.DataFrame()))  # one row per sync point
 
     def to_json(self) -> dict[str, Any]:
         top = self.items.sort_values("blocked_us", ascending=False, kind="stable").head(ITEMS_IN_JSON)
@@ -80,15 +89,28 @@ class SyncsResult:
                 "start_us": round(r["start_us"], 3), "phase": r["phase"], "step": r["step"], "op": r["op"],
                 "stack": r["stack"], "device": r["device"], "copy": r["copy"], "waited_for": r["waited_for"],
                 "waited_activities": r["waited_activities"], "gpu_busy_us": round(r["gpu_busy_us"], 3),
-                "idle_caused_us": round(r["idle_caused_us"], 3), "source": r["source"],
+                "idle_caused_us": round(r["idle_caused_us"], 3), "source": r["source"], "point": r["point"],
             })
+        pts = self.points.sort_values("blocked_us", ascending=False, kind="stable").head(ITEMS_IN_JSON)
+        points = []
+        for r in ({k: json_value(v, None) for k, v in rec.items()} for rec in pts.sort_values("start_us", kind="stable").to_dict("records")):
+            points.append({
+                "point": r["point"], "kind": r["kind"], "calls": r["calls"], "blocking": r["blocking"],
+                "start_us": round(r["start_us"], 3), "blocked_us": round(r["blocked_us"], 3), "phase": r["phase"],
+                "step": r["step"], "op": r["op"], "stack": r["stack"], "copy": r["copy"], "waited_for": r["waited_for"],
+                "idle_caused_us": round(r["idle_caused_us"], 3),
+            })
+        blocking_calls = int(self.items["blocking"].sum()) if len(self.items) else 0
         return {
             "count": self.count,
-            "blocking": int(self.items["blocking"].sum()) if len(self.items) else 0,
+            "blocking": int(self.points["blocking"].sum()) if len(self.points) else 0,
+            "calls": {"count": int(len(self.items)), "blocking": blocking_calls},
             "blocked_us": round(self.blocked_us, 3),
             "idle_caused_us": round(float(self.items["idle_caused_us"].sum()) if len(self.items) else 0.0, 3),
             "by_kind": self.by_kind,
             "per_token": self.per_token,
+            "points": points,
+            "points_truncated": len(self.points) > ITEMS_IN_JSON,
             "items": items,
             "items_truncated": len(self.items) > ITEMS_IN_JSON,
         }
@@ -130,15 +152,78 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
     for col in ("op", "copy", "waited_for"):
         items[col] = items[col].astype(object).where(items[col].notna(), None)
     items["stack"] = _stacks(trace, calls, items)
+    items["point"] = point_ids(items["op"].to_numpy(dtype=object), cause)
     by_kind: dict[str, dict[str, float]] = {}
     if n:
         agg = items.groupby("kind").agg(count=("kind", "size"), blocked=("blocked_us", "sum"), idle=("idle_caused_us", "sum"))
         by_kind = {str(k): {"count": int(r["count"]), "blocked_us": round(float(r["blocked"]), 3),
                             "idle_caused_us": round(float(r["idle"]), 3)} for k, r in agg.iterrows()}
-    per_token = _per_token(trace, segments, items)
-    result = SyncsResult(items=items, count=n, blocked_us=float(blocked.sum()) / US, by_kind=by_kind, per_token=per_token)
-    result.findings = _findings(trace, items, per_token)
+    points = _points(items)
+    per_token = _per_token(trace, segments, items, points)
+    result = SyncsResult(items=items, count=len(points), blocked_us=float(blocked.sum()) / US, by_kind=by_kind,
+                         per_token=per_token, points=points)
+    result.findings = _findings(trace, points, per_token)
     return result
+
+
+# ---- sync points: one host wait, however many API calls it took ------------------------------
+
+# Ops whose sync calls are one wait: the op asks for a host value or a host copy, and the runtime
+# calls under it (a pageable cudaMemcpyAsync, then cudaStreamSynchronize) all serve that one read.
+HOST_WAIT_OPS: frozenset[str] = frozenset(SYNC_CAUSING_OPS + HOST_COPY_OPS)
+POINT_COLUMNS = ["point", "kind", "calls", "api", "n_calls", "blocking", "start_us", "blocked_us", "duration_us",
+                 "op", "op_row", "seg", "phase", "step", "region", "device", "copy", "waited_for", "gpu_busy_us",
+                 "idle_caused_us", "stack", "source"]
+
+
+def point_ids(op: np.ndarray, op_row: np.ndarray) -> np.ndarray:
+    """Sync point of each call: calls under the same host-wait op (item, _local_scalar_dense, a copy
+    to the host) share one point; every other call (a bare cudaDeviceSynchronize, a sync activity
+    without its call) is a point of its own. Points are numbered in call order from 0."""
+    n = len(op)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    waits = np.array([isinstance(o, str) and o in HOST_WAIT_OPS for o in op], dtype=bool) & (op_row >= 0)
+    # Key: the op's row for calls under a wait op, else a value no op row can take (-1 - call index).
+    key = np.where(waits, op_row, -1 - np.arange(n, dtype=np.int64))
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # Renumber by first appearance so point ids follow time (calls are sorted by start).
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[inverse].astype(np.int64)
+
+
+def _points(items: pd.DataFrame) -> pd.DataFrame:
+    """One row per sync point: its calls (API names in order), whether it blocked, when, for how
+    long (the calls' blocked time summed), the op behind it, and the GPU idle it caused."""
+    if items.empty or "point" not in items.columns:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in POINT_COLUMNS})
+    it = items.sort_values(["point", "start_us"], kind="stable")
+    g = it.groupby("point", sort=True)
+    # The kind of a point is that of the call it spent longest in (blocking calls first).
+    lead = it.assign(_b=it["blocking"].astype(int)).sort_values(["point", "_b", "blocked_us"], ascending=[True, False, False],
+                                                                 kind="stable").drop_duplicates("point").set_index("point")
+    out = pd.DataFrame({
+        "point": g.size().index.to_numpy(np.int64),
+        "calls": g["api"].agg(list).to_numpy(),
+        "n_calls": g.size().to_numpy(np.int64),
+        "blocking": g["blocking"].any().to_numpy(bool),
+        "start_us": g["start_us"].min().to_numpy(float),
+        "blocked_us": g["blocked_us"].sum().to_numpy(float),
+        "duration_us": ((it["start_us"] + it["duration_us"]).groupby(it["point"]).max() - g["start_us"].min()).to_numpy(float),
+        "gpu_busy_us": g["gpu_busy_us"].sum().to_numpy(float),
+        "idle_caused_us": g["idle_caused_us"].sum().to_numpy(float),
+        "copy": g["copy"].first().reindex(g.size().index).to_numpy(dtype=object),
+        "stack": [next((s for s in st if s), None) for _, st in g["stack"]],
+    })
+    for col in ("kind", "api", "op", "op_row", "seg", "phase", "step", "region", "device", "waited_for", "source"):
+        out[col] = lead[col].reindex(out["point"]).to_numpy(dtype=object)
+    out["op_row"] = out["op_row"].astype(np.int64)
+    out["seg"] = out["seg"].astype(np.int64)
+    out["api"] = [" + ".join(c) for c in out["calls"]]
+    out["copy"] = out["copy"].astype(object).where(out["copy"].notna(), None)
+    return out[POINT_COLUMNS].sort_values("start_us", kind="stable").reset_index(drop=True)
 
 
 def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -200,13 +285,15 @@ def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list
     return out
 
 
-def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame) -> dict[str, Any]:
+def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd.DataFrame) -> dict[str, Any]:
+    """Sync points (host waits) per decode step and token; the API calls behind them as calls_*."""
     scale = decode_scale(trace, segments)
     steps = scale["steps"]
     out: dict[str, Any] = {"decode_steps": steps, "tokens_per_step": scale["tokens_per_step"]}
     if not steps:
         return out
-    dec = items[(items["phase"] == "decode") & items["blocking"]]
+    dec = points[(points["phase"] == "decode") & points["blocking"].astype(bool)]
+    dec_calls = items[(items["phase"] == "decode") & items["blocking"]]
     per_step = len(dec) / steps
     blocked_step = float(dec["blocked_us"].sum()) / steps
     idle_step = float(dec["idle_caused_us"].sum()) / steps
@@ -218,6 +305,8 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame) -> dict[st
         # Each decode step emits one token per sequence in the batch.
         "syncs_per_token": round(per_step / tok, 4),
         "blocked_us_per_token": round(blocked_step / tok, 3),
+        "calls_per_step": round(len(dec_calls) / steps, 4),
+        "calls_per_token": round(len(dec_calls) / steps / tok, 4),
     })
     return out
 
@@ -252,7 +341,7 @@ def recommendation(kind: str, op: str | None, copy: str | None) -> str:
         return _RECOMMEND["memcpy_pageable"]
     if kind == "memset_sync":
         return _RECOMMEND["memset_sync"]
-    if kind == "memcpy_sync" or (isinstance(copy, str) and "DtoH" in copy) or op in ("aten::to", "aten::_to_copy", "aten::copy_", "aten::tolist"):
+    if kind == "memcpy_sync" or (isinstance(copy, str) and "DtoH" in copy) or op in HOST_COPY_OPS:
         return _RECOMMEND["transfer"]
     if kind == "device_sync":
         return _RECOMMEND["device_sync"]
@@ -270,13 +359,14 @@ _TITLES = {
 }
 
 
-def _findings(trace: Trace, items: pd.DataFrame, per_token: dict[str, Any]) -> list[Finding]:
+def _findings(trace: Trace, points: pd.DataFrame, per_token: dict[str, Any]) -> list[Finding]:
+    """One finding per kind of blocking sync point (a point's kind is that of its longest call)."""
     out: list[Finding] = []
-    if items.empty:
+    if points.empty:
         return out
     span_us = trace.duration_ns / US
     steps = per_token.get("decode_steps") or 0
-    for kind, grp in items[items["blocking"]].groupby("kind", sort=True):
+    for kind, grp in points[points["blocking"].astype(bool)].groupby("kind", sort=True):
         cost = float(grp["idle_caused_us"].sum())
         blocked = float(grp["blocked_us"].sum())
         if cost <= 0 and not (grp["phase"] == "decode").any():
@@ -291,18 +381,23 @@ def _findings(trace: Trace, items: pd.DataFrame, per_token: dict[str, Any]) -> l
         per_step = float(in_decode["idle_caused_us"].sum()) / steps if steps and len(in_decode) else None
         ev_rows = grp.sort_values("blocked_us", ascending=False).head(5)
         evidence = [{k: json_value(v, None) for k, v in {
-            "api": r["api"], "op": r["op"], "start_us": round(r["start_us"], 3), "blocked_us": round(r["blocked_us"], 3),
+            "calls": r["api"], "op": r["op"], "start_us": round(r["start_us"], 3), "blocked_us": round(r["blocked_us"], 3),
             "idle_caused_us": round(r["idle_caused_us"], 3), "waited_for": r["waited_for"], "phase": r["phase"],
             "step": r["step"], "copy": r["copy"]}.items()} for r in ev_rows.to_dict("records")]
         stack = next((s for s in ev_rows["stack"] if s), None)
-        detail = (f"{len(grp)} {kind} sync point(s) blocked the host for {blocked:.1f} us in total"
+        call_counts = Counter(c for cs in grp["calls"] for c in cs)
+        calls_text = ", ".join(f"{api} x{k}" for api, k in call_counts.most_common())
+        detail = (f"{len(grp)} {kind} sync point(s) ({calls_text}) blocked the host for {blocked:.1f} us in total"
                   f" and left the GPU idle for {cost:.1f} us afterwards")
         if per_step is not None:
             detail += f"; in decode {len(in_decode) / steps:.2f} per step, {per_step:.1f} us of GPU idle per step"
         out.append(Finding(
             id=f"sync_{kind}", title=_TITLES.get(str(kind), f"{kind} synchronisation"), category="syncs",
             recommendation=recommendation(str(kind), op, copy), cost_total_us=cost, cost_per_step_us=per_step,
-            est_savings_us=cost, severity=severity_for(cost, span_us), phase=phase, op=op, stack=stack,
-            evidence=evidence, detail=detail + ".",
+            est_savings_us=cost if cost > 0 else None, severity=severity_for(cost, span_us), phase=phase, op=op,
+            stack=stack, evidence=evidence, detail=detail + ".",
+            explains=None if cost > 0 else
+            f"host time blocked in the decode loop ({blocked:.1f} us): the GPU had no queued work to lose, but the "
+                      "host could not launch the next step meanwhile",
         ))
     return out

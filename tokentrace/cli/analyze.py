@@ -19,10 +19,23 @@ import click
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the terminal summary.")
 def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: str | None, annotated_out: str | None,
                 min_gap_us: float | None, with_hta: bool, quiet: bool) -> None:
-    """Analyse TRACE (a .json/.json.gz file or a trace directory) and print a summary."""
+    """Analyse TRACE (a .json/.json.gz file, a trace directory, or a capture run or sweep folder) and print a summary."""
     import tokentrace
+    from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep, resolve
     from tokentrace.io import write_output
 
+    found = resolve(trace)
+    if isinstance(found, CaptureSweep) and len(found.runs) > 1:
+        if with_hta:
+            from tokentrace.errors import TokentraceError
+
+            raise TokentraceError(f"{trace}: --hta compares one trace; give one run folder of the sweep")
+        _analyze_sweep(trace, json_out, html_out, md_out, annotated_out, min_gap_us, quiet)
+        return
+    if isinstance(found, CaptureSweep):
+        found = found.runs[0]
+    if isinstance(found, CaptureRun):
+        click.echo(found.pick_note(), err=True)
     analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us)
     if not quiet and json_out != "-":
         from tokentrace.reports.terminal import render_terminal
@@ -44,3 +57,30 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         from tokentrace.reports.annotated import write_annotated
 
         write_annotated(analysis, annotated_out)
+
+
+def _analyze_sweep(folder: str, json_out: str | None, html_out: str | None, md_out: str | None,
+                   annotated_out: str | None, min_gap_us: float | None, quiet: bool) -> None:
+    """A sweep folder: the sweep table, then each run's summary (and the same in the files asked for)."""
+    import tokentrace
+    from tokentrace.errors import TokentraceError
+    from tokentrace.io import write_output
+    from tokentrace.reports.render import render
+    from tokentrace.reports.sweep import sweep_markdown, sweep_text
+    from tokentrace.reports.terminal import render_terminal
+
+    if annotated_out:
+        raise TokentraceError(f"{folder}: --annotated writes one trace; give one run folder of the sweep")
+    result = tokentrace.sweep(folder, min_gap_us=min_gap_us,
+                              progress=(lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None)
+    for note in result.notes:
+        click.echo(note, err=True)
+    if not quiet and "-" not in (json_out, md_out):
+        parts = [sweep_text(result)] + [render_terminal(a, color=sys.stdout.isatty()) for a in result.analyses]
+        click.echo("\n\n".join(parts))
+    if json_out:
+        write_output(json_out, json.dumps(result.to_json(), indent=2))
+    if md_out:
+        write_output(md_out, sweep_markdown(result) + "\n" + render(result.analyses, "markdown"))
+    if html_out:
+        write_output(html_out, render(result.analyses, "html"))

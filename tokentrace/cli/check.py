@@ -22,9 +22,9 @@ EXIT_CHECK_FAILED = 1
 def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | None, max_syncs_per_token: float | None,
               max_tpot_us: float | None, max_ttft_us: float | None, baseline: str | None, max_regression: float | None,
               json_out: str | None) -> None:
-    """Check TRACE (a trace or a saved JSON summary) against thresholds; for CI jobs.
+    """Check TRACE (a trace, a capture run or sweep folder, or a saved JSON summary) against thresholds; for CI jobs.
 
-    Exit 0 when all hold, 1 when any fails (or its metric is absent), 2 on bad input.
+    Exit 0 when all hold (on every run of a sweep), 1 when any fails (or its metric is absent), 2 on bad input.
     """
     import tokentrace
     from tokentrace.io import write_output
@@ -34,7 +34,10 @@ def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | Non
                               max_idle_share_decode=max_idle_share_decode, max_syncs_per_token=max_syncs_per_token,
                               max_tpot_us=max_tpot_us, max_ttft_us=max_ttft_us)
     if json_out != "-":
-        click.echo(check_text(result))
+        from tokentrace.analysis.compare.sweep import SweepCheck
+        from tokentrace.reports.sweep import sweep_check_text
+
+        click.echo(sweep_check_text(result) if isinstance(result, SweepCheck) else check_text(result))
     if json_out:
         write_output(json_out, json.dumps(result.to_json(), indent=2))
     if not result.passed:

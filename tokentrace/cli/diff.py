@@ -17,12 +17,26 @@ import click
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
              min_gap_us: float | None, quiet: bool) -> None:
-    """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary)."""
+    """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary; or two capture sweep folders)."""
     import tokentrace
+    from tokentrace.analysis.compare.sweep import SweepDiff
     from tokentrace.io import write_output
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
     result = tokentrace.diff(base, test, min_gap_us=min_gap_us)
+    if isinstance(result, SweepDiff):  # two sweeps: the paired table, then each pair's diff
+        from tokentrace.errors import TokentraceError
+        from tokentrace.reports.sweep import sweep_diff_text
+
+        if html_out:
+            raise TokentraceError("diff of two sweeps: --html takes one pair of runs; use --json or --markdown")
+        if not quiet and "-" not in (json_out, md_out):
+            click.echo(sweep_diff_text(result))
+        if json_out:
+            write_output(json_out, json.dumps(result.to_json(), indent=2))
+        if md_out:
+            write_output(md_out, "\n\n".join(render_diff_markdown(d) for _, _, d in result.pairs))
+        return
     if not quiet and "-" not in (json_out, md_out):
         click.echo(render_diff_markdown(result, top=10))
     if json_out:

@@ -1,0 +1,372 @@
+"""The `health` section: what this trace can be trusted for, checked before anyone reads its numbers.
+
+Owns the checks that a trace recorded what it claims to, each with a one-line warning that every
+output shows first (the Analysis' `warnings`, the JSON's top-level `warnings`, the terminal):
+
+- timestamps: GPU activity or host calls all at ts 0, or all at one constant time (a profiler that
+  exported activity after its clock converter was gone writes ts 0 and dur 0 for every CUPTI event);
+- no GPU activity: launch calls without a single kernel, copy or memset (CUPTI did not record), or
+  a large share of launches whose GPU activity is missing (dropped events);
+- launched before the window: GPU activity at the start with no launch call in the trace (the
+  launch happened before the profiler started, so no op or step owns it);
+- GPU beyond the host: GPU activity running well past the last CPU event (the host timeline was
+  cut before the GPU finished);
+- damaged file: the loader's repair warnings (a truncated file, dropped unreadable events);
+- cropped step: many launches before the first or after the last step (a step the profiler
+  window cut, whose annotation never closed: it is left out of every per-step number);
+- clocks: GPU activity starting before the call that launched it, or GPU and host times that do
+  not overlap at all (GPU and CPU timestamps on different bases).
+
+Each check says what it makes untrustworthy (`affects`), so a reader knows which numbers to set
+aside. Needs the phases section's segments for the cropped-step check (skipped without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_CAPTURE_END_APIS, HOST_API_KINDS, LAUNCH_APIS
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
+from tokentrace.analysis.loading.trace import Trace
+
+NAME = "health"
+NEEDS = ("phases",)
+
+# A real profiler clock (Unix epoch or boot time) is far past 1 s; events at exactly 0 in a trace
+# whose other events start later than this are missing timestamps, not the start of the run.
+ZERO_FAR_NS = 1_000_000_000
+# Fewest events of a kind sharing one timestamp that make it "constant" rather than a coincidence.
+MIN_CONSTANT_EVENTS = 3
+# Share of launch calls without any GPU activity above which events were dropped, not cut off by
+# the end of the window (a few launches at the very end legitimately have no recorded kernel).
+MISSING_LAUNCH_SHARE = 0.10
+MIN_MISSING_LAUNCHES = 10
+# GPU activity this long past the last host event means the host side was cut first. Below it, the
+# final kernels of a step that ends without a sync.
+GPU_TAIL_MIN_NS = 100_000
+GPU_TAIL_SHARE = 0.01
+# Launches outside every step that amount to a cut step: at least a quarter of a median step's
+# launches, and never fewer than this many (a lone input copy before the first step is normal).
+CROPPED_STEP_SHARE = 0.25
+MIN_CROPPED_LAUNCHES = 8
+# A GPU activity starting this long before its launch call started is on another clock (Kineto's
+# GPU/CPU clock alignment is good to about a microsecond).
+CLOCK_SLACK_NS = 2_000
+# Share of linked GPU activity that must start before its launch for the clocks to be called off.
+CLOCK_BAD_SHARE = 0.01
+MIN_CLOCK_BAD = 5
+
+# What each check makes untrustworthy (the reader sets these numbers aside).
+GPU_TIMES = "GPU busy/idle time, utilisation and gaps"
+LATENCY = "TTFT/TPOT and step times"
+ATTRIBUTION = "GPU time per op and per step"
+STEPS = "per-step numbers"
+COUNTS = "event counts and totals"
+
+
+@dataclass
+class HealthCheck:
+    id: str
+    status: str  # "ok" | "warning" | "error" | "skipped"
+    message: str  # one line, shown first in every output when not ok
+    count: int = 0  # events concerned
+    affects: list[str] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("warning", "error")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "message": self.message, "count": self.count, "affects": self.affects,
+                "evidence": self.evidence}
+
+
+@dataclass
+class Health:
+    checks: list[HealthCheck]
+    findings: list = field(default_factory=list)  # health says what to distrust; it finds no problems to fix
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per failed check, errors first."""
+        bad = [c for c in self.checks if c.failed]
+        return [c.message for c in sorted(bad, key=lambda c: c.status != "error")]
+
+    @property
+    def untrusted(self) -> list[str]:
+        return sorted({a for c in self.checks if c.failed for a in c.affects})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": not any(c.failed for c in self.checks),
+            "warnings": self.warnings,
+            "untrusted": self.untrusted,
+            "checks": {c.id: c.to_json() for c in self.checks},
+        }
+
+    def summary_lines(self) -> list[str]:
+        if not any(c.failed for c in self.checks):
+            return ["health    no problems found (timestamps, GPU activity, window, clocks)"]
+        return [f"health    {c.status}: {c.message}" for c in self.checks if c.failed]
+
+
+@dataclass
+class _Cols:
+    """The columns and kind masks every check reads, computed once (categorical isin, no object copies)."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    names: np.ndarray
+    timed: np.ndarray
+    gpu: np.ndarray
+    api: np.ndarray
+    op: np.ndarray
+    host: np.ndarray
+    launch_call: np.ndarray
+    capture_begin: np.ndarray
+    capture_end: np.ndarray
+
+    @classmethod
+    def of(cls, trace: Trace) -> _Cols:
+        ev = trace.events
+        kind = ev["kind"]
+        api = kind.isin(HOST_API_KINDS).to_numpy()
+        return cls(
+            ts=ev["ts"].to_numpy(np.int64), end=ev["end"].to_numpy(np.int64), dur=ev["dur"].to_numpy(np.int64),
+            launch=ev["launch"].to_numpy(np.int64), names=trace.names,
+            timed=~kind.isin(("flow", "metadata")).to_numpy(), gpu=kind.isin(GPU_KINDS).to_numpy(), api=api,
+            op=(kind == "cpu_op").to_numpy(),
+            host=kind.isin(("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS)).to_numpy(),
+            launch_call=api & ev["name"].isin(LAUNCH_APIS).to_numpy(),
+            capture_begin=api & ev["name"].isin(GRAPH_CAPTURE_BEGIN_APIS).to_numpy(),
+            capture_end=api & ev["name"].isin(GRAPH_CAPTURE_END_APIS).to_numpy(),
+        )
+
+    def in_capture(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row lies inside a stream capture (begin .. end call), where launches record a
+        graph's nodes instead of running them."""
+        begins = np.sort(self.ts[self.capture_begin])
+        ends = np.sort(self.end[self.capture_end])
+        if not len(begins) or not len(ends):
+            return np.zeros(len(rows), dtype=bool)
+        t = self.ts[rows]
+        i = np.searchsorted(begins, t, side="right") - 1  # the last capture opened before t ...
+        j = np.searchsorted(ends, begins[np.maximum(i, 0)], side="left")  # ... and the first end after it
+        close = np.where(j < len(ends), ends[np.minimum(j, len(ends) - 1)], np.iinfo(np.int64).max)
+        return (i >= 0) & (t <= close)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _ok(check_id: str, message: str = "ok") -> HealthCheck:
+    return HealthCheck(check_id, "ok", message)
+
+
+# ---- checks --------------------------------------------------------------------------------
+def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
+    """Zero or constant timestamps; also returns the mask of rows whose times are not real."""
+    ts, dur = c.ts, c.dur
+    bad = np.zeros(len(ts), dtype=bool)
+    nonzero = ts[c.timed & (ts != 0)]
+    far = len(nonzero) > 0 and int(nonzero.min()) >= ZERO_FAR_NS
+    parts: list[str] = []
+    counts: dict[str, int] = {}
+    groups = (("GPU activities", c.gpu), ("runtime/driver calls", c.api), ("CPU ops", c.op))
+    for label, sel in groups:
+        n = int(sel.sum())
+        if not n:
+            continue
+        zero = sel & (ts == 0)
+        nz = int(zero.sum())
+        if far and nz:
+            bad |= zero
+            counts[label] = nz
+            all_dur0 = bool((dur[zero] == 0).all())
+            parts.append(f"{nz} of {n} {label} at timestamp 0" + (" with duration 0" if all_dur0 else ""))
+        elif n >= MIN_CONSTANT_EVENTS and np.ptp(ts[sel]) == 0:
+            bad |= sel
+            counts[label] = n
+            parts.append(f"all {n} {label} at one timestamp ({ts[sel][0] / US:.3f} us)")
+    if not parts:
+        return _ok("timestamps", "timestamps vary and are nonzero"), bad
+    msg = ("timestamps are missing: " + "; ".join(parts) + " — the profiler did not record when they ran, so "
+           f"the trace span ({trace.duration_ns / 1e9:.3g} s), GPU times, utilisation, gaps and step times are meaningless"
+           " (re-capture; tokentrace capture exports each profiler session before starting the next)")
+    return HealthCheck("timestamps", "error", msg, int(bad.sum()), [GPU_TIMES, LATENCY, ATTRIBUTION], counts), bad
+
+
+def _gpu_activity(c: _Cols) -> HealthCheck:
+    """Launch calls without GPU activity: all of it (CUPTI off) or too much of it (dropped events)."""
+    launches = np.flatnonzero(c.launch_call)
+    launches = launches[~c.in_capture(launches)]  # captured into a graph: they do not run
+    if not len(launches):
+        return _ok("gpu_activity", "no launch calls that run work (a CPU trace, or graph capture only)")
+    gpu_rows = np.flatnonzero(c.gpu)
+    if not len(gpu_rows):
+        msg = (f"{_plural(len(launches), 'launch call')} but no GPU activity at all: CUDA/HIP activity was not "
+               "recorded (CUPTI/roctracer unavailable or disabled), so nothing on the GPU side can be measured")
+        return HealthCheck("gpu_activity", "error", msg, int(len(launches)), [GPU_TIMES, ATTRIBUTION, LATENCY],
+                           {"launches": int(len(launches)), "gpu_activities": 0})
+    linked = np.zeros(len(c.ts), dtype=bool)
+    targets = c.launch[gpu_rows]
+    linked[targets[targets >= 0]] = True
+    missing = launches[~linked[launches]]
+    share = len(missing) / len(launches)
+    evidence = {"launches": int(len(launches)), "without_gpu_activity": int(len(missing)), "share": round(share, 4)}
+    if len(missing) >= MIN_MISSING_LAUNCHES and share > MISSING_LAUNCH_SHARE:
+        msg = (f"{len(missing)} of {len(launches)} launch calls ({share:.0%}) have no GPU activity in the trace "
+               f"(mostly {_top_names(c.names[missing])}): GPU events were dropped, so GPU busy time is undercounted")
+        return HealthCheck("gpu_activity", "warning", msg, int(len(missing)), [GPU_TIMES, ATTRIBUTION], evidence)
+    return HealthCheck("gpu_activity", "ok", "every launch has its GPU activity", int(len(missing)), [], evidence)
+
+
+def _top_names(values: np.ndarray, n: int = 2) -> str:
+    uniq, counts = np.unique(values.astype(str), return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:n]
+    return ", ".join(f"{uniq[i]} x{counts[i]}" for i in order)
+
+
+def _gpu_and_host(c: _Cols, real: np.ndarray, host_kinds: np.ndarray, check_id: str) -> tuple[np.ndarray, np.ndarray] | HealthCheck:
+    """Masks of the real GPU activity and host events a check compares, or the check skipped without them."""
+    gpu, host = c.gpu & real, host_kinds & real
+    if not gpu.any() or not host.any():
+        return HealthCheck(check_id, "skipped", "no GPU activity or host events to compare")
+    return gpu, host
+
+
+def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
+    """GPU activity without a launch call that starts before the first host call: launched before the profiler started."""
+    masks = _gpu_and_host(c, real, c.api, "launched_before_window")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = masks
+    first_host = int(c.ts[host].min())
+    early = gpu & (c.launch < 0) & (c.ts < first_host)
+    n = int(early.sum())
+    if not n:
+        return _ok("launched_before_window", "no GPU activity from launches before the window")
+    busy_us = float((c.end[early] - c.ts[early]).sum()) / US
+    msg = (f"{n} GPU {'activity' if n == 1 else 'activities'} ({busy_us:.1f} us) at the start have no launch call in the trace: they were "
+           "launched before the profiler started, so they count as GPU busy time but belong to no op or step")
+    return HealthCheck("launched_before_window", "warning", msg, n, [ATTRIBUTION, STEPS],
+                       {"gpu_activities": n, "busy_us": round(busy_us, 3)})
+
+
+def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
+    """GPU activity running well past the last host event: the host side of the window was cut first."""
+    masks = _gpu_and_host(c, real, c.host, "gpu_beyond_host")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = masks
+    host_end = int(c.end[host].max())
+    gpu_end = int(c.end[gpu].max())
+    span = max(gpu_end, host_end) - min(int(c.ts[gpu].min()), int(c.ts[host].min()))
+    tail = gpu_end - host_end
+    after = gpu & (c.ts > host_end)
+    n_after = int(after.sum())
+    evidence = {"gpu_end_after_host_us": round(tail / US, 3), "activities_after_host": n_after}
+    if tail <= max(GPU_TAIL_MIN_NS, GPU_TAIL_SHARE * span):
+        return HealthCheck("gpu_beyond_host", "ok", "GPU activity ends with the host events", 0, [], evidence)
+    if n_after == int(gpu.sum()):
+        # Not one GPU activity overlaps the host side: a clock offset is as likely as a cut window.
+        lag = int(c.ts[gpu].min()) - host_end
+        msg = (f"all {n_after} GPU activities start after the last CPU event (the first {lag / US:.1f} us after it): "
+               "the GPU and CPU clocks disagree or the host side of the window was cut, so launch-to-GPU times, gaps "
+               "and step times are unreliable")
+        return HealthCheck("gpu_beyond_host", "warning", msg, n_after, [GPU_TIMES, LATENCY, STEPS], evidence)
+    msg = (f"GPU activity runs {tail / US:.1f} us past the last CPU event ({n_after} GPU activities start after "
+           "it): the host timeline was cut before the GPU finished, so the last step's host side is missing")
+    return HealthCheck("gpu_beyond_host", "warning", msg, n_after, [LATENCY, STEPS], evidence)
+
+
+def _damaged(trace: Trace) -> HealthCheck:
+    """The loader's repairs: a truncated file, dropped unreadable events."""
+    if not trace.warnings:
+        return _ok("damaged_file", "the file read cleanly")
+    msg = "the file was damaged and repaired while loading: " + "; ".join(trace.warnings) + \
+          " — events may be missing, so totals and the last step are uncertain"
+    return HealthCheck("damaged_file", "warning", msg, len(trace.warnings), [COUNTS, STEPS], {"loader": list(trace.warnings)})
+
+
+def _cropped_step(c: _Cols, real: np.ndarray, segments: Any) -> HealthCheck:
+    """Launches before the first or after the last step that add up to a step the window cut."""
+    table = getattr(segments, "table", None)
+    steps = table[table["phase"].isin(("prefill", "decode", "step", "mixed"))] if table is not None and len(table) else None
+    if steps is None or steps.empty:
+        return HealthCheck("cropped_step", "skipped", "no steps found to check the window against")
+    lts = np.sort(c.ts[c.launch_call & real])
+    if not len(lts):
+        return HealthCheck("cropped_step", "skipped", "no launch calls to count")
+    starts = steps["start"].to_numpy(np.int64)
+    ends = steps["end"].to_numpy(np.int64)
+    per_step = np.searchsorted(lts, ends, side="left") - np.searchsorted(lts, starts, side="left")
+    i_first, i_last = int(np.argmin(starts)), int(np.argmax(ends))
+    head = int(np.searchsorted(lts, int(starts[i_first]), side="left"))
+    tail = int(len(lts) - np.searchsorted(lts, int(ends[i_last]), side="left"))
+    evidence = {"launches_before_first_step": head, "launches_after_last_step": tail,
+                "launches_in_first_step": int(per_step[i_first]), "launches_in_last_step": int(per_step[i_last])}
+    # A cut step looks like its neighbour: compare the work before the first step with the first
+    # step, and the work after the last step with the last one (setup before a prefill is not a step).
+    cut = []
+    for n, i, where in ((head, i_first, "before the first step"), (tail, i_last, "after the last step")):
+        if n >= max(MIN_CROPPED_LAUNCHES, CROPPED_STEP_SHARE * per_step[i]):
+            cut.append(f"{n} launches {where} ({steps['name'].iloc[i]}, which has {per_step[i]})")
+    if not cut:
+        return HealthCheck("cropped_step", "ok", "no partial step at either end of the window", 0, [], evidence)
+    msg = (f"the profiler window cuts a step: {' and '.join(cut)}; that step has no complete annotation, so it is left "
+           "out of per-step numbers and counted only in totals")
+    return HealthCheck("cropped_step", "warning", msg, head + tail, [STEPS, LATENCY], evidence)
+
+
+def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
+    """GPU activity before its own launch call, or GPU and host times that never overlap."""
+    masks = _gpu_and_host(c, real, c.op | c.api, "clocks")
+    if isinstance(masks, HealthCheck):
+        return masks
+    gpu, host = np.flatnonzero(masks[0]), masks[1]
+    g1 = int(c.end[gpu].max())
+    h0 = int(c.ts[host].min())
+    if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock
+        msg = (f"all GPU activity ends {(h0 - g1) / US:.1f} us before the first host event: GPU and CPU timestamps are "
+               "on different clock bases, so no gap, launch latency or step time that mixes them means anything")
+        return HealthCheck("clocks", "error", msg, int(len(gpu)), [GPU_TIMES, LATENCY, ATTRIBUTION],
+                           {"gpu_end_us": g1 / US, "host_start_us": h0 / US})
+    linked = gpu[c.launch[gpu] >= 0]
+    linked = linked[real[c.launch[linked]]]
+    if not len(linked):
+        return HealthCheck("clocks", "skipped", "no GPU activity linked to its launch call")
+    lead = c.ts[c.launch[linked]] - c.ts[linked]  # > 0: the activity started before its launch
+    n = int((lead > CLOCK_SLACK_NS).sum())
+    share = n / len(linked)
+    evidence = {"linked": int(len(linked)), "before_launch": n, "max_lead_us": round(float(lead.max()) / US, 3)}
+    if n >= MIN_CLOCK_BAD and share > CLOCK_BAD_SHARE:
+        msg = (f"{n} of {len(linked)} GPU activities ({share:.0%}) start before the call that launched them, by up to "
+               f"{float(lead.max()) / US:.1f} us: GPU and CPU clocks disagree, so gaps and launch latencies are off "
+               "by about that much")
+        return HealthCheck("clocks", "warning", msg, n, [GPU_TIMES, LATENCY], evidence)
+    return HealthCheck("clocks", "ok", "GPU activity starts after its launch", n, [], evidence)
+
+
+def run(trace: Trace, ctx: Context) -> Health:
+    c = _Cols.of(trace)
+    stamps, bad = _timestamps(trace, c)
+    real = ~bad  # later checks look only at events whose times are real
+    segments = ctx.segments
+    return Health([
+        stamps,
+        _gpu_activity(c),
+        _before_window(c, real),
+        _gpu_beyond_host(c, real),
+        _damaged(trace),
+        _cropped_step(c, real, segments),
+        _clocks(c, real),
+    ])
