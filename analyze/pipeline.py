@@ -17,6 +17,7 @@ from typing import Any
 
 from tokentrace.analysis.common import nsys_rules
 from tokentrace.analysis.findings import Finding, rank
+from tokentrace.analysis.loading.graph_replay import apply_graph_maps
 from tokentrace.analysis.loading.loader import load
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
@@ -37,6 +38,7 @@ DETECTORS: tuple[tuple[str, str], ...] = (
     ("attention", "tokentrace.analysis.detectors.attention"),
     ("roofline", "tokentrace.analysis.detectors.roofline"),
     ("memory", "tokentrace.analysis.detectors.memory"),
+    ("graphs", "tokentrace.analysis.detectors.graphs"),
 )
 
 
@@ -51,6 +53,12 @@ class Options:
     nsys_gap_ms: float = nsys_rules.GAP_MS
     nsys_util_chunks: int = nsys_rules.UTIL_CHUNKS
     nsys_util_threshold: float = nsys_rules.UTIL_THRESHOLD_PCT
+    # Traces of CUDA/HIP graph capture to read as graph maps: they give the kernels of graph
+    # replays their ops, shapes and stacks (analysis.loading.graph_map).
+    graph_maps: tuple[str, ...] = ()
+    # Also read the maps that sit beside the trace (its run.json's graph_maps, an
+    # execution_details.json, a capture_traces/ folder).
+    find_graph_maps: bool = True
 
 
 @dataclass
@@ -115,6 +123,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if not isinstance(trace, Trace):
         trace = load(trace)
     opts = options or Options()
+    trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
     ctx = Context(options=opts)
     errors: dict[str, str] = {}
     for name, module in DETECTORS:

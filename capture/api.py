@@ -12,10 +12,10 @@ import gc
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, cast
 
 from tokentrace.errors import TokentraceError
 
@@ -39,6 +39,8 @@ class RunResult:
     traces: dict[str, Path]
     timings: Timings
     meta: dict[str, Any] = field(repr=False)
+    # Graph maps (capture_traces/graph_map.pt.trace.json.gz) of runs whose decode steps replay CUDA graphs.
+    graph_maps: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -66,7 +68,7 @@ def plan_runs(label: str, opts: CaptureOptions) -> list[RunPlan]:
     return plans
 
 
-def _progress(plans: list[RunPlan], enabled: bool) -> ContextManager[Iterable[RunPlan]]:
+def _progress(plans: list[RunPlan], enabled: bool) -> AbstractContextManager[Iterable[RunPlan]]:
     """A click progress bar on stderr over the sweep (stdout stays for results)."""
     if not enabled:
         return nullcontext(plans)
@@ -114,10 +116,11 @@ def capture(
     `static_cache=None` means static when compiled. Raises TokentraceError for bad input, before
     anything is written.
     """
+    # validated() parses these wider inputs (ints, "128,512" text, iterables) into the declared lists.
     opts = CaptureOptions(
-        preset=preset, model=model, prompt_lens=prompt_lens, batches=batches, max_new_tokens=max_new_tokens,
-        out_dir=os.fspath(out_dir), device=device, dtype=dtype, compile=compile, attn_implementation=attn_implementation,
-        static_cache=static_cache, mode=mode, warmup=warmup, traces=traces, record_shapes=record_shapes,
+        preset=preset, model=model, prompt_lens=cast(Any, prompt_lens), batches=cast(Any, batches), max_new_tokens=max_new_tokens,
+        out_dir=os.fspath(out_dir), device=device, dtype=dtype, compile=cast(Any, compile), attn_implementation=attn_implementation,
+        static_cache=static_cache, mode=mode, warmup=warmup, traces=cast(Any, traces), record_shapes=record_shapes,
         profile_memory=profile_memory, with_stack=with_stack, seed=seed, temperature=temperature,
         local_files_only=local_files_only, overwrite=overwrite,
     ).validated()
@@ -192,6 +195,7 @@ def run_capture(opts: CaptureOptions, progress: bool = True) -> CaptureResult:
                     "compile": o.plan.compile,
                     "static_cache": o.plan.static_cache,
                     "traces": {k: f"{o.plan.name}/{p.name}" for k, p in o.traces.items()},
+                    **({"graph_maps": [f"{o.plan.name}/{p}" for p in o.meta["graph_maps"]]} if o.meta.get("graph_maps") else {}),
                     "timings": o.timings.to_dict(),
                     "command": o.meta["command"],
                 }
@@ -206,6 +210,7 @@ def run_capture(opts: CaptureOptions, progress: bool = True) -> CaptureResult:
             name=o.plan.name, path=out / o.plan.name, prompt_len=o.plan.prompt_len, batch=o.plan.batch,
             compile=o.plan.compile, static_cache=o.plan.static_cache,
             traces={k: out / o.plan.name / p.name for k, p in o.traces.items()}, timings=o.timings, meta=o.meta,
+            graph_maps=[out / o.plan.name / p for p in o.meta.get("graph_maps", [])],
         )
         for o in outputs
     ]

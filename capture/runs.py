@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
+from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_GRAPH_MAP, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
 from .environment import synchronize
+from .graph_map import relative_path, wants_graph_map, write_graph_map
 from .loop import DecodeLoop
 from .metadata import run_meta
 from .prompts import Prompt
@@ -48,6 +49,7 @@ class RunOutput:
     timings: Timings
     meta: dict[str, Any]  # metadata of the run (kind-independent part, as in run.json)
     traces: dict[str, Path] = field(default_factory=dict)
+    graph_maps: list[Path] = field(default_factory=list)  # capture_traces/graph_map... of graph-replaying runs
 
 
 def _loop_timings(timer: StageTimer, steps: int, tokenize_us: float | None) -> Timings:
@@ -84,7 +86,7 @@ def run_manual(
     n = opts.max_new_tokens
     steps = n - 1
     loop = DecodeLoop(model, device, forward=forward, compile_mode=plan.compile, static_cache=plan.static_cache, temperature=opts.temperature, seed=opts.seed)
-    prof_kw = dict(record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack)
+    prof_kw: dict[str, Any] = dict(record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack)
     command = opts.command(prompt_lens=[plan.prompt_len], batches=[plan.batch], compile=[plan.compile])
 
     # no_grad rather than inference_mode, as generate() does: inference tensors in a static cache
@@ -106,7 +108,8 @@ def run_manual(
             extra["host_wall_us"] = _wall_summary(timer)
 
         def meta(kind: str, profiled: Timings | None) -> dict[str, Any]:
-            return run_meta(base, kind=kind, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile, static_cache=plan.static_cache, timings=timings, command=command, timings_profiled=profiled, extra=extra)
+            return run_meta(base, kind=kind, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                            static_cache=plan.static_cache, timings=timings, command=command, timings_profiled=profiled, extra=extra)
 
         traces: dict[str, Path] = {}
         if KIND_COMBINED in opts.traces:
@@ -136,10 +139,20 @@ def run_manual(
             if decode_prof is not None:
                 traces[KIND_DECODE] = export_trace(decode_prof, folder, KIND_DECODE, meta(KIND_DECODE, profiled))
 
+        graph_maps: list[Path] = []
+        if wants_graph_map(plan.compile) and steps > 0:
+            # Last, after every profiled trace: the warm-up path leaves CUDA-graph trees warming up.
+            state = loop.start(prompt.input_ids, n)
+            loop.prefill(state, annotate=False)
+            graph_maps.append(write_graph_map(lambda: loop.decode_step(state, 0, annotate=False), folder, device,
+                                              meta(KIND_GRAPH_MAP, None)))
+
     run_json = {k: v for k, v in meta(KIND_COMBINED, None).items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
+    if graph_maps:
+        run_json["graph_maps"] = [relative_path()]
     write_json(folder / "run.json", run_json)
-    return RunOutput(plan, folder, timings, run_json, traces)
+    return RunOutput(plan, folder, timings, run_json, traces, graph_maps)
 
 
 @contextmanager
@@ -230,6 +243,7 @@ def run_generate(
     command = opts.command(prompt_lens=[plan.prompt_len], batches=[plan.batch], compile=[plan.compile])
 
     original = model.__dict__.get("forward")
+    graph_maps: list[Path] = []
     if use_forward:
         model.forward = forward  # generate() calls the module, which calls .forward
     try:
@@ -244,24 +258,34 @@ def run_generate(
                 t0 = time.perf_counter()
                 model.generate(ids, streamer=clock, **kw)
             stamps = [t0] + clock.times
-            deltas = [(b - a) * 1e6 for a, b in zip(stamps, stamps[1:])]
+            deltas = [(b - a) * 1e6 for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
             timings = Timings(ttft_us=deltas[0], decode_step_us=deltas[1:], tokenize_us=tokenize_us, clock="perf_counter")
 
             sched = schedule(wait=1, warmup=1, active=1, repeat=1)
             raw: list[Any] = []
-            with make_profiler(device, record_shapes=opts.record_shapes, profile_memory=opts.profile_memory, with_stack=opts.with_stack, schedule=sched, on_trace_ready=raw.append) as prof:
+            with make_profiler(device, record_shapes=opts.record_shapes, profile_memory=opts.profile_memory,
+                               with_stack=opts.with_stack, schedule=sched, on_trace_ready=raw.append) as prof:
                 for _ in range(3):
                     model.generate(ids, **kw)
                     prof.step()
+            if wants_graph_map(plan.compile):
+                # One whole generate() on the warm-up path: each decode step's compiled graphs run eagerly.
+                map_meta = run_meta(base, kind=KIND_GRAPH_MAP, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                                    static_cache=plan.static_cache, timings=timings, command=command)
+                graph_maps.append(write_graph_map(lambda: model.generate(ids, **kw), folder, device, map_meta))
     finally:
         if original is None:
             model.__dict__.pop("forward", None)
         else:
             model.forward = original
 
-    meta = run_meta(base, kind=KIND_GENERATE, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile, static_cache=plan.static_cache, timings=timings, command=command, extra={"peak_memory_bytes": _peak_memory(device), "profiler_schedule": {"wait": 1, "warmup": 1, "active": 1}})
+    meta = run_meta(base, kind=KIND_GENERATE, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                    static_cache=plan.static_cache, timings=timings, command=command,
+                    extra={"peak_memory_bytes": _peak_memory(device), "profiler_schedule": {"wait": 1, "warmup": 1, "active": 1}})
     traces = {KIND_GENERATE: export_trace(raw[-1], folder, KIND_GENERATE, meta)}
     run_json = {k: v for k, v in meta.items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
+    if graph_maps:
+        run_json["graph_maps"] = [relative_path()]
     write_json(folder / "run.json", run_json)
-    return RunOutput(plan, folder, timings, run_json, traces)
+    return RunOutput(plan, folder, timings, run_json, traces, graph_maps)

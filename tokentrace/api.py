@@ -45,12 +45,16 @@ def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
     return _load_all(*paths, progress=progress)
 
 
-def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options: Options | None = None) -> Analysis:
+def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
+            find_graph_maps: bool | None = None, options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
-    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us); `options`
-    holds every other setting (see `tokentrace.analysis.Options`). A keyword argument given
-    here overrides the same field of `options`.
+    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `graph_maps`
+    are traces of CUDA/HIP graph capture that give the kernels of graph replays their ops, shapes
+    and stacks; maps beside the trace (a capture_traces/ folder, execution_details.json, the
+    capture run's run.json) are used too unless `find_graph_maps=False`. `options` holds every
+    other setting (see `tokentrace.analysis.Options`). A keyword argument given here overrides
+    the same field of `options`.
     """
     from dataclasses import replace
 
@@ -60,12 +64,17 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options
     opts = options or _Options()
     if min_gap_us is not None:
         opts = replace(opts, min_gap_us=float(min_gap_us))
+    if graph_maps is not None:
+        maps = [graph_maps] if isinstance(graph_maps, (str, os.PathLike)) else list(graph_maps)
+        opts = replace(opts, graph_maps=tuple(os.fspath(p) for p in maps))
+    if find_graph_maps is not None:
+        opts = replace(opts, find_graph_maps=bool(find_graph_maps))
     return run_pipeline(trace, opts)
 
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
-           format: str | None = None, min_gap_us: float | None = None, options: Options | None = None,
-           progress: Callable[[str], None] | None = None) -> str:
+           format: str | None = None, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
+           options: Options | None = None, progress: Callable[[str], None] | None = None) -> str:
     """One report over one or more traces (files, folders of ranks/steps, Traces or Analyses).
 
     The format is `format` ("html", "markdown" or "json"), else taken from `output`'s suffix, else
@@ -88,18 +97,22 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             continue
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
-        analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
+        analyses.append(analyze(item, min_gap_us=min_gap_us, graph_maps=graph_maps, options=options))
     text = render(analyses, kind)
     if output is not None:
         write_output(os.fspath(output), text)
     return text
 
 
-def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None) -> DiffResult:
-    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary)."""
+def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None) -> DiffResult:
+    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON
+    summary). `graph_maps` (graph-capture traces) apply to both runs: each replay takes the graph it matches."""
     from tokentrace.analysis.compare.diff import diff as _diff
 
-    return _diff(base, test, **({} if min_gap_us is None else {"min_gap_us": min_gap_us}))
+    options: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    if graph_maps is not None:
+        options["graph_maps"] = list(graph_maps)
+    return _diff(base, test, **options)
 
 
 def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike = None,
