@@ -17,6 +17,7 @@ what a GPU run writes.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,10 @@ MAP_PASS = ("torch.compile CUDA-graph warm-up (inductor triton.force_cudagraphs_
             "without recording a graph; its kernels are the graph's, each linked to its op, shapes and stack")
 
 
+class GraphMapUnavailable(RuntimeError):
+    """This torch cannot run compiled graphs on their warm-up path: the run gets no map."""
+
+
 def wants_graph_map(compile_mode: str) -> bool:
     return compile_mode in GRAPH_COMPILE_MODES
 
@@ -44,13 +49,23 @@ def relative_path() -> str:
 @contextmanager
 def eager_graphs() -> Iterator[None]:
     """Compiled graphs run their CUDA-graph warm-up path (eager, kernels launched one by one)
-    instead of replaying a recorded graph. Raises RuntimeError when this torch has no such switch."""
+    instead of replaying a recorded graph. Raises GraphMapUnavailable when this torch has no such switch."""
     import torch._inductor.config as inductor_config
 
     if not hasattr(inductor_config.triton, "force_cudagraphs_warmup"):
-        raise RuntimeError("this torch has no inductor triton.force_cudagraphs_warmup switch")
+        raise GraphMapUnavailable("this torch has no inductor triton.force_cudagraphs_warmup switch: no graph map written")
     with inductor_config.patch({"triton.force_cudagraphs_warmup": True}):
         yield
+
+
+def try_write_graph_map(step: Callable[[], Any], folder: Path, device: Any, meta: dict[str, Any], notes: list[str]) -> list[Path]:
+    """`write_graph_map`, or no map and a note (also on stderr) when this torch cannot make one."""
+    try:
+        return [write_graph_map(step, folder, device, meta)]
+    except GraphMapUnavailable as exc:
+        notes.append(str(exc))
+        print(f"tokentrace: warning: {folder.name}: {exc}", file=sys.stderr)
+        return []
 
 
 def write_graph_map(step: Callable[[], Any], folder: Path, device: Any, meta: dict[str, Any]) -> Path:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_GRAPH_MAP, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
 from .environment import synchronize
-from .graph_map import relative_path, wants_graph_map, write_graph_map
+from .graph_map import relative_path, try_write_graph_map, wants_graph_map
 from .loop import DecodeLoop
 from .metadata import run_meta
 from .prompts import Prompt
@@ -140,17 +140,20 @@ def run_manual(
                 traces[KIND_DECODE] = export_trace(decode_prof, folder, KIND_DECODE, meta(KIND_DECODE, profiled))
 
         graph_maps: list[Path] = []
+        map_notes: list[str] = []
         if wants_graph_map(plan.compile) and steps > 0:
             # Last, after every profiled trace: the warm-up path leaves CUDA-graph trees warming up.
             state = loop.start(prompt.input_ids, n)
             loop.prefill(state, annotate=False)
-            graph_maps.append(write_graph_map(lambda: loop.decode_step(state, 0, annotate=False), folder, device,
-                                              meta(KIND_GRAPH_MAP, None)))
+            graph_maps = try_write_graph_map(lambda: loop.decode_step(state, 0, annotate=False), folder, device,
+                                             meta(KIND_GRAPH_MAP, None), map_notes)
 
     run_json = {k: v for k, v in meta(KIND_COMBINED, None).items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
     if graph_maps:
         run_json["graph_maps"] = [relative_path()]
+    if map_notes:
+        run_json["graph_map_notes"] = map_notes
     write_json(folder / "run.json", run_json)
     return RunOutput(plan, folder, timings, run_json, traces, graph_maps)
 
@@ -244,6 +247,7 @@ def run_generate(
 
     original = model.__dict__.get("forward")
     graph_maps: list[Path] = []
+    map_notes: list[str] = []
     if use_forward:
         model.forward = forward  # generate() calls the module, which calls .forward
     try:
@@ -272,7 +276,7 @@ def run_generate(
                 # One whole generate() on the warm-up path: each decode step's compiled graphs run eagerly.
                 map_meta = run_meta(base, kind=KIND_GRAPH_MAP, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
                                     static_cache=plan.static_cache, timings=timings, command=command)
-                graph_maps.append(write_graph_map(lambda: model.generate(ids, **kw), folder, device, map_meta))
+                graph_maps = try_write_graph_map(lambda: model.generate(ids, **kw), folder, device, map_meta, map_notes)
     finally:
         if original is None:
             model.__dict__.pop("forward", None)
@@ -287,5 +291,7 @@ def run_generate(
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
     if graph_maps:
         run_json["graph_maps"] = [relative_path()]
+    if map_notes:
+        run_json["graph_map_notes"] = map_notes
     write_json(folder / "run.json", run_json)
     return RunOutput(plan, folder, timings, run_json, traces, graph_maps)
