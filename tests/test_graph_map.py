@@ -94,6 +94,12 @@ def test_matching_replay_is_attributed_and_the_one_missing_a_kernel_is_not(pair)
                             "gpu_us": 45.0, "evidence": TEMPLATE, "equivalent": 1, "share": 1.0}]
     assert g["unmatched"] == [{"reason": r["reason"].iat[1], "replays": 1, "kernels": 3, "gpu_us": 40.0, "score": 0.75}]
     assert "40.0 us of replayed GPU time whose replays matched no captured graph" in g["note"]
+    assert a.graphs.summary_lines() == [
+        "graphs    2 replays, 7 kernels, 0.085 ms GPU; replay p50 0.048 ms, 3.5 kernels",
+        "graphs    57.1% of replayed kernels attributed to ops (1/2 replays matched 1 captured graph from 1 graph map)",
+        f"graphs    1 replay unmatched: {r['reason'].iat[1]}",
+        "graphs    top op inside graphs: my::paged_attention [[4,8,1,16],[100,8,16]] 20.0 us (23.5%)",
+    ]
 
 
 def test_attributed_ops_appear_in_the_decode_op_table_with_shapes(pair):

@@ -116,8 +116,8 @@ class GraphsResult:
             return []
         s = self.replay_stats
         dur = s.get("duration_us") or {}
-        lines = [f"graphs    {self.launches} replays, {self.replayed_kernels} kernels, {self.replayed_gpu_us / 1000:.3f} ms GPU; "
-                 f"replay p50 {dur.get('p50', 0) / 1000:.3f} ms, {s['kernels_per_replay']['p50']:.0f} kernels"
+        lines = [f"graphs    {_n(self.launches, 'replay')}, {self.replayed_kernels} kernels, {self.replayed_gpu_us / 1000:.3f} ms GPU; "
+                 f"replay p50 {dur.get('p50', 0) / 1000:.3f} ms, {s['kernels_per_replay']['p50']:g} kernels"
                  + (f"; layer pattern {self.layers['kernels']} kernels x {self.layers['repeats']}" if self.layers else "")]
         if not self.info.maps:
             lines.append(f"graphs    no graph map: per-op views exclude {self.excluded_gpu_us / 1000:.3f} ms of replayed GPU "
@@ -126,14 +126,18 @@ class GraphsResult:
         share = self.attributed_kernels / self.replayed_kernels if self.replayed_kernels else 0.0
         matched = int((self.info.replays["status"] == "matched").sum())
         lines.append(f"graphs    {share * 100:.1f}% of replayed kernels attributed to ops ({matched}/{self.launches} replays "
-                     f"matched {len(self.per_graph)} captured graphs from {len(self.info.maps)} graph maps)")
+                     f"matched {_n(len(self.per_graph), 'captured graph')} from {_n(len(self.info.maps), 'graph map')})")
         for r in self.unmatched.head(2).itertuples():
-            lines.append(f"graphs    {r.replays} replays unmatched: {r.reason}")
+            lines.append(f"graphs    {_n(int(r.replays), 'replay')} unmatched: {r.reason}")
         if len(self.ops):
             top = self.ops.iloc[0]
             lines.append(f"graphs    top op inside graphs: {top['name']} {top['input_dims']} {top['gpu_us']:.1f} us "
                          f"({top['share'] * 100:.1f}%)")
         return lines
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _found_by(info: GraphReplays, path: str) -> str:
@@ -205,16 +209,18 @@ def _layers(trace: Trace, rows: np.ndarray, seg: np.ndarray, rep: np.ndarray, gp
 # ---- the detector ------------------------------------------------------------------------------------
 
 
-def _module(stack: Any, memo: dict[int, str | None]) -> str | None:
-    """The class of the innermost nn.Module frame of a stack (`Qwen3Attention_6` -> `Qwen3Attention`:
-    the instance number tells layers apart, the per-op table adds them up)."""
+def _module(stack: Any, memo: dict[int, tuple[str | None, str | None]]) -> tuple[str | None, str | None]:
+    """(class, instance) of the innermost nn.Module frame of a stack: `Qwen3Attention_6` ->
+    (`Qwen3Attention`, `Qwen3Attention_6`). The instance tells layers apart; the per-op table adds
+    them up by class and counts the instances."""
     key = id(stack)
     if key not in memo:
-        memo[key] = None
+        memo[key] = (None, None)
         if isinstance(stack, (list, tuple)):
             for frame in reversed(stack):
                 if str(frame).startswith(MODULE_FRAME):
-                    memo[key] = _INSTANCE.sub("", str(frame)[len(MODULE_FRAME):])
+                    inst = str(frame)[len(MODULE_FRAME):]
+                    memo[key] = (_INSTANCE.sub("", inst), inst)
                     break
     return memo[key]
 
@@ -285,10 +291,9 @@ def run(trace: Trace, ctx: Any = None) -> GraphsResult:
     }
 
     names = trace.names
-    tk = pd.DataFrame({"name": names[rows].astype(object), "dur": dur})
-    top = tk.groupby("name", sort=False)["dur"].agg(["size", "sum"]).reset_index()
-    top.columns = ["name", "calls", "gpu_us"]
-    top["gpu_us"] = top["gpu_us"] / US
+    k_gid, k_first = _group(ev["name"].cat.codes.to_numpy()[rows])
+    top = pd.DataFrame({"name": names[rows[k_first]].astype(object), "calls": np.bincount(k_gid, minlength=len(k_first)),
+                        "gpu_us": np.bincount(k_gid, weights=dur.astype(float), minlength=len(k_first)) / US})
     total_us = float(dur.sum()) / US
     top["share"] = top["gpu_us"] / total_us if total_us else np.nan
     top = top.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)
@@ -303,38 +308,79 @@ def run(trace: Trace, ctx: Any = None) -> GraphsResult:
     )
 
 
+def _codes(values: np.ndarray, key: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, one value per code) for object values shared across rows: rows are grouped by
+    object identity first (cheap), then distinct objects by `key(value)` (equal contents merge)."""
+    ids = np.fromiter(map(id, values), dtype=np.intp, count=len(values))
+    code, uniq = pd.factorize(ids)
+    objs = np.empty(len(uniq), dtype=object)
+    objs[code] = values
+    merged, labels = pd.factorize(np.array([key(o) for o in objs], dtype=object), use_na_sentinel=False)
+    return merged[code].astype(np.int64), np.asarray(labels, dtype=object)
+
+
+def _group(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group id per row for each distinct combination of integer codes (numbered in order of first
+    appearance), and the first row of each group."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for c in codes:
+        c = np.asarray(c, dtype=np.int64)
+        if len(c):
+            c = c - int(c.min())
+            key = pd.factorize(key * (int(c.max()) + 1) + c)[0].astype(np.int64)
+    first = np.flatnonzero(np.r_[True, key[1:] > np.maximum.accumulate(key)[:-1]]) if len(key) else np.empty(0, np.int64)
+    return key, first
+
+
+def _distinct_per_group(gid: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """How many distinct values each group holds."""
+    pair, first = _group(gid, values)
+    return np.bincount(gid[first], minlength=n).astype(np.int64)
+
+
 def _op_table(trace: Trace, rows: np.ndarray, op: np.ndarray, dur: np.ndarray, phase: np.ndarray, total_us: float) -> pd.DataFrame:
-    """GPU time inside graphs by the op that launched it (name, input shapes, module, phase)."""
+    """GPU time inside graphs by the op that launched it (name, input shapes, module class, phase)."""
     cols = ["name", "input_dims", "module", "phase", "calls", "modules", "kernels", "gpu_us", "share", "top_kernel", "top_kernel_us"]
     if not len(rows):
         return pd.DataFrame(columns=cols)
     ev = trace.events
     names = trace.names
-    dims = ev["input_dims"].to_numpy()[op]
-    memo: dict[int, str | None] = {}
-    stacks = ev["stack"].to_numpy()[op]
+    name_codes = ev["name"].cat.codes.to_numpy()
     enc = msgspec.json.encode
-    text: dict[int, str] = {}
-    df = pd.DataFrame({
-        "name": names[op].astype(object),
-        "input_dims": [text.setdefault(id(d), enc(d).decode()) if d is not None else "" for d in dims],
-        "module": [_module(s, memo) for s in stacks], "phase": phase, "op_row": op,
-        # The module instance (one per layer): the stack object itself, shared by the op's copies.
-        "instance": [id(s) if s is not None else 0 for s in stacks],
-        "kernel": names[rows].astype(object), "dur": dur,
+    dims_c, dims_txt = _codes(ev["input_dims"].to_numpy()[op], lambda d: enc(d).decode() if d is not None else "")
+    # Module class and instance per distinct stack object (the added ops of one op share one).
+    stacks = ev["stack"].to_numpy()[op]
+    st_code, st_uniq = pd.factorize(np.fromiter(map(id, stacks), dtype=np.intp, count=len(stacks)))
+    st_obj = np.empty(len(st_uniq), dtype=object)
+    st_obj[st_code] = stacks
+    memo: dict[int, tuple[str | None, str | None]] = {}
+    mods = [_module(st, memo) for st in st_obj]
+    cls_c, cls_u = pd.factorize(np.array([m[0] for m in mods], dtype=object), use_na_sentinel=False)
+    inst_c = pd.factorize(np.array([m[1] for m in mods], dtype=object), use_na_sentinel=False)[0]
+    cls_c, inst_c = cls_c[st_code], inst_c[st_code]
+    phase_c, phase_u = pd.factorize(phase, use_na_sentinel=False)
+    gid, first = _group(name_codes[op], dims_c, cls_c, phase_c)
+    n = len(first)
+    wdur = dur.astype(float)
+    # The kernel with most of each group's time (ties: the one seen first).
+    pair, pair_first = _group(gid, name_codes[rows])
+    pair_ns = np.bincount(pair, weights=wdur, minlength=len(pair_first))
+    pair_g = gid[pair_first]
+    best = np.lexsort((np.arange(len(pair_first)), -pair_ns, pair_g))
+    best = best[np.r_[True, pair_g[best][1:] != pair_g[best][:-1]]]
+    top_k = np.empty(n, dtype=object)
+    top_ns = np.zeros(n)
+    top_k[pair_g[best]] = names[rows[pair_first[best]]]
+    top_ns[pair_g[best]] = pair_ns[best]
+    out = pd.DataFrame({
+        "name": names[op[first]].astype(object), "input_dims": dims_txt[dims_c[first]],
+        "module": np.asarray(cls_u, dtype=object)[cls_c[first]], "phase": np.asarray(phase_u, dtype=object)[phase_c[first]],
+        "calls": _distinct_per_group(gid, op, n), "modules": _distinct_per_group(gid, inst_c, n),
+        "kernels": np.bincount(gid, minlength=n).astype(np.int64), "gpu_us": np.bincount(gid, weights=wdur, minlength=n) / US,
+        "top_kernel": top_k, "top_kernel_us": top_ns / US,
     })
-    keys = ["name", "input_dims", "module", "phase"]
-    g = df.groupby(keys, dropna=False, sort=False)
-    out = g.agg(calls=("op_row", "nunique"), modules=("instance", "nunique"), kernels=("dur", "size"),
-                gpu_ns=("dur", "sum")).reset_index()
-    by_k = df.groupby(keys + ["kernel"], dropna=False, sort=False)["dur"].sum().reset_index()
-    by_k = by_k.sort_values("dur", ascending=False, kind="stable").drop_duplicates(keys)
-    out = out.merge(by_k.rename(columns={"kernel": "top_kernel", "dur": "top_ns"}), on=keys, how="left")
-    out["gpu_us"] = out["gpu_ns"] / US
-    out["top_kernel_us"] = out["top_ns"] / US
     out["share"] = out["gpu_us"] / total_us if total_us else np.nan
-    out = out.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)
-    return out[cols]
+    return out.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)[cols]
 
 
 def _idle(trace: Trace, rows: np.ndarray, rep: np.ndarray, op: np.ndarray, attributed: np.ndarray) -> dict[str, Any]:
@@ -342,36 +388,33 @@ def _idle(trace: Trace, rows: np.ndarray, rep: np.ndarray, op: np.ndarray, attri
     kernel that last finished before it, and of the kernel after it)."""
     ev = trace.events
     if len(rows) < 2:
-        return {"total_us": 0.0, "by_boundary": []}
+        return {"total_us": 0.0, "count": 0, "by_boundary": []}
     ts, end = ev["ts"].to_numpy()[rows], ev["end"].to_numpy()[rows]
     # Running end per replay (kernels of one replay on several streams overlap).
     reach = pd.Series(end).groupby(rep).cummax().to_numpy()
     same = rep[1:] == rep[:-1]
     gap = np.where(same, ts[1:] - reach[:-1], 0)
     at = np.flatnonzero(gap > 0)
-    total = float(gap[at].sum()) / US
     if not len(at):
-        return {"total_us": 0.0, "by_boundary": []}
-    names = trace.names
+        return {"total_us": 0.0, "count": 0, "by_boundary": []}
+    codes = ev["name"].cat.codes.to_numpy().astype(np.int64)
+    labels = ev["name"].cat.categories.to_numpy(dtype=object)
     # The kernel before the gap: the one whose end the running end is.
     holder = pd.Series(np.where(end == reach, np.arange(len(rows)), -1)).groupby(rep).cummax().to_numpy()
-    before = holder[at]
-    after = at + 1
+    before, after = holder[at], at + 1
 
-    def label(i: np.ndarray) -> np.ndarray:
-        out = np.full(len(i), None, dtype=object)
-        ok = attributed[i]
-        out[ok] = names[op[i[ok]]]
-        return out
+    def op_code(i: np.ndarray) -> np.ndarray:
+        return np.where(attributed[i], codes[np.maximum(op[i], 0)], -1)
 
-    df = pd.DataFrame({"after_op": label(before), "before_op": label(after),
-                       "after_kernel": names[rows[before]].astype(object), "before_kernel": names[rows[after]].astype(object),
-                       "gap": gap[at]})
-    keys = ["after_op", "before_op", "after_kernel", "before_kernel"]
-    g = df.groupby(keys, dropna=False, sort=False)["gap"].agg(["size", "sum"]).reset_index()
-    g = g.sort_values("sum", ascending=False, kind="stable").head(JSON_TOP_ROWS)
-    text = lambda v: v if isinstance(v, str) else None  # noqa: E731 - groupby turns None keys into NaN
-    return {"total_us": round(total, 3), "count": int(len(at)), "by_boundary": [
-        {"after_op": text(r.after_op), "before_op": text(r.before_op), "after_kernel": text(r.after_kernel),
-         "before_kernel": text(r.before_kernel), "count": int(r.size), "total_us": round(float(r.sum) / US, 3)}
-        for r in g.itertuples()]}
+    keys = (op_code(before), op_code(after), codes[rows[before]], codes[rows[after]])
+    gid, first = _group(*keys)
+    sums = np.bincount(gid, weights=gap[at].astype(float), minlength=len(first))
+    counts = np.bincount(gid, minlength=len(first))
+
+    def label(code: np.integer) -> str | None:
+        return str(labels[int(code)]) if code >= 0 else None
+
+    return {"total_us": round(float(gap[at].sum()) / US, 3), "count": int(len(at)), "by_boundary": [
+        {"after_op": label(keys[0][first[g]]), "before_op": label(keys[1][first[g]]), "after_kernel": label(keys[2][first[g]]),
+         "before_kernel": label(keys[3][first[g]]), "count": int(counts[g]), "total_us": round(float(sums[g]) / US, 3)}
+        for g in np.argsort(-sums, kind="stable")[:JSON_TOP_ROWS]]}

@@ -83,6 +83,9 @@ class CapturedGraph:
     entries: pd.DataFrame
     ops: np.ndarray  # rows of GraphMap.ops this graph uses (entry ops and their ancestors), in start order
     region_ns: tuple[int, int]
+    # Equal for graphs with equal contents: each node's activity and kernel (up to template
+    # arguments) and its op chain with input shapes. Such graphs differ only in their stacks.
+    content: int = 0
 
     @property
     def kernels(self) -> int:
@@ -325,6 +328,17 @@ def _capture_meta(trace: Trace, details: dict[str, Any] | None) -> tuple[int | N
     return None, None
 
 
+def _chain_keys(ops: pd.DataFrame) -> list[tuple[tuple[str, str], ...]]:
+    """Per op of a map, its chain up to the capture's top (name and input shapes of each level)."""
+    names, dims, parent = ops["name"].to_numpy(), ops["input_dims"].to_numpy(), ops["parent"].to_numpy()
+    keys: list[tuple[tuple[str, str], ...]] = []
+    for i in range(len(ops)):  # parents come first (start order), so their chains exist already
+        own = ((str(names[i]), repr(dims[i])),)
+        p = int(parent[i])
+        keys.append(own + keys[p] if 0 <= p < i else own)
+    return keys
+
+
 def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_names: dict[int, str] | None = None) -> GraphMap:
     """The GraphMap of a loaded capture trace (`details`: its execution_details.json entry)."""
     notes: list[str] = []
@@ -393,6 +407,7 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
         "ts": ts_col[all_ops], "end": ev["end"].to_numpy()[all_ops],
     })
 
+    chain_key = _chain_keys(ops)
     fname = Path(trace.path).name
     starts = [reg.start for reg, _, _ in per_graph]
     labels = enclosing_match(trace, np.array([r.pid for r, _, _ in per_graph]), np.array([r.tid for r, _, _ in per_graph]),
@@ -410,6 +425,8 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
             key=f"{fname}#{i}", source=trace.path, index=i, how=reg.how, label=lab.group(0) if lab else None,
             batch_size=bs, mode=mode, fx_graph=fxm.group(1) if fxm else None, entries=entries,
             ops=np.sort(index_of.reindex(used).to_numpy(np.int64)), region_ns=(reg.start, reg.end),
+            content=hash((tuple(entries["activity"]), tuple(base_name(k) if k else None for k in entries["kernel"]),
+                          tuple(chain_key[o] if o >= 0 else None for o in entries["op"]))),
         ))
     if graphs and not any(g.kernels for g in graphs):
         notes.append("its captured graphs recorded no GPU work (a CPU run: nothing to map)")

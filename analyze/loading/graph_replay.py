@@ -305,22 +305,6 @@ def _align_streams(seq: _Seq, c_names: list[str | None], c_acts: np.ndarray) -> 
 # ---- choosing a graph per replay -------------------------------------------------------------------
 
 
-def _content_class(graphs: list[CapturedGraph], maps_ops: list[pd.DataFrame]) -> np.ndarray:
-    """Graphs with equal contents (kernels, and each kernel's op chain with its input shapes) share
-    a class: attributing a replay to any of them gives the same ops and shapes."""
-    keys = []
-    for g, ops in zip(graphs, maps_ops, strict=True):
-        chains = []
-        for o in g.entries["op"].tolist():
-            chain = []
-            while o >= 0:
-                chain.append((ops["name"].iat[o], repr(ops["input_dims"].iat[o])))
-                o = int(ops["parent"].iat[o])
-            chains.append(tuple(chain))
-        keys.append((tuple(g.entries["activity"]), tuple(base_name(k) if k else None for k in g.entries["kernel"]), tuple(chains)))
-    return pd.factorize(pd.Series(keys, dtype=object).map(hash))[0].astype(np.int64)
-
-
 def _hints(trace: Trace, replays: pd.DataFrame) -> tuple[list[str | None], list[int | None]]:
     """Compiled-graph key and step batch size around each graph launch (None where not annotated)."""
     pid, tid, ts = replays["pid"].to_numpy(), replays["tid"].to_numpy(), replays["ts"].to_numpy(np.int64)
@@ -366,7 +350,6 @@ def match(trace: Trace, maps: list[GraphMap]) -> tuple[pd.DataFrame, _Kernels, l
     graphs (`graph` in the table indexes it through `graph_index`) and each replay's permutation."""
     replays, k = _replays(trace)
     graphs = [g for m in maps for g in m.graphs]
-    ops_of = [m.ops for m in maps for _ in m.graphs]
     perms: list[np.ndarray | None] = [None] * len(replays)
     replays["graph_index"] = -1
     if not len(replays) or not maps:
@@ -393,7 +376,7 @@ def match(trace: Trace, maps: list[GraphMap]) -> tuple[pd.DataFrame, _Kernels, l
             near = sorted((i for i, g in enumerate(graphs) if g.kernels != n), key=lambda i: abs(graphs[i].kernels - n))
             results += [(i, _compare(seq, graphs[i])) for i in near[:DIAGNOSE_GRAPHS]]
         verdicts[int(gid)] = results
-    klass = _content_class(graphs, ops_of)
+    klass = pd.factorize(np.array([g.content for g in graphs], dtype=np.int64))[0]
     fx, batch = _hints(trace, replays)
     status = replays["status"].to_numpy(dtype=object).copy()
     reason = np.full(len(replays), None, dtype=object)
