@@ -363,3 +363,32 @@ def test_replay_trace_is_analysed_when_kernels_are_renamed_beyond_templates(tmp_
     rp = tokentrace.analyze(rep, graph_maps=[cap]).trace.graph_replays.replays
     assert rp["status"].tolist() == ["unmatched"]
     assert rp["reason"].iat[0] == f"kernel 0 is other_gemm<1>() where capture_4_DECODE recorded {GEMM}"
+
+
+def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
+    # A compiled decode step whose attention ran as SDPA (torch.compile keeps it as an op) and a
+    # trace of three replays: the attention section sees three decode calls with the graph's shapes.
+    b = TraceBuilder()
+    b.annotation("tokentrace/graph_map", 0, 500)
+    b.annotation("## Call CompiledFxGraph fsdpa ##", 10, 400)
+    q, kv = [1, 4, 1, 16], [1, 4, 64, 16]
+    b.cpu_op("aten::scaled_dot_product_attention", 20, 80, input_dims=[q, kv, kv, [], [], [], [], []])
+    b.cpu_op("aten::_scaled_dot_product_flash_attention", 30, 60, input_dims=[q, kv, kv, [], [], [], [], []])
+    b.launch("flash_fwd_splitkv_kernel", 40, 50, 6)
+    b.cpu_op("aten::mm", 120, 50, input_dims=[[1, 64], [64, 64]])
+    b.launch("sm90_gemm", 130, 140, 4)
+    cap = b.write(tmp_path / "map.json")
+    r = TraceBuilder()
+    for i in range(3):
+        t0 = 1000 * (i + 1)
+        r.annotation(f"tokentrace/decode_step[{i}]", t0 - 20, 200)
+        r.annotation("## Call CompiledFxGraph fsdpa ##", t0 - 5, 60)
+        r.graph_launch(t0, t0 + 10, [("flash_fwd_splitkv_kernel", 6.0), ("sm90_gemm", 4.0)])
+    rep = r.write(tmp_path / "rep.json")
+    without = tokentrace.analyze(rep, find_graph_maps=False).attention
+    att = tokentrace.analyze(rep, graph_maps=[cap]).attention
+    calls = att.calls[att.calls["source"] == "op"]
+    assert len(without.calls[without.calls["source"] == "op"]) == 0
+    assert len(calls) == 3 and set(calls["phase"]) == {"decode"}
+    assert calls[["batch", "heads", "q_len", "kv_len", "head_dim"]].drop_duplicates().values.tolist() == [[1, 4, 1, 64, 16]]
+    assert calls["gpu_us"].tolist() == [6.0, 6.0, 6.0]
