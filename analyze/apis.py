@@ -174,6 +174,22 @@ EMBEDDING_OPS: tuple[str, ...] = ("aten::embedding",)
 # Ops and annotations that only a training step runs (no forward-only inference has them).
 TRAINING_OP_MARKERS: tuple[str, ...] = ("autograd::engine::evaluate_function", "## backward ##", "Optimizer.step", "Optimizer.zero_grad")
 
+# torch.compile's annotation around each call of a compiled graph (Inductor's output code); with
+# mode="reduce-overhead" each such call is one CUDA-graph replay, keyed by the graph's cache key.
+COMPILED_GRAPH_ANNOTATION = re.compile(r"^## Call CompiledFxGraph (\S+) ##$")
+# vLLM's, SGLang's and ATOM's annotation around the capture of one batch size's graphs
+# (`capture_32_DECODE`, `capture_8192_PIECEWISE`, `capture_128_decode`).
+GRAPH_CAPTURE_ANNOTATION = re.compile(r"^capture_(\d+)_(\w+)$")
+# Serving engines' per-step annotations that name the step's batch (tokens for vLLM's execute_<n>):
+# the size a graph replay was padded from, used only to pick among graphs whose kernels are equal.
+STEP_BATCH_ANNOTATIONS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^execute_(\d+)_"),  # vLLM (and SGLang patched the same way): total tokens of the step
+    re.compile(r"^step\[\w+ bs=(\d+)"),  # SGLang: step[DECODE bs=32]
+    re.compile(r"^(?:decode|prefill)\[.*\btok=(\d+)"),  # ATOM: decode[bs=117/128 tok=117 ...]
+)
+# Category of the cpu-op rows tokentrace adds to a replay trace from a graph map (never in a file).
+GRAPH_MAP_CATEGORY = "tokentrace_graph_map"
+
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
 

@@ -37,6 +37,7 @@ from tokentrace.analysis.context import Context
 from tokentrace.analysis.detectors import (
     attention,
     gaps,
+    graphs,
     health,
     launches,
     memory,
@@ -48,6 +49,7 @@ from tokentrace.analysis.detectors import (
     utilization,
 )
 from tokentrace.analysis.findings import Finding, rank
+from tokentrace.analysis.loading.graph_replay import apply_graph_maps
 from tokentrace.analysis.loading.loader import load
 from tokentrace.analysis.loading.trace import Trace
 
@@ -68,6 +70,7 @@ DETECTORS: tuple[ModuleType, ...] = (
     attention,
     roofline,
     memory,
+    graphs,
 )
 
 
@@ -124,6 +127,12 @@ class Options:
     nsys_gap_ms: float = nsys_rules.GAP_MS
     nsys_util_chunks: int = nsys_rules.UTIL_CHUNKS
     nsys_util_threshold: float = nsys_rules.UTIL_THRESHOLD_PCT
+    # Traces of CUDA/HIP graph capture to read as graph maps: they give the kernels of graph
+    # replays their ops, shapes and stacks (analysis.loading.graph_map).
+    graph_maps: tuple[str, ...] = ()
+    # Also read the maps that sit beside the trace (its run.json's graph_maps, an
+    # execution_details.json, a capture_traces/ folder).
+    find_graph_maps: bool = True
 
 
 @dataclass(eq=False)
@@ -184,6 +193,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if not isinstance(trace, Trace):
         trace = load(trace)
     opts = options or Options()
+    trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
     ctx = Context(trace=trace, options=opts)
     for mod in RUN_ORDER:
         name = mod.NAME

@@ -39,6 +39,8 @@ class RunResult:
     traces: dict[str, Path]
     timings: Timings
     meta: dict[str, Any] = field(repr=False)
+    # Graph maps (capture_traces/graph_map.pt.trace.json.gz) of runs whose decode steps replay CUDA graphs.
+    graph_maps: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +197,7 @@ def run_capture(opts: CaptureOptions, progress: bool = True) -> CaptureResult:
                     "compile": o.plan.compile,
                     "static_cache": o.plan.static_cache,
                     "traces": {k: f"{o.plan.name}/{p.name}" for k, p in o.traces.items()},
+                    **({"graph_maps": [f"{o.plan.name}/{p}" for p in o.meta["graph_maps"]]} if o.meta.get("graph_maps") else {}),
                     "timings": o.timings.to_dict(),
                     "command": o.meta["command"],
                 }
@@ -209,6 +212,7 @@ def run_capture(opts: CaptureOptions, progress: bool = True) -> CaptureResult:
             name=o.plan.name, path=out / o.plan.name, prompt_len=o.plan.prompt_len, batch=o.plan.batch,
             compile=o.plan.compile, static_cache=o.plan.static_cache,
             traces={k: out / o.plan.name / p.name for k, p in o.traces.items()}, timings=o.timings, meta=o.meta,
+            graph_maps=[out / o.plan.name / p for p in o.meta.get("graph_maps", [])],
         )
         for o in outputs
     ]

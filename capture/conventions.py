@@ -40,6 +40,18 @@ MANUAL_KINDS = (KIND_COMBINED, KIND_PREFILL, KIND_DECODE)
 TRACE_SUFFIX = ".pt.trace.json.gz"
 RUN_JSON = "run.json"
 
+# The graph map of a run that replays CUDA graphs (torch.compile mode="reduce-overhead"): a trace of
+# one eager pass of the compiled step, every kernel linked to its op, shapes and stack. It lives in
+# the folder serving engines use for their graph-capture traces (vLLM, SGLang, ATOM: a
+# `capture_traces/` folder beside the replay trace), so the analyzer finds both the same way, and
+# so a folder of traces never mistakes it for one of the run's own traces. run.json lists it
+# under `graph_maps`.
+KIND_GRAPH_MAP = "graph_map"
+GRAPH_MAP_DIR = "capture_traces"
+# Annotation around the profiled pass in a graph-map trace; the compiled graphs inside it (torch's
+# "## Call CompiledFxGraph <key> ##") are the graphs the replays run.
+GRAPH_MAP_ANNOTATION = ANNOTATION_PREFIX + "graph_map"
+
 
 def trace_file_name(kind: str) -> str:
     """`combined` -> `combined.pt.trace.json.gz` (the suffix TensorBoard and HTA look for)."""

@@ -18,8 +18,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
+from .conventions import KIND_COMBINED, KIND_DECODE, KIND_GENERATE, KIND_GRAPH_MAP, KIND_PREFILL, PREFILL, TOKENIZE, decode_step_name
 from .environment import synchronize
+from .graph_map import relative_path, try_write_graph_map, wants_graph_map
 from .loop import DecodeLoop
 from .metadata import run_meta
 from .prompts import Prompt
@@ -49,6 +50,7 @@ class RunOutput:
     timings: Timings
     meta: dict[str, Any]  # metadata of the run (kind-independent part, as in run.json)
     traces: dict[str, Path] = field(default_factory=dict)
+    graph_maps: list[Path] = field(default_factory=list)  # capture_traces/graph_map... of graph-replaying runs
 
 
 def _loop_timings(timer: StageTimer, steps: int, tokenize_us: float | None) -> Timings:
@@ -146,10 +148,23 @@ def run_manual(
             for kind, path in raw.items():
                 traces[kind] = finish_trace(path, folder, kind, meta(kind, profiled))
 
+        graph_maps: list[Path] = []
+        map_notes: list[str] = []
+        if wants_graph_map(plan.compile) and steps > 0:
+            # Last, after every profiled trace: the warm-up path leaves CUDA-graph trees warming up.
+            state = loop.start(prompt.input_ids, n)
+            loop.prefill(state, annotate=False)
+            graph_maps = try_write_graph_map(lambda: loop.decode_step(state, 0, annotate=False), folder, device,
+                                             meta(KIND_GRAPH_MAP, None), map_notes)
+
     run_json = {k: v for k, v in meta(KIND_COMBINED, None).items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
+    if graph_maps:
+        run_json["graph_maps"] = [relative_path()]
+    if map_notes:
+        run_json["graph_map_notes"] = map_notes
     write_json(folder / "run.json", run_json)
-    return RunOutput(plan, folder, timings, run_json, traces)
+    return RunOutput(plan, folder, timings, run_json, traces, graph_maps)
 
 
 @contextmanager
@@ -240,6 +255,8 @@ def run_generate(
     command = opts.command(prompt_lens=[plan.prompt_len], batches=[plan.batch], compile=[plan.compile])
 
     original = model.__dict__.get("forward")
+    graph_maps: list[Path] = []
+    map_notes: list[str] = []
     if use_forward:
         model.forward = forward  # generate() calls the module, which calls .forward
     try:
@@ -264,6 +281,11 @@ def run_generate(
                 for _ in range(3):
                     model.generate(ids, **kw)
                     prof.step()
+            if wants_graph_map(plan.compile):
+                # One whole generate() on the warm-up path: each decode step's compiled graphs run eagerly.
+                map_meta = run_meta(base, kind=KIND_GRAPH_MAP, prompt_len=plan.prompt_len, batch=plan.batch, compile=plan.compile,
+                                    static_cache=plan.static_cache, timings=timings, command=command)
+                graph_maps = try_write_graph_map(lambda: model.generate(ids, **kw), folder, device, map_meta, map_notes)
     finally:
         if original is None:
             model.__dict__.pop("forward", None)
@@ -276,5 +298,9 @@ def run_generate(
     traces = {KIND_GENERATE: export_trace(raw[-1], folder, KIND_GENERATE, meta)}
     run_json = {k: v for k, v in meta.items() if k != "kind"}
     run_json["traces"] = {kind: path.name for kind, path in traces.items()}
+    if graph_maps:
+        run_json["graph_maps"] = [relative_path()]
+    if map_notes:
+        run_json["graph_map_notes"] = map_notes
     write_json(folder / "run.json", run_json)
-    return RunOutput(plan, folder, timings, run_json, traces)
+    return RunOutput(plan, folder, timings, run_json, traces, graph_maps)

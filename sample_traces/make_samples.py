@@ -70,6 +70,9 @@ SAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="none",
         with_stack=False, profile_memory=False,
     )),
+    # reduce-overhead replays each decode step from CUDA graphs; every run also writes its graph map
+    # (<run>/capture_traces/graph_map.pt.trace.json.gz: one decode step on CUDA-graph trees' warm-up
+    # path, shapes and stacks on), which `tokentrace analyze` finds through run.json.
     "gpu_llama-3.2-1b_reduce-overhead": ("gpu", dict(
         preset="llama-3.2-1b", prompt_lens=[512], batches=[1], max_new_tokens=17,
         device="cuda", dtype="bfloat16", attn_implementation="sdpa", compile="reduce-overhead",
@@ -142,6 +145,11 @@ def main() -> int:
             result.table(),
             f"{folder_size(out) / 1e6:.2f} MB in {time.perf_counter() - t0:.0f} s; one run: {result.runs[0].meta['command']}",
         ]
+        maps = [f"{r.name}/{p.relative_to(r.path)}" for r in result.runs for p in getattr(r, "graph_maps", [])]
+        if maps:
+            lines.append(f"graph maps: {', '.join(maps)}")
+        for r in result.runs:
+            lines.extend(f"{r.name}: {note}" for note in r.meta.get("graph_map_notes", []))
         print("\n".join(lines), flush=True)
         summary.extend(lines)
         if args.copy_to:

@@ -44,6 +44,19 @@ def test_hta_matches_exactly_on_built_trace(builder, tmp_path):
 
 
 @needs_hta
+def test_hta_reads_the_trace_at_its_own_resolution(builder, tmp_path):
+    # Two kernels 1 ns apart over 11.016 us, as on SGLang's capture trace: HTA's default rounding of
+    # every event inward to whole microseconds would give 1 us of idle in a 10 us span.
+    builder.launch("k1", 0, 61.579, 5.367)
+    builder.launch("k2", 1, 66.947, 5.648)
+    path = builder.write(tmp_path / "ns.pt.trace.json")
+    theirs = hta_temporal_breakdown(path)
+    ours = tokentrace.analyze(path).gpu
+    assert (theirs["span_us"], theirs["busy_us"], theirs["idle_us"]) == pytest.approx((11.016, 11.015, 0.001), abs=1e-6)
+    assert (ours.span_us, ours.busy_us, ours.idle_us) == pytest.approx((11.016, 11.015, 0.001), abs=1e-6)
+
+
+@needs_hta
 @pytest.mark.parametrize("path", real_trace_params())
 def test_idle_and_busy_within_one_percent_of_span(path):
     try:

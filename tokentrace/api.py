@@ -64,12 +64,16 @@ def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
     return _load_all(*paths, progress=progress)
 
 
-def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options: Options | None = None) -> Analysis:
+def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
+            find_graph_maps: bool | None = None, options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
-    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us); `options`
-    holds every other setting (see `tokentrace.analysis.Options`). A keyword argument given
-    here overrides the same field of `options`.
+    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `graph_maps`
+    are traces of CUDA/HIP graph capture that give the kernels of graph replays their ops, shapes
+    and stacks; maps beside the trace (a capture_traces/ folder, execution_details.json, the
+    capture run's run.json) are used too unless `find_graph_maps=False`. `options` holds every
+    other setting (see `tokentrace.analysis.Options`). A keyword argument given here overrides
+    the same field of `options`.
     """
     from dataclasses import replace
 
@@ -79,6 +83,11 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options
     opts = options or _Options()
     if min_gap_us is not None:
         opts = replace(opts, min_gap_us=float(min_gap_us))
+    if graph_maps is not None:
+        maps = [graph_maps] if isinstance(graph_maps, (str, os.PathLike)) else list(graph_maps)
+        opts = replace(opts, graph_maps=tuple(os.fspath(p) for p in maps))
+    if find_graph_maps is not None:
+        opts = replace(opts, find_graph_maps=bool(find_graph_maps))
     # A capture run folder stands for its combined trace; a sweep of several runs is `sweep`'s.
     return run_pipeline(_one_run(trace), opts)
 
@@ -103,8 +112,8 @@ def sweep(folder: PathLike, *, min_gap_us: float | None = None, options: Options
 
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
-           format: str | None = None, min_gap_us: float | None = None, options: Options | None = None,
-           progress: Callable[[str], None] | None = None) -> str:
+           format: str | None = None, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
+           options: Options | None = None, progress: Callable[[str], None] | None = None) -> str:
     """One report over one or more traces (files, folders of ranks/steps, Traces or Analyses).
 
     The format is `format` ("html", "markdown" or "json"), else taken from `output`'s suffix, else
@@ -139,7 +148,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             continue
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
-        analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
+        analyses.append(analyze(item, min_gap_us=min_gap_us, graph_maps=graph_maps, options=options))
     text = render(analyses, kind)
     if sweeps:
         text = _with_sweeps(text, sweeps, kind)
@@ -162,17 +171,21 @@ def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
     return text
 
 
-def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None) -> DiffResult | SweepDiff:
+def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None,
+         graph_maps: Sequence[PathLike] | None = None) -> DiffResult | SweepDiff:
     """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary).
 
     Two capture sweep folders give a SweepDiff: their runs paired by prompt length x batch x
-    compile x attention, each pair diffed.
+    compile x attention, each pair diffed. `graph_maps` (graph-capture traces) apply to both
+    runs: each replay takes the graph it matches.
     """
     from tokentrace.analysis.compare.diff import diff as _diff
     from tokentrace.analysis.compare.sweep import diff_sweeps
     from tokentrace.analysis.loading.capture_folders import CaptureSweep
 
-    kw = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    kw: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    if graph_maps is not None:
+        kw["graph_maps"] = list(graph_maps)
     b, t = _capture_folder(base), _capture_folder(test)
     if isinstance(b, CaptureSweep) and isinstance(t, CaptureSweep) and (len(b.runs) > 1 or len(t.runs) > 1):
         return diff_sweeps(b, t, lambda x, y: _diff(x, y, **kw))

@@ -6,6 +6,13 @@ temporal breakdown merges every GPU row that has a stream (kernels, memcpy, mems
 Kineto's cuda_sync rows) from the first one's start to the last one's end; tokentrace leaves
 cuda_sync rows out because they are waits, not work, so the two can differ by the length of a
 trailing sync row. The test suite holds the difference to 1% of the span on the shared traces.
+
+HTA by default rounds every event of a trace with sub-microsecond timestamps inward to whole
+microseconds (start up, end down: its fix for events that overlap by a few nanoseconds). That
+shortens each kernel by up to 2 us and turns nanosecond gaps into microsecond ones: on SGLang's
+capture trace (two kernels, 1 ns apart by the file's own timestamps, an 11.016 us span) it
+reports 1 us idle in a 10 us span. The cross-check compares like with like, so HTA runs here with
+its own switch for that rounding off (HTA_DISABLE_NS_ROUNDING).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from typing import Any
 from tokentrace.errors import TokentraceError
 
 HINT = "HolisticTraceAnalysis is not installed; pip install 'tokentrace[hta]' (or pip install HolisticTraceAnalysis)"
+# HTA's environment switch that keeps timestamps at the trace's own resolution (see above).
+HTA_NO_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
 
 
 def _import_hta() -> Any:
@@ -38,7 +47,9 @@ def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
     quiet = io.StringIO()
     hta_log = logging.getLogger("hta")
     level = hta_log.level
+    rounding = os.environ.get(HTA_NO_ROUNDING_ENV)
     try:
+        os.environ[HTA_NO_ROUNDING_ENV] = "1"
         hta_log.setLevel(logging.ERROR)
         with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             warnings.simplefilter("ignore")
@@ -54,6 +65,10 @@ def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
         raise TokentraceError(f"{path}: HTA could not analyse it ({type(exc).__name__}: {str(exc)[:120]})") from None
     finally:
         hta_log.setLevel(level)
+        if rounding is None:
+            os.environ.pop(HTA_NO_ROUNDING_ENV, None)
+        else:
+            os.environ[HTA_NO_ROUNDING_ENV] = rounding
     r = df.iloc[0]
     span = float(r["kernel_time(us)"])
     idle = float(r["idle_time(us)"])

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.apis import GPU_KINDS, HOST_API_KINDS
+
+if TYPE_CHECKING:
+    from tokentrace.analysis.loading.graph_replay import GraphReplays
 
 # The columns of Python frames (python_function events) the detectors read: one narrow frame
 # (`trace.narrow(("python_function",), PYTHON_COLUMNS)`) serves them all.
@@ -44,6 +47,9 @@ class Trace:
     id_labels: dict[int, str] = field(default_factory=dict)
     process_names: dict[int, str] = field(default_factory=dict)
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    # What graph maps said about this trace's CUDA/HIP graph replays (analysis.loading.graph_replay);
+    # None until the pipeline has looked.
+    graph_replays: GraphReplays | None = None
 
     def __repr__(self) -> str:
         return f"Trace({self.path!r}, rank={self.rank}, events={len(self.events)}, gpu={self.gpu_name!r})"

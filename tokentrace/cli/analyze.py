@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from tokentrace.cli.options import graph_map_option
+
 
 @click.command("analyze")
 @click.argument("trace", type=click.Path(exists=False, dir_okay=True))
@@ -15,10 +17,11 @@ import click
 @click.option("--markdown", "md_out", metavar="FILE|-", help="Also write the Markdown summary.")
 @click.option("--annotated", "annotated_out", metavar="FILE", help="Write a copy of the trace with tokentrace's findings as a track.")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
+@graph_map_option
 @click.option("--hta", "with_hta", is_flag=True, help="Show Holistic Trace Analysis' idle/busy numbers beside ours (needs the hta extra).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the terminal summary.")
 def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: str | None, annotated_out: str | None,
-                min_gap_us: float | None, with_hta: bool, quiet: bool) -> None:
+                min_gap_us: float | None, graph_maps: tuple[str, ...], with_hta: bool, quiet: bool) -> None:
     """Analyse TRACE (a .json/.json.gz file, a trace directory, or a capture run or sweep folder) and print a summary."""
     import tokentrace
     from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep, resolve
@@ -36,7 +39,7 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         found = found.runs[0]
     if isinstance(found, CaptureRun):
         click.echo(found.pick_note(), err=True)
-    analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us)
+    analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
     if not quiet and json_out != "-":
         from tokentrace.reports.terminal import render_terminal
 

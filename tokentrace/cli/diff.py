@@ -6,6 +6,8 @@ import json
 
 import click
 
+from tokentrace.cli.options import graph_map_option
+
 
 @click.command("diff")
 @click.argument("base", type=click.Path(exists=False, dir_okay=True))
@@ -14,16 +16,17 @@ import click
 @click.option("--html", "html_out", metavar="FILE", help="Write a side-by-side HTML report to FILE.")
 @click.option("--markdown", "md_out", metavar="FILE|-", help="Write the diff as Markdown to FILE ('-' for stdout).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
+@graph_map_option
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
-             min_gap_us: float | None, quiet: bool) -> None:
+             min_gap_us: float | None, graph_maps: tuple[str, ...], quiet: bool) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary; or two capture sweep folders)."""
     import tokentrace
     from tokentrace.analysis.compare.sweep import SweepDiff
     from tokentrace.io import write_output
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
-    result = tokentrace.diff(base, test, min_gap_us=min_gap_us)
+    result = tokentrace.diff(base, test, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
     if isinstance(result, SweepDiff):  # two sweeps: the paired table, then each pair's diff
         from tokentrace.errors import TokentraceError
         from tokentrace.reports.sweep import sweep_diff_text
