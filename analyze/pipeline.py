@@ -33,6 +33,7 @@ DETECTORS: tuple[tuple[str, str], ...] = (
     ("gaps", "tokentrace.analysis.detectors.gaps"),
     ("launches", "tokentrace.analysis.detectors.launches"),
     ("syncs", "tokentrace.analysis.detectors.syncs"),
+    ("communication", "tokentrace.analysis.detectors.collectives"),
     ("shapes", "tokentrace.analysis.detectors.shapes"),
     ("attention", "tokentrace.analysis.detectors.attention"),
     ("roofline", "tokentrace.analysis.detectors.roofline"),
