@@ -34,6 +34,7 @@ import pandas as pd
 from tokentrace.analysis.common import collectives as cc
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.links import innermost_containing
 from tokentrace.analysis.loading.trace import Trace
 
 US = 1000.0
@@ -142,6 +143,8 @@ def _plain(v: Any) -> Any:
         return int(v)
     if isinstance(v, (float, np.floating)):
         return None if v != v else float(v)
+    if isinstance(v, (np.str_, np.bool_)):
+        return v.item()
     return v
 
 
@@ -596,16 +599,42 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
                 w = np.searchsorted(st, ge, side="left")
                 ok = (w < len(st)) & (gs >= prev[np.minimum(w, len(st) - 1)])
                 if ok.any():
+                    # What the host did meanwhile: its op in the middle of the gap's host-bound part.
+                    mid = gs + np.maximum(gd["host_bound_us"].to_numpy(float) * US, 0).astype(np.int64) // 2
                     df = pd.DataFrame({"w": w[ok], "dur": (ge - gs)[ok], "cause": gd["cause"].to_numpy()[ok],
-                                       "op": gd["next_op"].to_numpy()[ok] if "next_op" in gd else None})
+                                       "pid": gd["pid"].to_numpy(np.int64)[ok], "tid": gd["tid"].to_numpy(np.int64)[ok],
+                                       "mid": mid[ok]})
                     df = df.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
                     at = idx[df["w"].to_numpy()]
                     gap_us[at] = df["dur"].to_numpy() / US
                     gap_cause[at] = df["cause"].to_numpy()
-                    gap_op[at] = df["op"].to_numpy()
+                    gap_op[at] = host_ops_at(trace, df["pid"].to_numpy(), df["tid"].to_numpy(), df["mid"].to_numpy())
     inst["lead_us"], inst["lead_busy_us"] = lead, busy
     inst["lead_gap_us"], inst["lead_gap_cause"], inst["lead_gap_op"] = gap_us, gap_cause, gap_op
     inst["lead_top_kernel"], inst["lead_top_kernel_us"] = top, top_us
+
+
+def host_ops_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Name of the innermost cpu op on each (pid, tid) at each instant (None outside every op)."""
+    out = np.full(len(at), None, dtype=object)
+    ops = trace.cpu_ops
+    if ops.empty or not len(at):
+        return out
+    rows_all = ops.index.to_numpy(np.int64)
+    opid, otid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    parent = trace.events["parent"].to_numpy()
+    ts, end = trace.events["ts"].to_numpy(), trace.events["end"].to_numpy()
+    for p, t in set(zip(pid.tolist(), tid.tolist(), strict=True)):  # a handful of launching threads
+        q = np.flatnonzero((pid == p) & (tid == t))
+        rows = rows_all[(opid == p) & (otid == t)]
+        if not len(rows):
+            continue
+        rows = rows[np.lexsort((-end[rows], ts[rows]))]
+        pos = pd.Series(np.arange(len(rows)), index=rows)
+        par = pos.reindex(parent[rows]).fillna(-1).to_numpy(np.int64)
+        hit = innermost_containing(ts[rows], end[rows], par, np.asarray(at[q], dtype=np.int64))
+        out[q] = np.where(hit >= 0, trace.names[rows[np.maximum(hit, 0)]], None)
+    return out
 
 
 def _by_type(inst: pd.DataFrame) -> pd.DataFrame:

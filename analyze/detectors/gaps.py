@@ -5,9 +5,10 @@ every stream is) and per stream, and giving each device gap a cause from what th
 launched the next GPU work was doing between the moment the GPU went idle and the moment that
 launch call returned (the "host-bound part" of the gap; the rest, if any, the work sat queued):
 
-- collective: the host spent most of that part inside a collective call or a wait on one (c10d,
-  nccl:/gloo: ranges, the engines' all-reduce ops: analysis.common.collectives), waiting for
-  other ranks rather than launching;
+- collective: the host spent at least HOST_BUSY_MIN_NS, and most of that part, inside a collective
+  call or a wait on one (c10d, nccl:/gloo: ranges, the engines' all-reduce ops:
+  analysis.common.collectives): waiting for other ranks, or in the call's own host work, rather
+  than launching (a shorter stretch is the collective's launch path: launch_bound);
 - sync / data_transfer: the host was blocked in a sync call or a synchronous (or pageable) copy
   when the GPU drained (analyze.syncs defines those calls);
 - outside_region: the host-bound part lies mostly outside every annotated step or phase (only
@@ -197,7 +198,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
     waited = (queued > QUEUED_WAIT_MIN_NS) & (queued >= part) & ~graph_replay
     busy_host = ((t_free >= HOST_BUSY_MIN_NS) & (2 * t_free >= part)) | (part >= LAUNCH_PATH_MAX_NS)
     blocked = (part > 0) & ((t_sync + t_xfer) > 0) & ~busy_host & ~waited & ~graph_replay
-    in_coll = (part > 0) & (2 * t_coll >= part) & (t_coll > 0) & ~waited & ~graph_replay
+    in_coll = (t_coll >= HOST_BUSY_MIN_NS) & (2 * t_coll >= part) & ~waited & ~graph_replay
     seg, outside = _segment_of(trace, gaps, segments, gs, ge, he)
     outside &= part > 0
     cause = np.select([waited, in_coll, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
