@@ -61,6 +61,8 @@ INSTANCE_COLUMNS = [
     "anchor", "host_row",
 ]
 
+STEP_TABLE_COLUMNS = ["phase", "index", "count", "comm_us", "exposed_us", "overlap_us", "hideable_us", "bytes"]
+
 
 @dataclass
 class CollectivesResult:
@@ -255,18 +257,16 @@ def host_calls(trace: Trace) -> pd.DataFrame:
     m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
     best = m[m["prio"] < 9].sort_values(["call", "prio"], kind="stable").drop_duplicates("call")
     g = m.groupby("call", sort=True)
-    out = pd.DataFrame({
-        "root": rows[first_pos(call)], "pid": pid[first_pos(call)], "tid": tid[first_pos(call)],
-        "start": ts[first_pos(call)], "end": pd.Series(end).groupby(call).max().to_numpy(),
-    })
-    out["type"] = best.set_index("call")["type"].reindex(out.index)
-    out["type_source"] = best.set_index("call")["type_source"].reindex(out.index)
-    out["backend"] = g["backend"].first().reindex(out.index)
-    out["dims_bytes"] = g["dims_bytes"].max().reindex(out.index)
-    out["dims_dtype"] = g["dims_dtype"].first().reindex(out.index)
-    out["ratio"] = g["ratio"].max().reindex(out.index)
-    for c in (*ARG_STR, *ARG_INT):
-        out[c] = g[c].first().reindex(out.index)
+    fp = first_pos(call)
+    out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
+                        "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
+    b = best.set_index("call")
+    out["type"] = b["type"].reindex(out.index)
+    out["type_source"] = b["type_source"].reindex(out.index)
+    # One groupby for every "first present value" column (the args sit on one member).
+    firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
+    maxes = g[["dims_bytes", "ratio"]].max()
+    out = out.join(firsts).join(maxes)
     return out[cols]
 
 
@@ -350,16 +350,20 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
     kern = kern.copy()
     # Kernels of one host call form one instance; a kernel without a call is its own.
     kern["inst"] = np.where(has_call, kern["call"], -1 - np.arange(len(kern)))
-    kern = kern.sort_values("ts", kind="stable")
-    g = kern.groupby("inst", sort=False)
-    gpu = pd.DataFrame() if kern.empty else g.agg(anchor=("row", "first"), kernel=("name", "first"), hint=("hint", "first"), source=("source", "first"),
-                algo=("algo", "first"), kernels=("row", "size"), device=("device", "first"), stream=("stream", "first"),
-                start=("ts", "min"), end=("end", "max"), busy=("dur", "sum"), call=("call", "first"),
-                tmpl_group=("tmpl_group", "first"),
-                **{f"k_{c}": (c, "first") for c in (*ARG_STR, *ARG_INT)})
-    if kern.empty:
-        gpu = pd.DataFrame(columns=["anchor", "kernel", "hint", "source", "algo", "kernels", "device", "stream", "start",
-                                    "end", "busy", "call", "tmpl_group", *[f"k_{c}" for c in (*ARG_STR, *ARG_INT)]])
+    kern = kern.sort_values(["inst", "ts"], kind="stable").reset_index(drop=True)
+    # Per instance: the first kernel's fields (a call's kernels carry the same args), its extent
+    # and busy time; reduceat over the sorted groups instead of a many-column groupby.
+    inst = kern["inst"].to_numpy()
+    fp = first_pos(inst) if len(inst) else np.zeros(0, np.int64)
+    firsts = kern.iloc[fp].reset_index(drop=True)
+    gpu = pd.DataFrame({
+        "anchor": firsts["row"], "kernel": firsts["name"], "hint": firsts["hint"], "source": firsts["source"],
+        "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]), "device": firsts["device"],
+        "stream": firsts["stream"], "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
+        "end": np.maximum.reduceat(kern["end"].to_numpy(), fp) if len(fp) else [],
+        "busy": np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else [], "call": firsts["call"],
+        "tmpl_group": firsts["tmpl_group"], **{f"k_{c}": firsts[c] for c in (*ARG_STR, *ARG_INT)},
+    })
     gpu = gpu.reset_index(drop=True)
     gpu["kind"] = "gpu"
     c = calls.reindex(gpu["call"].where(gpu["call"] >= 0, -1).to_numpy()).reset_index(drop=True)
@@ -512,7 +516,7 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
                    compute: dict[int, tuple[np.ndarray, np.ndarray]], segments: Any) -> pd.DataFrame:
     """Per step: collectives, their time and bytes, exposed time (union of the step's collective
     kernels minus compute) and the compute not already under communication (what could hide it)."""
-    cols = ["phase", "index", "count", "comm_us", "exposed_us", "overlap_us", "hideable_us", "bytes"]
+    cols = STEP_TABLE_COLUMNS
     gpu = inst[(inst["kind"] == "gpu") & (inst["seg"] >= 0)]
     if gpu.empty:
         return pd.DataFrame(columns=cols)
@@ -779,6 +783,9 @@ def run(trace: Trace, ctx: Any = None) -> CollectivesResult:
     gaps = getattr(gaps_res, "table", None)
     calls = host_calls(trace)
     kern = collective_kernels(trace, calls)
+    if calls.empty and kern.empty:  # most traces: nothing to measure
+        return CollectivesResult(pd.DataFrame(columns=INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
+                                 pd.DataFrame(columns=STEP_TABLE_COLUMNS), trace.duration_ns / US)
     inst = build_instances(trace, calls, kern)
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
@@ -800,7 +807,7 @@ def run(trace: Trace, ctx: Any = None) -> CollectivesResult:
     inst["phase"], inst["step"] = _step_labels(segments, seg)
     _lead_in(trace, inst, kern, compute, gaps)
     per_step = per_step_table(trace, inst, kern, inst_of_kernel, compute, segments) if segments is not None and len(segments) \
-        else pd.DataFrame(columns=["phase", "index", "count", "comm_us", "exposed_us", "overlap_us", "hideable_us", "bytes"])
+        else pd.DataFrame(columns=STEP_TABLE_COLUMNS)
     if len(inst):
         src = inst["type_source"]
         if (src == "kernel").any():
