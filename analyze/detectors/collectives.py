@@ -139,7 +139,7 @@ class CollectivesResult:
 # ---- helpers ------------------------------------------------------------------------------------
 
 def _plain(v: Any) -> Any:
-    if v is None:
+    if v is None or v is pd.NA:
         return None
     if isinstance(v, (np.integer,)):
         return int(v)
