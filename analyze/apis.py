@@ -197,3 +197,46 @@ def rank_from_filename(name: str) -> int | None:
     """Rank written into a file name by common launchers (`rank-3`, `rank_3`, `worker3`)."""
     m = _RANK_IN_NAME.search(name)
     return int(m.group(1)) if m else None
+
+# ---- collective communication ------------------------------------------------------------------
+# GPU kernels that carry inter-GPU communication, as regular expressions searched in the kernel
+# name, each with the collective it runs ("" when the name does not say reliably) and its source.
+# NCCL and RCCL name kernels ncclKernel_<Coll>_<ALGO>_<PROTO>_... (up to 2.18), ncclDevKernel_<Coll>_...
+# (2.19+) and ncclDevKernel_Generic[_N] (RCCL); since NCCL 2.2 one kernel may run several grouped
+# operations and the name only hints at the first (NVIDIA/nccl issues 714, 739), so the type is
+# taken from the op's args or record_function name first. The engines' custom all-reduce kernels:
+# vllm::/sglang::/aiter::cross_device_reduce_1stage|2stage|half_butterfly|..._naive<T, ngpus>
+# (vLLM csrc/custom_all_reduce.cuh, sgl-kernel csrc/allreduce/custom_all_reduce.cuh, AITER
+# csrc/include/custom_all_reduce.cuh), AITER's fused all-reduce + norm and its all-gather /
+# reduce-scatter kernels, quick reduce (quickreduce::allreduce_prototype_twoshot, vLLM/SGLang on
+# ROCm), TensorRT-LLM's one/two-shot kernels (sgl-kernel trt_reduce), FlashInfer's fused
+# all-reduce, and torch symmetric memory's kernels (vLLM uses them for large all-reduces).
+COLLECTIVE_KERNELS: tuple[tuple[str, str, str], ...] = (
+    (r"^(?:void )?nccl(?:Dev)?Kernel_", "", "nccl"),
+    (r"^(?:void )?mscclKernel_", "", "msccl"),
+    (r"\bcross_device_reduce_\w+", "all_reduce", "custom"),
+    (r"\baiter::allreduce_fusion_kernel_", "all_reduce", "custom"),
+    (r"\baiter::allgather_(?:lastdim|naive|vec)\b", "all_gather", "custom"),
+    (r"\baiter::reduce_scatter_", "reduce_scatter", "custom"),
+    (r"\bquickreduce::allreduce_", "all_reduce", "custom"),
+    (r"\b(?:one|two)ShotAllReduceKernel\b", "all_reduce", "custom"),
+    (r"\btrtllm_allreduce_fusion::allreduce_fusion_kernel_", "all_reduce", "custom"),
+    (r"\b(?:multimem_)?(?:one_shot_|two_shot_)?all_reduce_kernel", "all_reduce", "symm_mem"),
+)
+# Which template argument of a custom kernel is the number of GPUs (cross_device_reduce_1stage<T,
+# ngpus>, oneShotAllReduceKernel<T, RANKS_PER_NODE, ...>, allreduce_fusion_kernel_*<Pattern, T,
+# NRanks, ...>): the group size when no args say it.
+COLLECTIVE_KERNEL_GROUP_ARG: tuple[tuple[str, int], ...] = (
+    (r"cross_device_reduce_\w+<", 1),
+    (r"(?:one|two)ShotAllReduceKernel<", 1),
+    (r"trtllm_allreduce_fusion::allreduce_fusion_kernel_\w+<", 2),
+)
+# Host ops and record_function ranges of a collective call: c10d's ops (c10d::allreduce_,
+# c10d::_allgather_base_, functional collectives), the backend's range (nccl:all_reduce,
+# gloo:all_reduce, ...), PyTorch's record_param_comms (which carries the args), and the engines'
+# custom ops. The collective type is read from the part after the prefix.
+HOST_COLLECTIVE_PREFIXES: tuple[str, ...] = (
+    "nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "c10d::", "_c10d_functional::", "c10d_functional::", "_C_custom_ar::",
+    "vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter", "vllm::outplace_all_reduce", "vllm::inplace_all_reduce",
+)
+RECORD_PARAM_COMMS = "record_param_comms"

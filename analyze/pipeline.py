@@ -36,6 +36,7 @@ from tokentrace.analysis.common import nsys_rules
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.detectors import (
     attention,
+    collectives,
     gaps,
     graphs,
     health,
@@ -66,6 +67,7 @@ DETECTORS: tuple[ModuleType, ...] = (
     gaps,
     launches,
     syncs,
+    collectives,  # "communication"
     shapes,
     attention,
     roofline,

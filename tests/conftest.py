@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Summary caches (tokentrace ranks/scaling/report) go to a scratch folder, never the user's ~/.cache.
+os.environ.setdefault("TOKENTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="tokentrace-test-cache-"))
 
 from tracebuilder import TraceBuilder
 

@@ -83,7 +83,8 @@ def test_every_detector_module_is_registered_once_with_its_declarations():
     for mod in pipeline.DETECTORS:
         assert isinstance(mod.NAME, str) and isinstance(mod.NEEDS, tuple) and callable(mod.run)
     # The JSON summary's sections keep their order.
-    assert pipeline.SECTIONS == ("trace", "phases", "health", "gpu", "gaps", "launches", "syncs", "shapes", "attention", "roofline", "memory", "graphs")
+    assert pipeline.SECTIONS == ("trace", "phases", "health", "gpu", "gaps", "launches", "syncs", "communication", "shapes",
+                                 "attention", "roofline", "memory", "graphs")
 
 
 def test_run_order_respects_needs():

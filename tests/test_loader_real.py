@@ -87,7 +87,10 @@ def test_links_match_a_naive_reading(path):
     for c in calls:
         at = ns(c["ts"])
         around = [o for o in ops[(str(c["pid"]), str(c["tid"]))] if o[0] <= at < o[1] or o[0] == at == o[1]]
-        inner = max(around, key=lambda o: (o[0], -o[1]), default=None)
+        # Two ops with the same start and end (aten::matmul -> aten::mm, aten::to -> aten::_to_copy)
+        # nest in file order: Kineto writes the caller first (its External id is lower), so the
+        # innermost is the last of them in the file, not the first.
+        inner = max(reversed(around), key=lambda o: (o[0], -o[1]), default=None)
         op = by_key[(c["name"], at)]
         assert (ev.at[op, "name"] if op >= 0 else None) == (inner[2] if inner else None), c
 

@@ -193,6 +193,49 @@ class TraceBuilder:
             "gpu_busy": busy + copy_us, "kernels": len(ops), "launches": len(ops) + 1, "sync_blocked": sync_end - sync_ts,
         }
 
+    # ---- collectives (multi-GPU) -------------------------------------------------------
+    # kind -> (c10d op, PyTorch's collective name, nccl: range, NCCL >= 2.19 kernel name)
+    COLLECTIVES = {
+        "all_reduce": ("c10d::allreduce_", "allreduce", "nccl:all_reduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"),
+        "all_gather": ("c10d::_allgather_base_", "_allgather_base", "nccl:_all_gather_base", "ncclDevKernel_AllGather_RING_LL"),
+        "reduce_scatter": ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base",
+                           "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"),
+        "all_to_all": ("c10d::alltoall_base_", "all_to_allv", "nccl:all_to_all", "ncclDevKernel_SendRecv"),
+        "broadcast": ("c10d::broadcast_", "broadcast", "nccl:broadcast", "ncclDevKernel_Broadcast_RING_LL"),
+    }
+
+    def collective(self, kind: str, launch_ts: float, kernel_ts: float, kernel_dur: float, *, in_nelems: int | None = None,
+                   out_nelems: int | None = None, dtype: str = "BFloat16", group_size: int | None = None, pg: str | None = "0",
+                   seq: int | None = None, in_split: list[int] | None = None, out_split: list[int] | None = None,
+                   input_dims: list | None = None, input_type: list | None = None, host_dur: float = 20.0,
+                   stream: int = 20, tid: int = HOST_TID) -> dict[str, Any]:
+        """One c10d collective call as PyTorch records it: c10d::<op> > record_param_comms (with the
+        collective args when in_nelems is given) > nccl:<op> range, whose launch call starts the NCCL
+        kernel on the communication stream; Kineto copies the args onto the kernel. Without args,
+        `input_dims`/`input_type` go on the nccl: range (older PyTorch). Returns the kernel event."""
+        op, coll, rng, kernel = self.COLLECTIVES[kind]
+        args: dict[str, Any] = {}
+        if in_nelems is not None:
+            args = {"Collective name": coll, "dtype": dtype, "In msg nelems": in_nelems,
+                    "Out msg nelems": in_nelems if out_nelems is None else out_nelems,
+                    "In split size": json.dumps(in_split or []), "Out split size": json.dumps(out_split or [])}
+            if group_size is not None:
+                args["Group size"] = group_size
+            if pg is not None:
+                args["Process Group Name"] = pg
+                args["Process Group Ranks"] = json.dumps(list(range(group_size or 0)))
+            if seq is not None:
+                args["Seq"] = seq
+        self.cpu_op(op, launch_ts - 3, host_dur)
+        self.cpu_op("record_param_comms", launch_ts - 2, host_dur - 2, **args)
+        ann = self.annotation(rng, launch_ts - 1, host_dur - 4, tid=tid)
+        if input_dims is not None:
+            ann["args"]["Input Dims"] = input_dims
+            ann["args"]["Input type"] = input_type or ["c10::BFloat16"] * len(input_dims)
+        self.launch(f"{kernel}(ncclDevKernelArgsStorage<4096ul>)", launch_ts, kernel_ts, kernel_dur, launch_dur=2.0,
+                    stream=stream, tid=tid, **args)
+        return self.events[-3]
+
     @contextlib.contextmanager
     def span(self, name: str, ts: float, dur: float, **kw: Any) -> Iterator[dict[str, Any]]:
         yield self.annotation(name, ts, dur, **kw)

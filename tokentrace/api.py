@@ -113,13 +113,20 @@ def sweep(folder: PathLike, *, min_gap_us: float | None = None, options: Options
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
            format: str | None = None, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
-           options: Options | None = None, progress: Callable[[str], None] | None = None) -> str:
+           options: Options | None = None, progress: Callable[[str], None] | None = None, workers: int | None = None,
+           scheduler: str | None = None, cache: bool = True) -> str:
     """One report over one or more traces (files, folders of ranks/steps, Traces or Analyses).
 
     The format is `format` ("html", "markdown" or "json"), else taken from `output`'s suffix, else
     Markdown. Returns the report text and writes it to `output` when given ("-" for stdout).
     `progress`, when given, is called with a line per trace analysed.
+
+    With `workers` > 1 or a Dask `scheduler` (or $TOKENTRACE_SCHEDULER), trace files are analysed
+    on Dask and only their JSON summaries come back (through the summary cache): the report is
+    the same, less the figures drawn from per-event tables (GPU timeline). By default, and for
+    Traces and Analyses given, everything runs here.
     """
+    from tokentrace.analysis.compare.runner import resolve_scheduler
     from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep
     from tokentrace.analysis.loading.trace import Trace as _Trace
     from tokentrace.analysis.pipeline import Analysis as _Analysis
@@ -139,6 +146,19 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             plain.extend(result.analyses)
         else:
             plain.append(found.analysis_trace()[1] if isinstance(found, CaptureRun) else item)
+    if resolve_scheduler(scheduler) or (workers or 1) > 1:
+        if graph_maps is not None:  # settings travel to the workers as the fields of Options
+            from dataclasses import replace
+
+            from tokentrace.analysis.pipeline import Options as _Options
+
+            options = replace(options or _Options(), graph_maps=tuple(os.fspath(p) for p in graph_maps))
+        text = render(_summaries(plain, min_gap_us=min_gap_us, options=options, workers=workers, scheduler=scheduler,
+                                 cache=cache), kind)
+        text = _with_sweeps(text, sweeps, kind) if sweeps else text
+        if output is not None:
+            write_output(os.fspath(output), text)
+        return text
     # Command-line order; a directory's traces (ranks, steps) in load_all's order within it.
     loaded = [t for item in plain for t in ([item] if isinstance(item, (_Analysis, _Trace)) else load_all(item))]
     analyses: list[Analysis] = []
@@ -155,6 +175,41 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     if output is not None:
         write_output(os.fspath(output), text)
     return text
+
+
+def _summaries(items: list[Any], *, min_gap_us: float | None, options: Options | None, workers: int | None,
+               scheduler: str | None, cache: bool) -> list[Any]:
+    """Saved analyses of every item: files through the runner (Dask, cache), the rest here; each
+    folder's traces in load_all's order (rank, then path)."""
+    from dataclasses import asdict
+
+    from tokentrace.analysis.compare.runner import SavedAnalysis, run_units, summary_unit
+    from tokentrace.analysis.loading.files import find_trace_files
+    from tokentrace.analysis.loading.trace import Trace as _Trace
+    from tokentrace.analysis.pipeline import Analysis as _Analysis
+    from tokentrace.analysis.pipeline import Options as _Options
+
+    groups = [[item] if isinstance(item, (_Analysis, _Trace)) else [str(f) for f in find_trace_files([item])] for item in items]
+    files = [f for g in groups for f in g if isinstance(f, str)]
+    # Every setting travels (and keys the cache) as plain data: the fields of Options.
+    opts = asdict(options or _Options())
+    if min_gap_us is not None:
+        opts["min_gap_us"] = float(min_gap_us)
+    docs = dict(zip(files, run_units(summary_unit, files, unit_name="report", options=opts, workers=workers,
+                                     scheduler=scheduler, cache=cache)[0], strict=True)) if files else {}
+    out: list[Any] = []
+    for g in groups:
+        saved: list[Any] = []
+        for f in g:
+            if isinstance(f, str):
+                doc = docs[f]
+                doc["trace"] = {**doc.get("trace", {}), "path": f}  # a cached summary may be of a copy
+                saved.append(SavedAnalysis(doc))
+            else:
+                saved.append(f if isinstance(f, _Analysis) else analyze(f, min_gap_us=min_gap_us, options=options))
+        out.extend(sorted(saved, key=lambda a: (a.to_json().get("trace", {}).get("rank") or 0, a.to_json()["trace"]["path"]))
+                   if len(saved) > 1 else saved)
+    return out
 
 
 def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
@@ -214,8 +269,10 @@ def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike =
     return one(_one_run(trace))
 
 
-def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace]) -> Sweep:
-    """Attention cost against sequence length across a sweep (a capture folder, or traces)."""
+def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace], *, workers: int | None = 1,
+            scheduler: str | None = None, cache: bool = True) -> Sweep:
+    """Attention cost against sequence length across a sweep (a capture folder, or traces); files
+    are read here, on a local Dask cluster (`workers` > 1) or a Dask `scheduler`, through the cache."""
     from tokentrace.analysis.compare.scaling import fit_sweep
     from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep
 
@@ -231,13 +288,20 @@ def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace]) -> Sweep:
             expanded.append(found.analysis_trace()[1])
         else:
             expanded.append(item)
-    return fit_sweep(expanded)
+    return fit_sweep(expanded, workers=workers, scheduler=scheduler, cache=cache)
 
 
-def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None) -> RanksResult:
-    """Analyse every rank's trace under `paths` (in worker processes) and compare the ranks."""
+def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None,
+          scheduler: str | None = None, cache: bool = True) -> RanksResult:
+    """Analyse every rank's trace under `paths` and compare the ranks, their steps and collectives.
+
+    Runs here (`workers=1`), on a local Dask cluster of `workers` processes (default one per CPU),
+    or on the Dask scheduler at `scheduler` (or $TOKENTRACE_SCHEDULER); ranks analysed before are
+    read from the summary cache unless `cache=False` (see tokentrace.analysis.compare.runner).
+    """
     from tokentrace.analysis.compare.ranks import analyze_ranks
     from tokentrace.analysis.loading.capture_folders import rank_paths
 
     items = rank_paths([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
-    return analyze_ranks(items, workers=workers, options=None if min_gap_us is None else {"min_gap_us": min_gap_us})
+    return analyze_ranks(items, workers=workers, options=None if min_gap_us is None else {"min_gap_us": min_gap_us},
+                         scheduler=scheduler, cache=cache)

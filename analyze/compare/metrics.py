@@ -234,6 +234,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("attention_gpu_us", "all", "attention GPU time", "us", "lower", _paths("attention.gpu_total_us")),
     Metric("attention_backend", "all", "attention backend", "text", "none", _backend("attention")),
     Metric("duration_us", "all", "trace span", "us", "none", _paths("trace.duration_us")),
+    Metric("comm_us", "all", "communication (collective kernels)", "us", "lower", _paths("communication.total_us")),
+    Metric("comm_exposed_us", "all", "communication not overlapped", "us", "lower", _paths("communication.exposed_us")),
+    Metric("comm_exposed_per_step_decode_us", "decode", "exposed communication per step", "us", "lower",
+           _paths("communication.by_phase.decode.exposed_us_per_step")),
 )
 
 BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}

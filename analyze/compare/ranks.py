@@ -1,10 +1,14 @@
-"""Many ranks: analyse one trace per rank in parallel, then compare the ranks step by step.
+"""Many ranks: analyse one trace per rank in parallel, then compare the ranks step by step and
+collective by collective.
 
 Owns `analyze_rank(path, options) -> dict`, the per-rank unit of work: a top-level, picklable
-function from a path to plain data, so a process pool runs it here and a distributed engine (Ray,
-Dask, a batch job per file) can run it later without change. `analyze_ranks(paths)` runs it over
-worker processes and joins the results into a per-rank table, the step times of every rank, the
-slowest rank of each step, and the skew (slowest minus fastest) per step.
+function from a path to plain data (headline metrics, steps, and the rank's collective calls as
+plain columns), so it runs in this process, on a Dask cluster (analysis.compare.runner) or in a
+batch job per file, and its result can be cached by file content. `analyze_ranks(paths)` runs it
+over the files and joins the results into a per-rank table, the step times of every rank, the
+slowest rank of each step and the skew (slowest minus fastest) per step, and, from the
+collectives, each call matched across ranks with its arrival skew, the ranks' clock offsets and
+the straggler (analysis.compare.skew).
 
 Steps are the segments of the phases detector (decode steps, prefill passes, ProfilerStep#N),
 matched across ranks by (phase, index). A trace without segments counts as one step: its span.
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.compare.runner import RunInfo, run_units
+from tokentrace.analysis.compare.skew import CollectiveSkew, collective_skew
+from tokentrace.analysis.findings import Finding
 from tokentrace.errors import TokentraceError
 
 RANK_COLUMNS = ["rank", "path", "device", "duration_us", "steps", "step_total_us", "step_mean_us", "step_max_us",
@@ -50,6 +56,7 @@ def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, 
     else:
         steps = [{"phase": "all", "index": 0, "name": "trace", "start_us": 0.0, "dur_us": trace.duration_ns / 1000.0}]
     summary = analysis.to_json()
+    comm = analysis.results.get("communication")
     return {
         "path": str(path),
         "rank": int(trace.rank),
@@ -58,6 +65,7 @@ def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, 
         "metrics": headline(summary),
         "findings": len(summary.get("findings", [])),
         "steps": steps,
+        "collectives": comm.rank_records() if comm is not None and hasattr(comm, "rank_records") else None,
         "error": None,
     }
 
@@ -68,6 +76,16 @@ class RanksResult:
     step_times: pd.DataFrame  # long form: rank, phase, index, name, start_us, dur_us
     per_step: pd.DataFrame  # one row per (phase, index) (STEP_COLUMNS)
     notes: list[str] = field(default_factory=list)
+    collectives: CollectiveSkew | None = None  # calls matched across ranks, clock offsets, straggler
+    run: RunInfo | None = None  # where the ranks were analysed, and how many came from the cache
+
+    @property
+    def findings(self) -> list[Finding]:
+        return list(self.collectives.findings) if self.collectives is not None else []
+
+    def summary_lines(self) -> list[str]:
+        """Terminal lines for the collectives across ranks (the per-rank table is reports.text.ranks_text)."""
+        return self.collectives.summary_lines() if self.collectives is not None else []
 
     @property
     def slowest_rank(self) -> int | None:
@@ -89,6 +107,9 @@ class RanksResult:
             "slowest_rank_per_step_counts": slowest_counts,
             "max_skew_us": None if ps.empty else round(float(ps["skew_us"].max()), 3),
             "mean_skew_us": None if ps.empty else round(float(ps["skew_us"].mean()), 3),
+            "collectives": None if self.collectives is None else self.collectives.to_json(),
+            "findings": [f.to_json() for f in self.findings],
+            "run": None if self.run is None else self.run.to_json(),
             "notes": self.notes,
         }
 
@@ -121,8 +142,10 @@ def combine(results: list[dict[str, Any]]) -> RanksResult:
     ranks = pd.DataFrame([_rank_row(r) for r in ok + [r for r in results if r.get("error")]], columns=RANK_COLUMNS)
     rows = [{"rank": r["rank"], **s} for r in ok for s in r["steps"]]
     steps = pd.DataFrame(rows, columns=["rank", "phase", "index", "name", "start_us", "dur_us"])
+    span = max((float(r.get("duration_us") or 0.0) for r in ok), default=0.0)
+    coll = collective_skew(ok, span)
     if steps.empty:
-        return RanksResult(ranks, steps, pd.DataFrame(columns=STEP_COLUMNS), notes)
+        return RanksResult(ranks, steps, pd.DataFrame(columns=STEP_COLUMNS), notes, coll)
     steps = steps.sort_values(["rank", "start_us"], kind="stable").reset_index(drop=True)
     g = steps.groupby(["phase", "index"], sort=False)["dur_us"]
     slow, fast = steps.loc[g.idxmax()], steps.loc[g.idxmin()]
@@ -141,7 +164,7 @@ def combine(results: list[dict[str, Any]]) -> RanksResult:
     # Steps in time order of the first rank that has them.
     order = steps.groupby(["phase", "index"], sort=False)["start_us"].min().reset_index()
     per = order.merge(per, on=["phase", "index"]).sort_values("start_us", kind="stable").drop(columns="start_us")
-    return RanksResult(ranks, steps, per[STEP_COLUMNS].reset_index(drop=True), notes)
+    return RanksResult(ranks, steps, per[STEP_COLUMNS].reset_index(drop=True), notes, coll)
 
 
 def rank_files(paths: Iterable[str | os.PathLike]) -> list[str]:
@@ -155,15 +178,22 @@ def rank_files(paths: Iterable[str | os.PathLike]) -> list[str]:
 
 
 def analyze_ranks(paths: Iterable[str | os.PathLike], *, workers: int | None = None,
-                  options: dict[str, Any] | None = None) -> RanksResult:
-    """Analyse every rank trace under `paths` in worker processes (one per CPU by default) and compare."""
+                  options: dict[str, Any] | None = None, scheduler: str | None = None, cache: bool = True,
+                  progress: bool | None = None) -> RanksResult:
+    """Analyse every rank trace under `paths` and compare the ranks.
+
+    Where: in this process (`workers=1`), on a local Dask cluster of `workers` processes (default
+    one per CPU), or on the Dask cluster at `scheduler` (analysis.compare.runner). With `cache`,
+    ranks whose file content was analysed before (same settings, same tokentrace) are read from
+    the summary cache (analysis.compare.summary_cache) instead.
+    """
     files = rank_files(paths)
-    n = min(len(files), workers or os.cpu_count() or 1)
-    if n <= 1:
-        results = [analyze_rank(f, options) for f in files]
-    else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            results = list(pool.map(analyze_rank, files, [options] * len(files)))
+    results, info = run_units(analyze_rank, files, unit_name="ranks", options=options, workers=workers,
+                              scheduler=scheduler, cache=cache, progress=progress)
+    # A cached result may come from a copy of the file under another name.
+    results = [{**r, "path": f} for r, f in zip(results, files, strict=True)]
     if all(r.get("error") for r in results):
         raise TokentraceError(results[0]["error"] if len(results) == 1 else f"ranks: no trace could be analysed ({results[0]['error']})")
-    return combine(results)
+    out = combine(results)
+    out.run = info
+    return out

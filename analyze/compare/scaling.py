@@ -111,23 +111,37 @@ def sweep_rows(trace: Trace) -> list[dict[str, Any]]:
     return rows
 
 
-def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Trace) -> Sweep:
+def sweep_unit(path: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A sweep's per-trace unit of work (analysis.compare.runner): the trace's sweep rows, plain data."""
+    from tokentrace.analysis.loading.loader import load_file
+
+    return sweep_rows(load_file(path))
+
+
+def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.PathLike | Trace, *,
+              workers: int | None = 1, scheduler: str | None = None, cache: bool = True) -> Sweep:
     """Prefill attention time per call (GPU; host time for CPU-only traces) vs prompt length S
     across traces (one point per trace).
 
     Accepts Trace objects, trace files, or directories (searched recursively, as `tokentrace
     capture --prompt-lens` writes one folder per run). S is `trace.capture["prompt_len"]`, else
-    the median query length of the trace's prefill attention calls.
+    the median query length of the trace's prefill attention calls. Files are read here, on a
+    local Dask cluster (`workers` > 1) or on a Dask `scheduler`, through the summary cache.
     """
-    from tokentrace.analysis.loading.loader import load_file
+    from tokentrace.analysis.compare.runner import run_units
 
+    items = _expand(traces_or_paths)
+    files = [str(it) for it in items if not isinstance(it, Trace)]
+    per_file = dict(zip(files, run_units(sweep_unit, files, unit_name="scaling", workers=workers, scheduler=scheduler,
+                                         cache=cache)[0], strict=True)) if files else {}
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for item in _expand(traces_or_paths):
-        trace = item if isinstance(item, Trace) else load_file(item)
-        got = sweep_rows(trace)
+    for item in items:
+        path = item.path if isinstance(item, Trace) else str(item)
+        # A cached result may come from a copy of the file under another name.
+        got = sweep_rows(item) if isinstance(item, Trace) else [{**r, "path": path} for r in per_file[path]]
         if not got:
-            notes.append(f"{trace.path}: no prefill attention calls with GPU time")
+            notes.append(f"{path}: no prefill attention calls with GPU time")
         rows.extend(got)
     cols = ["path", "prompt_len", "prompt_len_source", "batch", "op", "backend", "time", "calls", "median_us", "total_us"]
     table = pd.DataFrame(rows, columns=cols)

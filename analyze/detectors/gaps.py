@@ -5,6 +5,10 @@ every stream is) and per stream, and giving each device gap a cause from what th
 launched the next GPU work was doing between the moment the GPU went idle and the moment that
 launch call returned (the "host-bound part" of the gap; the rest, if any, the work sat queued):
 
+- collective: the host spent at least HOST_BUSY_MIN_NS, and most of that part, inside a collective
+  call or a wait on one (c10d, nccl:/gloo: ranges, the engines' all-reduce ops:
+  analysis.common.collectives): waiting for other ranks, or in the call's own host work, rather
+  than launching (a shorter stretch is the collective's launch path: launch_bound);
 - sync / data_transfer: the host was blocked in a sync call or a synchronous (or pageable) copy
   when the GPU drained (analysis.common.sync_points defines those calls);
 - outside_region: the host-bound part lies mostly outside every annotated step or phase (only
@@ -36,6 +40,7 @@ import pandas as pd
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.collectives import host_collective_mask
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
@@ -48,7 +53,7 @@ from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
 NEEDS = ("phases",)
-CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait")
+CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "collective")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not
 # per-launch overhead, and CUDA graphs would not remove them.
@@ -162,6 +167,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     t_free = np.zeros(n, np.int64)
     t_sync = np.zeros(n, np.int64)
     t_xfer = np.zeros(n, np.int64)
+    t_coll = np.zeros(n, np.int64)
     sync_row = np.full(n, -1, np.int64)
     gpu_wait_row = np.full(n, -1, np.int64)
     if n:
@@ -172,6 +178,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
             u = th.get(int(p), int(t))
             native = iv.overlap(u["native_s"], u["native_e"], a, b)
             t_free[idx] = iv.overlap(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
+            t_coll[idx] = iv.overlap(u["coll_s"], u["coll_e"], a, b)
             # Blocking calls count up to the next launch call (a synchronous copy's own call does
             # not idle the GPU before the copy); one that returned within the slack before the
             # GPU went idle still drained it.
@@ -185,15 +192,17 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     waited = (queued > QUEUED_WAIT_MIN_NS) & (queued >= part) & ~graph_replay
     busy_host = ((t_free >= HOST_BUSY_MIN_NS) & (2 * t_free >= part)) | (part >= LAUNCH_PATH_MAX_NS)
     blocked = (part > 0) & ((t_sync + t_xfer) > 0) & ~busy_host & ~waited & ~graph_replay
+    in_coll = (t_coll >= HOST_BUSY_MIN_NS) & (2 * t_coll >= part) & ~waited & ~graph_replay
     seg, outside = _segment_of(trace, gaps, segments, gs, ge, he)
     outside &= part > 0
-    cause = np.select([waited, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
-                      ["gpu_wait", "data_transfer", "sync", "outside_region", "cpu_busy"], "launch_bound").astype(object)
+    cause = np.select([waited, in_coll, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
+                      ["gpu_wait", "collective", "data_transfer", "sync", "outside_region", "cpu_busy"], "launch_bound").astype(object)
     detail = np.select(
-        [graph_replay, ln < 0, is_graph, waited & (gpu_wait_row >= 0), waited, launch_end <= gs, launch_ts < gs],
+        [graph_replay, ln < 0, is_graph, waited & (gpu_wait_row >= 0), waited, in_coll, launch_end <= gs, launch_ts < gs],
         ["between kernels of one graph replay", "next work not linked to a launch call",
          "before a graph launch", "queued work waited on an event of another stream",
-         "queued work did not start (GPU work missing from the trace?)", "queued before the GPU went idle (launch latency)",
+         "queued work did not start (GPU work missing from the trace?)", "host inside a collective call (waiting for other ranks?)",
+         "queued before the GPU went idle (launch latency)",
          "launch call in progress when the GPU went idle"],
         "launch call began after the GPU went idle").astype(object)
     gaps["dur_us"] = (ge - gs) / US
@@ -253,6 +262,7 @@ class _ThreadIntervals:
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         ops = trace.cpu_ops.index.to_numpy(np.int64)
         self.nolaunch = ops[~launching[ops]]
+        self.coll = np.flatnonzero(host_collective_mask(trace))
         self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]
         self.waits = calls[(calls["kind"] == "gpu_wait") & (calls["pid"] >= 0)]
         self.cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
@@ -269,6 +279,8 @@ class _ThreadIntervals:
         u["native_s"], u["native_e"] = iv.union(self.ts[r], self.end[r])
         r = self._on(self.nolaunch, p, t)
         u["nolaunch_s"], u["nolaunch_e"] = iv.union(self.ts[r], self.end[r])
+        r = self._on(self.coll, p, t)
+        u["coll_s"], u["coll_e"] = iv.union(self.ts[r], self.end[r])
         c = self.calls[(self.calls["pid"] == p) & (self.calls["tid"] == t)]
         xfer = c["kind"].isin(TRANSFER_KINDS).to_numpy()
         cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
@@ -421,6 +433,9 @@ _REC = {
                 "step first), do it on another thread, or batch it across steps.",
     "gpu_wait": "Work was queued but waited on another stream or event: check the cross-stream dependency "
                 "(cudaStreamWaitEvent, overlap schedulers, collectives) and whether the producer can run earlier.",
+    "collective": "The host waited inside a collective call (a CPU-side collective, a barrier, a blocking wait): "
+                  "find the late rank with `tokentrace ranks` on all ranks' traces, and make the call asynchronous "
+                  "(async_op=True, wait only where the result is used) so the host keeps launching meanwhile.",
     "outside_region": "The GPU waits between steps while the host runs code outside the annotated steps "
                       "(scheduling, detokenisation, logging): overlap it with the next step or make it cheaper.",
 }
@@ -463,7 +478,8 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
         ))
     for cause, fid, title in (("cpu_busy", "host_busy_gaps", "GPU idle while the host runs CPU work without launching"),
                               ("outside_region", "idle_between_regions", "GPU idle between annotated steps"),
-                              ("gpu_wait", "gpu_wait_gaps", "GPU idle with work queued behind a dependency")):
+                              ("gpu_wait", "gpu_wait_gaps", "GPU idle with work queued behind a dependency"),
+                              ("collective", "collective_wait_gaps", "GPU idle while the host waits in a collective")):
         rows = g[g["cause"] == cause]
         cost = float(rows["dur_us"].sum())
         if cost <= 0:
@@ -478,11 +494,14 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
         out.append(Finding(
             id=fid, title=title, category="gaps", recommendation=_REC[cause], cost_total_us=cost,
             # What a queued stream waits for is often outside the trace: no saving is claimed for it.
-            est_savings_us=None if cause == "gpu_wait" else cost, severity=severity_for(cost, span_us),
+            # No saving for a collective either: the wait is for other ranks, which one trace does not show.
+            est_savings_us=None if cause in ("gpu_wait", "collective") else cost, severity=severity_for(cost, span_us),
             explains="GPU idle spent waiting on work the trace does not show (another stream, rank or process)"
-                     if cause == "gpu_wait" else None,
+                     if cause == "gpu_wait" else "GPU idle while the host waits inside a collective for the other ranks"
+                     if cause == "collective" else None,
             phase=str(phases.mode().iat[0]) if len(phases) else None, op=op, stack=stack, evidence=evidence(rows),
             detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
-                   + ("; the awaited work is not in the trace, so no saving is estimated" if cause == "gpu_wait" else "") + ".",
+                   + ("; the awaited work is not in the trace, so no saving is estimated" if cause in ("gpu_wait", "collective") else "")
+                   + ".",
         ))
     return out

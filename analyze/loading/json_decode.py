@@ -77,6 +77,18 @@ class XArgs(msgspec.Struct, frozen=True, gc=False):
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=_EMPTY)
     grid: msgspec.Raw = _EMPTY
     block: msgspec.Raw = _EMPTY
+    # Collective communication (PyTorch's saveNcclMeta on record_param_comms ops and, through
+    # Kineto, on NCCL kernels): read by analysis.detectors.collectives.
+    coll_name: str | None = msgspec.field(name="Collective name", default=None)
+    in_nelems: int = msgspec.field(name="In msg nelems", default=MISSING)
+    out_nelems: int = msgspec.field(name="Out msg nelems", default=MISSING)
+    group_size: int = msgspec.field(name="Group size", default=MISSING)
+    coll_dtype: str | None = msgspec.field(name="dtype", default=None)
+    in_split: str | None = msgspec.field(name="In split size", default=None)
+    out_split: str | None = msgspec.field(name="Out split size", default=None)
+    pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
+    pg_ranks: str | None = msgspec.field(name="Process Group Ranks", default=None)
+    coll_seq: int = msgspec.field(name="Seq", default=MISSING)
 
 
 class IArgs(msgspec.Struct, frozen=True, gc=False):
@@ -180,9 +192,11 @@ INT_COLS = (
     "correlation", "external_id", "stream", "device", "bytes", "mem_bytes", "addr",
     "total_allocated", "total_reserved", "device_type", "device_id", "python_id",
     "python_parent_id", "seq", "wait_on_stream", "flow_id",
+    "in_nelems", "out_nelems", "group_size", "coll_seq",
 )
 OBJ_COLS = ("input_dims", "input_type", "concrete_inputs", "grid", "block", "stack")
-STR_COLS = ("ph", "cat", "name", "sync_kind", "label", "bp")
+STR_COLS = ("ph", "cat", "name", "sync_kind", "label", "bp",
+            "coll_name", "coll_dtype", "in_split", "out_split", "pg_name", "pg_ranks")
 _RAW_COLS = ("input_dims", "input_type", "concrete_inputs", "grid", "block")
 
 # How each struct field becomes a column: (column, converter kind). Kinds: str (categorical),
@@ -193,6 +207,8 @@ _XARG_COLS = (
     ("device", "int"), ("bytes", "int"), ("python_id", "int"), ("python_parent_id", "int"), ("seq", "int"),
     ("wait_on_stream", "int"), ("sync_kind", "str"), ("stack", "text"), ("input_dims", "raw"),
     ("input_type", "raw"), ("concrete_inputs", "raw"), ("grid", "raw"), ("block", "raw"),
+    ("coll_name", "str"), ("in_nelems", "int"), ("out_nelems", "int"), ("group_size", "int"), ("coll_dtype", "str"),
+    ("in_split", "str"), ("out_split", "str"), ("pg_name", "str"), ("pg_ranks", "str"), ("coll_seq", "int"),
 )
 _IARG_COLS = (
     ("mem_bytes", "int"), ("addr", "int"), ("total_allocated", "int"), ("total_reserved", "int"),

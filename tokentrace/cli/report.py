@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.distributed import distributed_options
 from tokentrace.cli.options import graph_map_option
 
 
@@ -19,7 +20,9 @@ from tokentrace.cli.options import graph_map_option
               help="Output format (default: from the file name).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
 @graph_map_option
-def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None, graph_maps: tuple[str, ...]) -> None:
+@distributed_options("default: 1; on Dask only JSON summaries come back, so the report has no GPU timeline")
+def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None, graph_maps: tuple[str, ...],
+               workers: int | None, scheduler: str | None, no_cache: bool) -> None:
     """Write one report (HTML, Markdown or JSON) over TRACE... (files or directories of traces)."""
     import sys
 
@@ -30,6 +33,6 @@ def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us
             click.echo(line, err=True)
 
     tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None,
-                      progress=progress)
+                      progress=progress, workers=workers, scheduler=scheduler, cache=not no_cache)
     if output != "-":
         click.echo(f"wrote {output}", err=True)

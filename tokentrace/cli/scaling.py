@@ -11,17 +11,20 @@ import json
 
 import click
 
+from tokentrace.cli.distributed import distributed_options
+
 
 @click.command("scaling")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=False))
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the sweep's points and fits as JSON to FILE ('-' for stdout).")
-def scaling_cmd(paths: tuple[str, ...], json_out: str | None) -> None:
+@distributed_options("default: 1")
+def scaling_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, scheduler: str | None, no_cache: bool) -> None:
     """Fit attention GPU time per call against prompt length over PATHS (one point per trace)."""
     import tokentrace
     from tokentrace.io import write_output
     from tokentrace.reports.text import scaling_text
 
-    sweep = tokentrace.scaling(list(paths))
+    sweep = tokentrace.scaling(list(paths), workers=workers or 1, scheduler=scheduler, cache=not no_cache)
     if json_out:
         write_output(json_out, json.dumps(sweep.to_json(), indent=2))
     if json_out == "-":

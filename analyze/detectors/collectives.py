@@ -1,0 +1,831 @@
+"""The `communication` section: collective operations (NCCL/RCCL, gloo, engines' custom all-reduce),
+what they cost, how much of them compute hid, and what to do about the rest.
+
+Owns the collective *instance*: one call of a collective on this rank. A host collective call is a
+nest of ranges on one thread (c10d::allreduce_ > record_param_comms > nccl:all_reduce, or a bare
+gloo:all_reduce or vllm::all_reduce); the GPU kernels launched inside it are its GPU side. A
+collective kernel launched outside any such call (a CUDA graph replay of a custom all-reduce) is an
+instance on its own, and a host call without kernels is a host-side instance (gloo on the CPU).
+
+Per instance: type (the args' `Collective name`, else the record_function range, else the kernel
+name: NCCL names kernels after the first of several grouped operations), message size S in bytes
+(`In/Out msg nelems` x dtype from the args, else the largest tensor in the ops' Input Dims), group
+size, process group and sequence number, time, and the nccl-tests bandwidths
+(NVIDIA/nccl-tests doc/PERFORMANCE.md): algbw = S / t, busbw = algbw x factor (all-reduce 2(n-1)/n;
+all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast, reduce, send/recv 1). S is the whole
+buffer: the gathered output of an all-gather, the input of a reduce-scatter (max of in and out).
+
+Overlap is the part of an instance's kernels during which compute kernels (any non-collective
+kernel of the device, so on other streams) ran; the exposed part is the rest: communication the
+step waits for. Per step the exposed time is the union of the step's collective kernels minus
+compute, so concurrent collectives count once. For `tokentrace ranks`, each GPU instance also
+records its lead-in: what the device did since its previous collective (largest idle gap and its
+cause, top kernel, busy time), which names what a late rank was doing instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common import collectives as cc
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.units import US
+from tokentrace.analysis.context import Context
+from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.links import innermost_containing
+from tokentrace.analysis.loading.trace import Trace
+
+NAME = "communication"
+NEEDS = ("phases", "gaps")
+GB = 1e9
+# Collectives of at most this many bytes are latency-bound: nccl-tests' all_reduce_perf time is
+# flat below about 1 MB on NVLink and InfiniBand systems (the LL protocols' fixed cost of some
+# 10-30 us dominates), and bus bandwidth only approaches its plateau at tens of MB.
+SMALL_MESSAGE_BYTES = 1 << 20
+# A finding about small collectives needs at least this many of them: a handful of small calls
+# (setup broadcasts) is not a pattern worth changing code for.
+SMALL_MIN_COUNT = 8
+# An all-to-all whose largest split is this many times the mean: the exchange lasts as long as its
+# largest part, so at 1.5x a third of its time is imbalance (MoE experts with uneven token loads).
+A2A_IMBALANCE = 1.5
+# Instances listed in the JSON summary (most exposed first); the DataFrame has them all.
+TOP_INSTANCES = 10
+CPU_BACKENDS = ("gloo", "mpi")
+
+INSTANCE_COLUMNS = [
+    "kind", "type", "type_source", "backend", "kernel", "algo", "kernels", "device", "stream", "start", "end", "host_start",
+    "busy_us", "overlap_us", "exposed_us", "dtype", "bytes", "bytes_source", "group_size", "group_size_source",
+    "pg", "seq", "algbw_gbs", "busbw_gbs", "a2a_imbalance", "splits_truncated", "seg", "phase", "step",
+    "lead_us", "lead_busy_us", "lead_gap_us", "lead_gap_cause", "lead_gap_op", "lead_top_kernel", "lead_top_kernel_us",
+    "anchor", "host_row",
+]
+
+STEP_TABLE_COLUMNS = ["phase", "index", "count", "comm_us", "exposed_us", "overlap_us", "hideable_us", "bytes"]
+
+
+@dataclass
+class CollectivesResult:
+    instances: pd.DataFrame  # one row per collective instance (INSTANCE_COLUMNS), in start order
+    by_type: pd.DataFrame
+    per_step: pd.DataFrame  # phase, index, count, comm_us, exposed_us, overlap_us, hideable_us, bytes
+    span_us: float
+    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def gpu(self) -> pd.DataFrame:
+        return self.instances[self.instances["kind"] == "gpu"]
+
+    def to_json(self) -> dict[str, Any]:
+        inst = self.instances
+        g = self.gpu
+        n = len(inst)
+        total = float(g["busy_us"].sum()) if len(g) else None
+        exposed = float(g["exposed_us"].sum()) if len(g) else None
+        host = inst[(inst["kind"] == "host") & inst["busy_us"].notna()]
+        return {
+            "count": n,
+            "gpu_instances": len(g),
+            "kernels": int(g["kernels"].sum()) if len(g) else 0,
+            "backends": {str(k): int(v) for k, v in inst["backend"].fillna("unknown").value_counts().sort_index().items()},
+            "total_us": _r(total),
+            "exposed_us": _r(exposed),
+            "overlap_us": _r(float(g["overlap_us"].sum())) if len(g) else None,
+            "exposed_share": _r(exposed / total, 4) if total and exposed is not None else None,
+            "host_us": _r(float(host["busy_us"].sum())) if len(host) else None,
+            "bytes": int(inst["bytes"].sum()) if inst["bytes"].notna().any() else None,
+            "sizes_from": {str(k): int(v) for k, v in inst["bytes_source"].fillna("unknown").value_counts().sort_index().items()},
+            "by_type": _records(self.by_type),
+            "by_phase": _by_phase(self.per_step),
+            "per_step": _records(self.per_step),
+            "top": _records(g.sort_values("exposed_us", ascending=False, kind="stable").head(TOP_INSTANCES)[
+                ["type", "backend", "kernel", "phase", "step", "busy_us", "exposed_us", "bytes", "group_size", "busbw_gbs"]]),
+            "notes": self.notes,
+        }
+
+    def summary_lines(self) -> list[str]:
+        """A few lines for the terminal: per type count, time, size, bus bandwidth, exposed share."""
+        if self.instances.empty:
+            return ["no collective communication in this trace"]
+        out = []
+        for r in self.by_type.itertuples():
+            bw = f", busbw {r.busbw_gbs:.1f} GB/s" if r.busbw_gbs == r.busbw_gbs and r.busbw_gbs is not None else ""
+            exp = f", {r.exposed_share * 100:.0f}% exposed" if r.exposed_share == r.exposed_share and r.exposed_share is not None else ""
+            size = f", {_size(r.bytes)} total" if r.bytes == r.bytes and r.bytes else ""
+            took = _dur(r.total_us) if r.total_us == r.total_us else "not timed"
+            out.append(f"{r.type}: {r.count} calls, {took}{size}{bw}{exp}")
+        dec = self.per_step[self.per_step["phase"] == "decode"] if len(self.per_step) else self.per_step
+        if len(dec):
+            out.append(f"decode: {_dur(float(dec['comm_us'].mean()))} communication per step, "
+                       f"{_dur(float(dec['exposed_us'].mean()))} of it exposed")
+        return out
+
+    def rank_records(self) -> dict[str, list[Any]]:
+        """The instances as plain columns (lists of Python values), for `tokentrace ranks`: what
+        travels from a worker, so it holds only what matching, skew and the straggler need."""
+        inst = self.instances
+        cols = {
+            "kind": inst["kind"], "type": inst["type"], "pg": inst["pg"], "seq": inst["seq"], "bytes": inst["bytes"],
+            "dtype": inst["dtype"], "start_ns": inst["start"], "end_ns": inst["end"], "busy_us": inst["busy_us"],
+            "exposed_us": inst["exposed_us"], "phase": inst["phase"], "step": inst["step"], "lead_us": inst["lead_us"],
+            "lead_busy_us": inst["lead_busy_us"], "lead_gap_us": inst["lead_gap_us"], "lead_gap_cause": inst["lead_gap_cause"],
+            "lead_gap_op": inst["lead_gap_op"], "lead_top_kernel": inst["lead_top_kernel"],
+            "lead_top_kernel_us": inst["lead_top_kernel_us"],
+        }
+        return {k: [_plain(v) for v in s.tolist()] for k, s in cols.items()}
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def _plain(v: Any) -> Any:
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return None if v != v else float(v)
+    if isinstance(v, (np.str_, np.bool_)):
+        return v.item()
+    return v
+
+
+def _r(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None or v != v else round(float(v), nd)
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for rec in df.to_dict("records"):
+        out.append({k: (_r(v) if isinstance(v, float) else _plain(v)) for k, v in rec.items()})
+    return out
+
+
+def _dur(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def _size(b: float) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= div:
+            return f"{b / div:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _by_phase(per_step: pd.DataFrame) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if per_step.empty:
+        return out
+    for ph, g in per_step.groupby("phase", sort=True):
+        out[str(ph)] = {"steps": len(g), "count_per_step": _r(float(g["count"].mean())),
+                        "comm_us_per_step": _r(float(g["comm_us"].mean())),
+                        "exposed_us_per_step": _r(float(g["exposed_us"].mean())),
+                        "overlap_us_per_step": _r(float(g["overlap_us"].mean()))}
+    return out
+
+
+def _int_or_nan(a: np.ndarray) -> np.ndarray:
+    """-1 (the loader's "absent") as NaN, as float."""
+    out = a.astype(float)
+    out[a < 0] = np.nan
+    return out
+
+
+# ---- host calls ---------------------------------------------------------------------------------
+
+ARG_STR = ("coll_name", "coll_dtype", "in_split", "out_split", "pg_name", "pg_ranks")
+ARG_INT = ("in_nelems", "out_nelems", "group_size", "coll_seq")
+
+
+def _args_frame(ev: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """The collective args of some rows, absent values as NaN/None."""
+    d: dict[str, Any] = {}
+    for c in ARG_STR:
+        d[c] = ev[c].to_numpy(dtype=object)[rows] if c in ev.columns else np.full(len(rows), None, object)
+    for c in ARG_INT:
+        d[c] = _int_or_nan(ev[c].to_numpy()[rows]) if c in ev.columns else np.full(len(rows), np.nan)
+    df = pd.DataFrame(d)
+    for c in ARG_STR:
+        df[c] = df[c].where(df[c].notna(), None)
+    return df
+
+
+def host_calls(trace: Trace) -> pd.DataFrame:
+    """One row per host collective call (a nest of collective ranges on one thread)."""
+    ev = trace.events
+    rows = np.flatnonzero(cc.host_collective_mask(trace))
+    cols = ["root", "pid", "tid", "start", "end", "type", "type_source", "backend", "dims_bytes", "dims_dtype",
+            "ratio", *ARG_STR, *ARG_INT]
+    if not len(rows):
+        return pd.DataFrame(columns=cols)
+    pid, tid = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows]
+    ts, end = ev["ts"].to_numpy()[rows], ev["end"].to_numpy()[rows]
+    thread, _ = iv.pair_codes(pid, tid)
+    order = np.lexsort((-end, ts, thread))
+    rows, pid, tid, ts, end, thread = rows[order], pid[order], tid[order], ts[order], end[order], thread[order]
+    # A call starts where a range begins at or after everything before it on the thread ended.
+    reach = pd.Series(end).groupby(thread).cummax().to_numpy()
+    first = np.r_[True, thread[1:] != thread[:-1]]
+    new = first | (ts >= np.r_[0, reach[:-1]])
+    call = np.cumsum(new) - 1
+    names = trace.names[rows]
+    m = _args_frame(ev, rows)
+    m["call"] = call
+    # Type of each member and how sure it is: the args' collective name, then the backend's own
+    # range (nccl:all_reduce), then the framework op (c10d::allreduce_, vllm::all_reduce).
+    arg_type = [cc.normalise_type(x) for x in m["coll_name"]]
+    name_type = [cc.host_type(str(x)) for x in names]
+    backend = [str(x).split(":", 1)[0] if ":" in str(x) and "::" not in str(x) else None for x in names]
+    m["type"] = [a or b for a, b in zip(arg_type, name_type, strict=True)]
+    m["prio"] = [0 if a else (1 if bk else 2) if b else 9 for a, b, bk in zip(arg_type, name_type, backend, strict=True)]
+    m["type_source"] = ["args" if a else ("op" if b else None) for a, b in zip(arg_type, name_type, strict=True)]
+    m["backend"] = backend
+    dims = ev["input_dims"].to_numpy()[rows]
+    types = ev["input_type"].to_numpy()[rows]
+    cache: dict[tuple[int, int], tuple[int | None, str | None, float | None]] = {}
+    sizes, dts, ratios = [], [], []
+    for d, t in zip(dims, types, strict=True):  # host collective calls only: a few per step, parsed once per distinct shape
+        key = (id(d), id(t))
+        if key not in cache:
+            cache[key] = (cc.tensor_bytes(d, t), cc.tensor_dtype(d, t), _numel_ratio(d))
+        b, dt, ra = cache[key]
+        sizes.append(b)
+        dts.append(dt)
+        ratios.append(ra)
+    m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
+    m["dims_dtype"] = dts
+    m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
+    best = m[m["prio"] < 9].sort_values(["call", "prio"], kind="stable").drop_duplicates("call")
+    g = m.groupby("call", sort=True)
+    fp = first_pos(call)
+    out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
+                        "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
+    b = best.set_index("call")
+    out["type"] = b["type"].reindex(out.index)
+    out["type_source"] = b["type_source"].reindex(out.index)
+    # One groupby for every "first present value" column (the args sit on one member).
+    firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
+    maxes = g[["dims_bytes", "ratio"]].max()
+    out = out.join(firsts).join(maxes)
+    return out[cols]
+
+
+def first_pos(call: np.ndarray) -> np.ndarray:
+    """Position of the first member of each call (calls are numbered 0.. in order)."""
+    return np.flatnonzero(np.r_[True, call[1:] != call[:-1]])
+
+
+def _numel_ratio(dims: Any) -> float | None:
+    """Largest over smallest tensor element count of an op's inputs, when an integer > 1 (an
+    all-gather's output over its input is the group size)."""
+    if not isinstance(dims, list):
+        return None
+    n = [int(np.prod(d, dtype=np.int64)) for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    n = [x for x in n if x > 0]
+    if len(n) < 2 or max(n) % min(n) or max(n) == min(n):
+        return None
+    return float(max(n) // min(n))
+
+
+# ---- kernels --------------------------------------------------------------------------------------
+
+def collective_kernels(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective kernel: name hints, args, and the host call that launched it (-1: none)."""
+    ev = trace.events
+    rows = np.flatnonzero(cc.collective_kernel_mask(trace))
+    k = _args_frame(ev, rows)
+    k.insert(0, "row", rows)
+    names = trace.names[rows].astype(object)
+    k["name"] = names
+    info = {n: (cc.kernel_match(n), cc.kernel_algorithm(n), cc.kernel_group_size(n)) for n in set(names.tolist())}
+    k["hint"] = [(info[n][0] or ("", ""))[0] or None for n in names]
+    k["source"] = [(info[n][0] or ("", ""))[1] for n in names]
+    k["algo"] = [info[n][1] for n in names]
+    k["tmpl_group"] = pd.array([info[n][2] for n in names], dtype="Float64").astype(float)
+    for c in ("ts", "end", "device", "stream"):
+        k[c] = ev[c].to_numpy()[rows]
+    k["dur"] = k["end"] - k["ts"]
+    launch = ev["launch"].to_numpy()[rows]
+    k["launch"] = launch
+    k["call"] = _call_of_launch(ev, calls, launch)
+    return k
+
+
+def _call_of_launch(ev: pd.DataFrame, calls: pd.DataFrame, launch: np.ndarray) -> np.ndarray:
+    """Index of the host call whose time range on the launching thread holds the launch call."""
+    out = np.full(len(launch), -1, np.int64)
+    ok = launch >= 0
+    if calls.empty or not ok.any():
+        return out
+    lrows = launch[ok]
+    lpid, ltid, lts = ev["pid"].to_numpy()[lrows], ev["tid"].to_numpy()[lrows], ev["ts"].to_numpy()[lrows]
+    hit = np.full(len(lrows), -1, np.int64)
+    cpid, ctid = calls["pid"].to_numpy(np.int64), calls["tid"].to_numpy(np.int64)
+    cstart, cend = calls["start"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
+    for p, t in set(zip(lpid.tolist(), ltid.tolist(), strict=True)):  # one pass per launching thread (a handful)
+        mine = np.flatnonzero((cpid == p) & (ctid == t))
+        q = np.flatnonzero((lpid == p) & (ltid == t))
+        if not len(mine):
+            continue
+        order = mine[np.argsort(cstart[mine], kind="stable")]
+        j = np.searchsorted(cstart[order], lts[q], side="right") - 1
+        inside = (j >= 0) & (lts[q] < cend[order[np.maximum(j, 0)]])
+        hit[q] = np.where(inside, order[np.maximum(j, 0)], -1)
+    out[ok] = hit
+    return out
+
+
+# ---- instances ------------------------------------------------------------------------------------
+
+def _first_valid(*cols: pd.Series) -> pd.Series:
+    out = cols[0].copy()
+    for c in cols[1:]:
+        out = out.where(out.notna(), c)
+    return out
+
+
+def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd.DataFrame:
+    """Instances from kernels grouped by their host call, lone kernels, and calls without kernels."""
+    has_call = kern["call"] >= 0
+    kern = kern.copy()
+    # Kernels of one host call form one instance; a kernel without a call is its own.
+    kern["inst"] = np.where(has_call, kern["call"], -1 - np.arange(len(kern)))
+    kern = kern.sort_values(["inst", "ts"], kind="stable").reset_index(drop=True)
+    # Per instance: the first kernel's fields (a call's kernels carry the same args), its extent
+    # and busy time; reduceat over the sorted groups instead of a many-column groupby.
+    inst = kern["inst"].to_numpy()
+    fp = first_pos(inst) if len(inst) else np.zeros(0, np.int64)
+    firsts = kern.iloc[fp].reset_index(drop=True)
+    gpu = pd.DataFrame({
+        "anchor": firsts["row"], "kernel": firsts["name"], "hint": firsts["hint"], "source": firsts["source"],
+        "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]), "device": firsts["device"],
+        "stream": firsts["stream"], "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
+        "end": np.maximum.reduceat(kern["end"].to_numpy(), fp) if len(fp) else [],
+        "busy": np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else [], "call": firsts["call"],
+        "tmpl_group": firsts["tmpl_group"], **{f"k_{c}": firsts[c] for c in (*ARG_STR, *ARG_INT)},
+    })
+    gpu = gpu.reset_index(drop=True)
+    gpu["kind"] = "gpu"
+    c = calls.reindex(gpu["call"].where(gpu["call"] >= 0, -1).to_numpy()).reset_index(drop=True)
+    gpu["host_row"] = c["root"].fillna(-1).astype(np.int64).to_numpy()
+    gpu["host_start"] = c["start"].to_numpy(dtype=float)
+    for col in (*ARG_STR, *ARG_INT):
+        gpu[col] = _first_valid(gpu[f"k_{col}"], c[col])
+    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
+        gpu[f"c_{col}"] = c[col].to_numpy()
+    kt = gpu["coll_name"].map(cc.normalise_type)
+    gpu["type"] = _first_valid(kt, gpu["c_type"], gpu["hint"])
+    gpu["type_source"] = _first_valid(kt.where(kt.isna(), "args"), gpu["c_type_source"].where(gpu["c_type"].notna()),
+                                      gpu["hint"].where(gpu["hint"].isna(), "kernel"))
+    gpu["backend"] = _first_valid(gpu["c_backend"], gpu["source"].where(gpu["source"] != "", None))
+    gpu["busy_us"] = gpu["busy"] / US
+
+    used = set(kern.loc[has_call, "call"].tolist())
+    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))].copy()
+    host["kind"] = "host"
+    host["call"] = host.index
+    host["anchor"] = host["root"].astype(np.int64)
+    host["host_row"] = host["root"].astype(np.int64)
+    host["host_start"] = host["start"].astype(float)
+    host["kernels"] = 0
+    host["device"] = -1
+    host["stream"] = -1
+    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
+        host[f"c_{col}"] = host[col]
+    # Host time is the collective's time only where the collective runs on the host (gloo, MPI,
+    # or a trace without GPU activity); an NCCL call's host range is just its enqueue.
+    no_gpu = trace.gpu.empty
+    timed = host["backend"].isin(CPU_BACKENDS) | no_gpu
+    host["busy_us"] = np.where(timed, (host["end"] - host["start"]) / US, np.nan)
+    host["tmpl_group"] = np.nan
+    for col in ("kernel", "algo", "hint", "source"):
+        host[col] = None
+    inst = pd.concat([gpu, host.reset_index(drop=True)], ignore_index=True, sort=False)
+    inst = inst.sort_values(["start"], kind="stable").reset_index(drop=True)
+    _sizes(trace, inst)
+    return inst
+
+
+def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
+    """dtype, bytes S, group size (and where each came from), process group and sequence number."""
+    el = inst["coll_dtype"].map(lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None).astype(float)
+    nel = np.fmax(inst["in_nelems"].to_numpy(float), inst["out_nelems"].to_numpy(float))
+    arg_bytes = nel * el.to_numpy()
+    dims = inst["c_dims_bytes"].to_numpy(float)
+    inst["bytes"] = np.where(np.isfinite(arg_bytes), arg_bytes, dims)
+    inst["bytes_source"] = pd.Series(np.select([np.isfinite(arg_bytes), np.isfinite(dims)], ["args", "input_dims"], ""),
+                                     index=inst.index).replace("", None)
+    inst["dtype"] = _first_valid(inst["coll_dtype"], inst["c_dims_dtype"])
+    pg_size = _pg_sizes(trace)
+    by_pg = inst["pg_name"].map(lambda p: pg_size.get(str(p)) if p is not None else None).astype(float)
+    ranks_n = inst["pg_ranks"].map(lambda s: float(len(cc.parse_int_list(s)[0])) if isinstance(s, str) and "..." not in s else np.nan)
+    ratio = inst["c_ratio"].where(inst["type"].isin(("all_gather", "reduce_scatter")))
+    world = _world_size(trace)
+    choices = [("args", inst["group_size"]), ("pg_config", by_pg), ("pg_ranks", ranks_n.where(ranks_n > 0)),
+               ("kernel_template", inst["tmpl_group"]), ("shape_ratio", ratio),
+               ("world_size", pd.Series(world if world else np.nan, index=inst.index, dtype=float))]
+    n = pd.Series(np.nan, index=inst.index)
+    src = pd.Series(None, index=inst.index, dtype=object)
+    for name, s in choices:
+        s = pd.to_numeric(s, errors="coerce")
+        take = n.isna() & s.notna()
+        n[take] = s[take]
+        src[take] = name
+    inst["group_size"] = n
+    inst["group_size_source"] = src
+    inst["pg"] = _first_valid(inst["pg_name"], inst["pg_ranks"])
+    inst["seq"] = inst["coll_seq"]
+    t = inst["busy_us"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(t > 0, inst["bytes"].to_numpy(float) / (t / 1e6) / GB, np.nan)
+    factor = np.array([cc.busbw_factor(k, g) if isinstance(k, str) else None for k, g in zip(inst["type"], n, strict=True)], dtype=float)
+    inst["algbw_gbs"] = algbw
+    inst["busbw_gbs"] = algbw * factor
+    imb, trunc = [], []
+    for kind, a, b in zip(inst["type"], inst["in_split"], inst["out_split"], strict=True):
+        worst, cut = np.nan, False
+        if kind == "all_to_all":
+            for text in (a, b):
+                vals, t_cut = cc.parse_int_list(text)
+                cut |= t_cut
+                if len(vals) >= 2 and sum(vals) > 0:
+                    worst = np.fmax(worst, max(vals) / (sum(vals) / len(vals)))
+        imb.append(worst)
+        trunc.append(cut)
+    inst["a2a_imbalance"] = imb
+    inst["splits_truncated"] = trunc
+
+
+def _pg_sizes(trace: Trace) -> dict[str, float]:
+    info = trace.meta.get("distributedInfo")
+    cfg = info.get("pg_config") if isinstance(info, dict) else None
+    out: dict[str, float] = {}
+    if isinstance(cfg, list):
+        for pg in cfg:
+            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("pg_size"), int):
+                out[str(pg["pg_name"])] = float(pg["pg_size"])
+    return out
+
+
+def _world_size(trace: Trace) -> float | None:
+    info = trace.meta.get("distributedInfo")
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    return float(ws) if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+
+
+# ---- overlap, steps, lead-in --------------------------------------------------------------------
+
+def _compute_union(trace: Trace, coll_rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device, merged intervals of compute: every kernel that is not communication."""
+    k = trace.kernels
+    rows = k.index.to_numpy(np.int64)
+    keep = ~np.isin(rows, coll_rows)
+    dev = k["device"].to_numpy(np.int64)[keep]
+    ts, end = k["ts"].to_numpy(np.int64)[keep], k["end"].to_numpy(np.int64)[keep]
+    out = {}
+    for d in np.unique(dev).tolist():
+        m = dev == d
+        out[int(d)] = iv.union(ts[m], end[m])
+    return out
+
+
+def _overlap(kern: pd.DataFrame, inst_of_kernel: np.ndarray, n_inst: int,
+             compute: dict[int, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per instance, kernel time during which compute ran on the same device."""
+    ov = np.zeros(len(kern), np.int64)
+    dev = kern["device"].to_numpy(np.int64)
+    for d, (ms, me) in compute.items():
+        m = dev == d
+        ov[m] = iv.overlap(ms, me, kern["ts"].to_numpy(np.int64)[m], kern["end"].to_numpy(np.int64)[m])
+    return np.bincount(inst_of_kernel, weights=ov, minlength=n_inst)
+
+
+def _step_labels(segments: Any, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    phase = np.full(len(seg), None, dtype=object)
+    step = np.full(len(seg), np.nan)
+    if segments is not None and len(segments) and len(seg):
+        t = segments.table.set_index("seg")
+        ok = seg >= 0
+        found = t.reindex(seg[ok])
+        phase[ok] = found["phase"].astype(object).to_numpy()
+        step[ok] = pd.to_numeric(found["index"], errors="coerce").to_numpy(float)
+    return phase, step
+
+
+def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of_kernel: np.ndarray,
+                   compute: dict[int, tuple[np.ndarray, np.ndarray]], segments: Any) -> pd.DataFrame:
+    """Per step: collectives, their time and bytes, exposed time (union of the step's collective
+    kernels minus compute) and the compute not already under communication (what could hide it)."""
+    cols = STEP_TABLE_COLUMNS
+    gpu = inst[(inst["kind"] == "gpu") & (inst["seg"] >= 0)]
+    if gpu.empty:
+        return pd.DataFrame(columns=cols)
+    kseg = inst["seg"].to_numpy(np.int64)[inst_of_kernel]
+    kdev = kern["device"].to_numpy(np.int64)
+    ok = kseg >= 0
+    ndev = int(kdev.max()) + 1 if len(kdev) else 1
+    group = kseg[ok] * ndev + kdev[ok]
+    g, ms, me = iv.union_grouped(group, kern["ts"].to_numpy(np.int64)[ok], kern["end"].to_numpy(np.int64)[ok])
+    comm = np.zeros(len(g), np.int64)
+    cover = np.zeros(len(g), np.int64)
+    for d, (cs, ce) in compute.items():
+        m = (g % ndev) == d
+        cover[m] = iv.overlap(cs, ce, ms[m], me[m])
+    comm = me - ms
+    seg_of = g // ndev
+    steps = pd.DataFrame({"seg": seg_of, "comm": comm, "cover": cover}).groupby("seg").sum()
+    # Compute kernels of each step (located by launch time, as every per-step detector does).
+    k = trace.kernels
+    krows = k.index.to_numpy(np.int64)
+    comp = ~np.isin(krows, kern["row"].to_numpy(np.int64))
+    kseg_all = segments.locate_rows(trace, krows[comp])
+    kd = k["device"].to_numpy(np.int64)[comp]
+    okc = kseg_all >= 0
+    cg, cms, cme = iv.union_grouped(kseg_all[okc] * ndev + np.clip(kd[okc], 0, None),
+                                    k["ts"].to_numpy(np.int64)[comp][okc], k["end"].to_numpy(np.int64)[comp][okc])
+    compute_step = pd.Series(cme - cms).groupby(cg // ndev).sum()
+    agg = gpu.groupby("seg").agg(count=("kind", "size"), bytes=("bytes", "sum"), phase=("phase", "first"), index=("step", "first"))
+    agg = agg.join(steps, how="left")
+    agg["compute"] = compute_step.reindex(agg.index).fillna(0).to_numpy()
+    out = pd.DataFrame({
+        "phase": agg["phase"].to_numpy(), "index": agg["index"].to_numpy(), "count": agg["count"].to_numpy(np.int64),
+        "comm_us": agg["comm"].fillna(0).to_numpy() / US,
+        "exposed_us": (agg["comm"] - agg["cover"]).fillna(0).to_numpy() / US,
+        "overlap_us": agg["cover"].fillna(0).to_numpy() / US,
+        "hideable_us": np.maximum(agg["compute"] - agg["cover"].fillna(0), 0).to_numpy() / US,
+        "bytes": agg["bytes"].to_numpy(float),
+    })
+    out["index"] = pd.array(out["index"], dtype="Int64")
+    return out.sort_values(["phase", "index"], kind="stable").reset_index(drop=True)[cols]
+
+
+def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict[int, tuple[np.ndarray, np.ndarray]],
+             gaps: pd.DataFrame | None) -> None:
+    """For each GPU instance, what its device did since the previous collective on it."""
+    n = len(inst)
+    lead = np.full(n, np.nan)
+    busy = np.full(n, np.nan)
+    gap_us = np.full(n, np.nan)
+    gap_cause = np.full(n, None, object)
+    gap_op = np.full(n, None, object)
+    top = np.full(n, None, object)
+    top_us = np.full(n, np.nan)
+    t0 = trace.span_ns[0]
+    k = trace.kernels
+    comp = ~np.isin(k.index.to_numpy(np.int64), kern["row"].to_numpy(np.int64))
+    kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
+    kname = trace.names[k.index.to_numpy(np.int64)[comp]]
+    dev = inst["device"].to_numpy(np.int64)
+    for d in np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist():
+        idx = np.flatnonzero((dev == d) & (inst["kind"].to_numpy() == "gpu"))
+        idx = idx[np.argsort(inst["start"].to_numpy(np.int64)[idx], kind="stable")]
+        st = inst["start"].to_numpy(np.int64)[idx]
+        en = inst["end"].to_numpy(np.int64)[idx]
+        prev = np.r_[t0, np.maximum.accumulate(en)[:-1]] if len(idx) else st
+        prev = np.minimum(prev, st)
+        lead[idx] = (st - prev) / US
+        ms, me = compute.get(int(d), (np.empty(0, np.int64), np.empty(0, np.int64)))
+        busy[idx] = iv.overlap(ms, me, prev, st) / US
+        # Top kernel of each window: compute kernels starting in [prev, start).
+        m = kdev == d
+        w = np.searchsorted(st, kts[m], side="right")
+        ok = (w < len(st)) & (kts[m] >= prev[np.minimum(w, len(st) - 1)])
+        if ok.any():
+            df = pd.DataFrame({"w": w[ok], "name": kname[m][ok], "dur": kdur[m][ok]})
+            s = df.groupby(["w", "name"], sort=False)["dur"].sum().reset_index()
+            s = s.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
+            top[idx[s["w"].to_numpy()]] = s["name"].to_numpy()
+            top_us[idx[s["w"].to_numpy()]] = s["dur"].to_numpy() / US
+        if gaps is not None and len(gaps):
+            gd = gaps[(gaps["device"] == d) & ~gaps.get("graph_replay", pd.Series(False, index=gaps.index)).astype(bool)]
+            if len(gd):
+                ge, gs = gd["end"].to_numpy(np.int64), gd["start"].to_numpy(np.int64)
+                w = np.searchsorted(st, ge, side="left")
+                ok = (w < len(st)) & (gs >= prev[np.minimum(w, len(st) - 1)])
+                if ok.any():
+                    # What the host did meanwhile: its op in the middle of the gap's host-bound part.
+                    mid = gs + np.maximum(gd["host_bound_us"].to_numpy(float) * US, 0).astype(np.int64) // 2
+                    df = pd.DataFrame({"w": w[ok], "dur": (ge - gs)[ok], "cause": gd["cause"].to_numpy()[ok],
+                                       "pid": gd["pid"].to_numpy(np.int64)[ok], "tid": gd["tid"].to_numpy(np.int64)[ok],
+                                       "mid": mid[ok]})
+                    df = df.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
+                    at = idx[df["w"].to_numpy()]
+                    gap_us[at] = df["dur"].to_numpy() / US
+                    gap_cause[at] = df["cause"].to_numpy()
+                    gap_op[at] = host_ops_at(trace, df["pid"].to_numpy(), df["tid"].to_numpy(), df["mid"].to_numpy())
+    inst["lead_us"], inst["lead_busy_us"] = lead, busy
+    inst["lead_gap_us"], inst["lead_gap_cause"], inst["lead_gap_op"] = gap_us, gap_cause, gap_op
+    inst["lead_top_kernel"], inst["lead_top_kernel_us"] = top, top_us
+
+
+def host_ops_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Name of the innermost cpu op on each (pid, tid) at each instant (None outside every op)."""
+    out = np.full(len(at), None, dtype=object)
+    ops = trace.cpu_ops
+    if ops.empty or not len(at):
+        return out
+    rows_all = ops.index.to_numpy(np.int64)
+    opid, otid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
+    parent = trace.events["parent"].to_numpy()
+    ts, end = trace.events["ts"].to_numpy(), trace.events["end"].to_numpy()
+    for p, t in set(zip(pid.tolist(), tid.tolist(), strict=True)):  # a handful of launching threads
+        q = np.flatnonzero((pid == p) & (tid == t))
+        rows = rows_all[(opid == p) & (otid == t)]
+        if not len(rows):
+            continue
+        rows = rows[np.lexsort((-end[rows], ts[rows]))]
+        pos = pd.Series(np.arange(len(rows)), index=rows)
+        par = pos.reindex(parent[rows]).fillna(-1).to_numpy(np.int64)
+        hit = innermost_containing(ts[rows], end[rows], par, np.asarray(at[q], dtype=np.int64))
+        out[q] = np.where(hit >= 0, trace.names[rows[np.maximum(hit, 0)]], None)
+    return out
+
+
+def _by_type(inst: pd.DataFrame) -> pd.DataFrame:
+    cols = ["type", "count", "total_us", "mean_us", "bytes", "mean_bytes", "algbw_gbs", "busbw_gbs", "busbw_p50_gbs",
+            "overlap_us", "exposed_us", "exposed_share", "small", "group_sizes", "dtypes", "backends", "top_kernel"]
+    if inst.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    order = {t: i for i, t in enumerate(cc.TYPES)}
+    df = inst.assign(type=inst["type"].fillna("unknown"))
+    for kind, g in sorted(df.groupby("type"), key=lambda kv: order.get(kv[0], 99)):
+        timed = g[g["busy_us"].notna() & (g["busy_us"] > 0)]
+        sized = timed[timed["bytes"].notna()]
+        t = float(timed["busy_us"].sum())
+        st = float(sized["busy_us"].sum())
+        factor = (sized["busbw_gbs"] / sized["algbw_gbs"]).to_numpy(float)
+        bus_bytes = float(np.nansum(sized["bytes"].to_numpy(float) * factor)) if np.isfinite(factor).any() else np.nan
+        gpu = g[g["kind"] == "gpu"]
+        exposed = float(gpu["exposed_us"].sum()) if len(gpu) else np.nan
+        gpu_t = float(gpu["busy_us"].sum()) if len(gpu) else 0.0
+        rows.append({
+            "type": kind, "count": len(g), "total_us": t if len(timed) else np.nan,
+            "mean_us": t / len(timed) if len(timed) else np.nan,
+            "bytes": float(g["bytes"].sum()) if g["bytes"].notna().any() else np.nan,
+            "mean_bytes": float(g["bytes"].mean()) if g["bytes"].notna().any() else np.nan,
+            # Aggregate bandwidths: all bytes over all time (a per-call mean would weight tiny calls like large ones).
+            "algbw_gbs": float(sized["bytes"].sum()) / (st / 1e6) / GB if st > 0 else np.nan,
+            "busbw_gbs": bus_bytes / (st / 1e6) / GB if st > 0 and bus_bytes == bus_bytes else np.nan,
+            "busbw_p50_gbs": float(sized["busbw_gbs"].median()) if sized["busbw_gbs"].notna().any() else np.nan,
+            "overlap_us": float(gpu["overlap_us"].sum()) if len(gpu) else np.nan,
+            "exposed_us": exposed, "exposed_share": exposed / gpu_t if gpu_t > 0 else np.nan,
+            "small": int((g["bytes"] <= SMALL_MESSAGE_BYTES).sum()),
+            "group_sizes": sorted({int(x) for x in g["group_size"].dropna()}),
+            "dtypes": sorted({str(x) for x in g["dtype"].dropna()}),
+            "backends": sorted({str(x) for x in g["backend"].dropna()}),
+            "top_kernel": g["kernel"].dropna().mode().iat[0] if g["kernel"].notna().any() else None,
+        })
+    return pd.DataFrame(rows, columns=cols)
+
+
+# ---- findings ------------------------------------------------------------------------------------
+
+_REC = {
+    "exposed": "Overlap communication with compute: split the step so each all-reduce overlaps the next layer's "
+               "GEMM (async tensor parallelism, fused GEMM+all-reduce kernels, torch.distributed._symmetric_memory), "
+               "run it on its own stream and wait only where the result is used; or move less (lower precision "
+               "communication, sequence parallelism with reduce-scatter + all-gather).",
+    "small": "Small collectives pay NCCL's fixed latency per call: batch them (bucket gradients, fuse the step's "
+             "small tensors into one buffer), or use the engines' one-shot custom all-reduce for small messages "
+             "(vLLM/SGLang custom all-reduce, torch symmetric memory) and capture them in CUDA graphs.",
+    "a2a": "All-to-all waits for its largest exchange: balance the expert load (capacity factor, auxiliary "
+           "balance loss, expert replication / EPLB) so every rank sends and receives about the same amount.",
+}
+
+
+def _findings(res: CollectivesResult, segments: Any) -> list[Finding]:
+    out: list[Finding] = []
+    inst, ps = res.instances, res.per_step
+    span = res.span_us
+    gpu = res.gpu
+    if gpu.empty:
+        return out
+    # 1. Exposed communication per step (decode steps when there are any).
+    phase = "decode" if (ps["phase"] == "decode").any() else (str(ps["phase"].mode().iat[0]) if len(ps) else None)
+    steps = ps[ps["phase"] == phase] if phase else ps
+    if len(steps):
+        cost = float(steps["exposed_us"].sum())
+        save = float(np.minimum(steps["exposed_us"], steps["hideable_us"]).sum())
+        n = len(steps)
+    else:
+        cost, n = float(gpu["exposed_us"].sum()), 0
+        save = 0.0
+    if cost > 0:
+        per = cost / n if n else None
+        comm = float(steps["comm_us"].sum()) if n else float(gpu["busy_us"].sum())
+        detail = (f"{_dur(cost)} of communication ran with no compute beside it"
+                  + (f" over {n} {'profiler' if phase == 'step' else phase} steps ({_dur(per or 0)} per step, "
+                     f"{cost / comm * 100:.0f}% of the step's "
+                     f"{_dur(comm / n)} of communication)" if n else "")
+                  + ". ")
+        if save > 0:
+            detail += (f"Overlapped with the compute each step has left uncovered, about {_dur(save / n if n else save)} "
+                       f"per step ({_dur(save)} in total) would come off the critical path.")
+        else:
+            detail += "The steps have no compute left to hide it under: only less or faster communication cuts it."
+        worst = gpu.sort_values("exposed_us", ascending=False, kind="stable").head(5)
+        out.append(Finding(
+            id="exposed_communication" + (f"_{phase}" if phase and n else ""),
+            title="Communication on the critical path" + (f" in {phase}" if phase and n else ""),
+            category="communication", recommendation=_REC["exposed"], cost_total_us=cost, cost_per_step_us=per,
+            est_savings_us=min(save, cost), severity=severity_for(cost, span), phase=phase if n else None,
+            evidence=_evidence(worst), detail=detail,
+        ))
+    # 2. Small, latency-bound collectives.
+    small = gpu[(gpu["bytes"] <= SMALL_MESSAGE_BYTES) & (gpu["exposed_us"] > 0)]
+    if len(small) >= SMALL_MIN_COUNT:
+        cost = float(small["exposed_us"].sum())
+        groups = small.groupby([small["seg"], small["type"]], dropna=False).size()
+        # Fusing each step's small calls of one type into one call keeps one latency per group.
+        save = max(0.0, cost - len(groups) * float(small["exposed_us"].median()))
+        med_b = float(small["bytes"].median())
+        detail = (f"{len(small)} collectives of at most {_size(SMALL_MESSAGE_BYTES)} (median {_size(med_b)}, median "
+                  f"{_dur(float(small['busy_us'].median()))} each) spent {_dur(cost)} exposed; at these sizes the time "
+                  f"is per-call latency, not bandwidth (median bus bandwidth "
+                  f"{float(small['busbw_gbs'].median()) if small['busbw_gbs'].notna().any() else float('nan'):.2f} GB/s).")
+        if save > 0:
+            detail += f" One call per step and type instead of {len(small) / max(len(groups), 1):.1f} would save about {_dur(save)}."
+        out.append(Finding(
+            id="small_collectives", title="Many small, latency-bound collectives", category="communication",
+            recommendation=_REC["small"], cost_total_us=cost, est_savings_us=min(save, cost),
+            severity=severity_for(cost, span), evidence=_evidence(small.sort_values("exposed_us", ascending=False).head(5)),
+            detail=detail,
+        ))
+    # 3. All-to-all imbalance.
+    a2a = inst[(inst["type"] == "all_to_all") & (inst["a2a_imbalance"] >= A2A_IMBALANCE) & inst["busy_us"].notna()]
+    if len(a2a):
+        lost = a2a["busy_us"] * (1.0 - 1.0 / a2a["a2a_imbalance"])
+        cost = float(lost.sum())
+        if cost > 0:
+            out.append(Finding(
+                id="all_to_all_imbalance", title="Unbalanced all-to-all (uneven split sizes)", category="communication",
+                recommendation=_REC["a2a"], cost_total_us=cost, est_savings_us=cost, severity=severity_for(cost, span),
+                evidence=_evidence(a2a.sort_values("a2a_imbalance", ascending=False).head(5), extra=("a2a_imbalance",)),
+                detail=(f"{len(a2a)} of {int((inst['type'] == 'all_to_all').sum())} all-to-alls have a largest split "
+                        f"{float(a2a['a2a_imbalance'].median()):.1f}x the mean (median); with even splits they would take "
+                        f"about {_dur(cost)} less" + (" (split lists truncated by the profiler: computed on the part shown)"
+                                                     if a2a["splits_truncated"].any() else "") + "."),
+            ))
+    return out
+
+
+def _evidence(rows: pd.DataFrame, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    cols = ["type", "kernel", "phase", "step", "busy_us", "exposed_us", "bytes", "group_size", "busbw_gbs", *extra]
+    return [{k: (_r(v) if isinstance(v, float) else _plain(v)) for k, v in r.items()} for r in rows[cols].to_dict("records")]
+
+
+# ---- the detector -----------------------------------------------------------------------------------
+
+def run(trace: Trace, ctx: Context) -> CollectivesResult:
+    segments = ctx.segments
+    gaps = ctx.result("gaps").table
+    calls = host_calls(trace)
+    kern = collective_kernels(trace, calls)
+    if calls.empty and kern.empty:  # most traces: nothing to measure
+        return CollectivesResult(pd.DataFrame(columns=INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
+                                 pd.DataFrame(columns=STEP_TABLE_COLUMNS), trace.duration_ns / US)
+    inst = build_instances(trace, calls, kern)
+    notes: list[str] = []
+    # Which instance each kernel belongs to (kernels of one call share it).
+    key = np.where(kern["call"].to_numpy() >= 0, kern["call"].to_numpy(), -1)
+    anchor_of_call = {int(c): i for i, c in enumerate(inst["call"].to_numpy()) if c == c and c >= 0 and inst.at[i, "kind"] == "gpu"}
+    anchor_of_row = {int(r): i for i, r in enumerate(inst["anchor"].to_numpy()) if inst.at[i, "kind"] == "gpu"}
+    inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
+                               for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
+    compute = _compute_union(trace, kern["row"].to_numpy(np.int64))
+    ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
+    is_gpu = inst["kind"].to_numpy() == "gpu"
+    inst["overlap_us"] = np.where(is_gpu, ov, np.nan)
+    inst["exposed_us"] = np.where(is_gpu, inst["busy_us"].to_numpy(float) - ov, np.nan)
+    if segments is not None and len(segments) and len(inst):
+        seg = segments.locate_rows(trace, inst["anchor"].to_numpy(np.int64))
+    else:
+        seg = np.full(len(inst), -1, np.int64)
+    inst["seg"] = seg
+    inst["phase"], inst["step"] = _step_labels(segments, seg)
+    _lead_in(trace, inst, kern, compute, gaps)
+    per_step = per_step_table(trace, inst, kern, inst_of_kernel, compute, segments) if segments is not None and len(segments) \
+        else pd.DataFrame(columns=STEP_TABLE_COLUMNS)
+    if len(inst):
+        src = inst["type_source"]
+        if (src == "kernel").any():
+            notes.append(f"{int((src == 'kernel').sum())} collectives typed from the kernel name alone (NCCL names a kernel "
+                         "after the first of the operations it runs)")
+        if inst["bytes"].isna().any():
+            notes.append(f"{int(inst['bytes'].isna().sum())} collectives without a message size (no collective args or input shapes)")
+        ws = inst["group_size_source"] == "world_size"
+        if ws.any():
+            notes.append(f"{int(ws.sum())} collectives assume the group spans the whole world (size "
+                         f"{int(inst.loc[ws, 'group_size'].iloc[0])}): the trace does not say their process group's size")
+        untimed = (inst["kind"] == "host") & inst["busy_us"].isna()
+        if untimed.any():
+            notes.append(f"{int(untimed.sum())} collective calls launched no kernel this trace shows: counted, not timed")
+    inst = inst.reindex(columns=INSTANCE_COLUMNS + ["call"])
+    res = CollectivesResult(instances=inst, by_type=_by_type(inst), per_step=per_step,
+                            span_us=trace.duration_ns / US, notes=notes)
+    res.findings = _findings(res, segments)
+    return res

@@ -1,0 +1,266 @@
+"""communication: collectives recognised, sized, timed and judged on built traces with known answers,
+and on real NCCL traces (sizes and bandwidths from their args)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from conftest import shared_trace
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analysis.common import collectives as cc
+
+MiB = 1 << 20
+
+
+def analyze(b: TraceBuilder, tmp_path, name="built.pt.trace.json"):
+    return tokentrace.analyze(b.write(tmp_path / name))
+
+
+def comm(a):
+    return a.results["communication"]
+
+
+def test_bus_bandwidth_from_known_sizes(tmp_path):
+    """nccl-tests' definitions: algbw = S/t; busbw = algbw x 2(n-1)/n (all-reduce), (n-1)/n
+    (all-gather: S is the gathered output; all-to-all)."""
+    b = TraceBuilder()
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 4}
+    b.collective("all_reduce", 10, 20, 100.0, in_nelems=4 * MiB, dtype="BFloat16", group_size=4)  # S = 8 MiB
+    b.collective("all_gather", 200, 210, 50.0, in_nelems=MiB, out_nelems=4 * MiB, group_size=4)  # S = 8 MiB (output)
+    b.collective("all_to_all", 400, 410, 80.0, in_nelems=2 * MiB, dtype="Float", group_size=4)  # S = 8 MiB
+    inst = comm(analyze(b, tmp_path)).instances.set_index("type")
+    S = 8 * MiB
+    assert inst["bytes"].tolist() == [S, S, S]
+    assert (inst["bytes_source"] == "args").all() and (inst["group_size"] == 4).all()
+    ar, ag, a2a = inst.loc["all_reduce"], inst.loc["all_gather"], inst.loc["all_to_all"]
+    assert ar["algbw_gbs"] == pytest.approx(S / 100e-6 / 1e9)
+    assert ar["busbw_gbs"] == pytest.approx(S / 100e-6 / 1e9 * 2 * 3 / 4)
+    assert ag["algbw_gbs"] == pytest.approx(S / 50e-6 / 1e9)
+    assert ag["busbw_gbs"] == pytest.approx(S / 50e-6 / 1e9 * 3 / 4)
+    assert a2a["busbw_gbs"] == pytest.approx(S / 80e-6 / 1e9 * 3 / 4)
+    assert a2a["dtype"] == "Float" and ar["dtype"] == "BFloat16"
+    assert ar["type_source"] == "args" and ar["backend"] == "nccl" and ar["algo"] == "RING"
+
+
+def test_busbw_factors():
+    assert cc.busbw_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert cc.busbw_factor("reduce_scatter", 8) == cc.busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert cc.busbw_factor("broadcast", 8) == cc.busbw_factor("send", None) == 1.0
+    assert cc.busbw_factor("all_reduce", None) is None
+
+
+def test_overlap_with_compute_on_another_stream(tmp_path):
+    b = TraceBuilder()
+    # All-reduce kernel on stream 20 over [100, 200); compute on stream 7 over [150, 300).
+    b.collective("all_reduce", 90, 100, 100.0, in_nelems=MiB, group_size=2)
+    b.launch("ampere_sgemm_128x64_tn", 140, 150, 150.0, stream=7)
+    # A second all-reduce with nothing beside it: [400, 460).
+    b.collective("all_reduce", 390, 400, 60.0, in_nelems=MiB, group_size=2)
+    res = comm(analyze(b, tmp_path))
+    inst = res.instances
+    assert inst["overlap_us"].tolist() == pytest.approx([50.0, 0.0])
+    assert inst["exposed_us"].tolist() == pytest.approx([50.0, 60.0])
+    doc = res.to_json()
+    assert doc["total_us"] == pytest.approx(160.0) and doc["exposed_us"] == pytest.approx(110.0)
+    assert doc["exposed_share"] == pytest.approx(110 / 160, abs=1e-4)
+    assert doc["by_type"][0]["type"] == "all_reduce" and doc["by_type"][0]["count"] == 2
+
+
+def decode_steps(b: TraceBuilder, steps: int, *, compute_us: float, comm_us: float, overlap_us: float = 0.0) -> None:
+    """Decode steps 1 ms apart: a compute kernel, then an all-reduce that starts `overlap_us`
+    before the compute ends (on its own stream)."""
+    for i in range(steps):
+        t = 1000.0 * i
+        b.annotation(f"tokentrace/decode_step[{i}]", t, 900)
+        b.cpu_op("aten::embedding", t + 1, 5, input_dims=[[100, 8], [1, 1]])
+        b.launch("ampere_sgemm_128x64_tn", t + 10, t + 20, compute_us, stream=7)
+        start = t + 20 + compute_us - overlap_us
+        b.collective("all_reduce", t + 30, start, comm_us, in_nelems=4 * MiB, group_size=4, seq=i)
+
+
+def test_exposed_communication_per_decode_step(tmp_path):
+    b = TraceBuilder()
+    decode_steps(b, 4, compute_us=200.0, comm_us=100.0, overlap_us=30.0)
+    res = comm(analyze(b, tmp_path))
+    ps = res.per_step
+    assert list(ps["phase"]) == ["decode"] * 4 and list(ps["index"]) == [0, 1, 2, 3]
+    assert ps["comm_us"].tolist() == pytest.approx([100.0] * 4)
+    assert ps["exposed_us"].tolist() == pytest.approx([70.0] * 4)
+    assert ps["overlap_us"].tolist() == pytest.approx([30.0] * 4)
+    assert ps["hideable_us"].tolist() == pytest.approx([170.0] * 4)  # compute not yet under communication
+    assert res.to_json()["by_phase"]["decode"]["exposed_us_per_step"] == pytest.approx(70.0)
+    f = next(f for f in res.findings if f.id == "exposed_communication_decode")
+    assert f.cost_total_us == pytest.approx(280.0) and f.cost_per_step_us == pytest.approx(70.0)
+    assert f.est_savings_us == pytest.approx(280.0) and f.phase == "decode"
+    assert any("decode: 100.0 us communication per step, 70.0 us of it exposed" in x for x in res.summary_lines())
+    doc = tokentrace.analyze(b.write(tmp_path / "again.pt.trace.json")).to_json()
+    assert doc["communication"]["exposed_us"] == pytest.approx(280.0)
+    from tokentrace.analysis.compare.metrics import headline
+
+    assert headline(doc)["comm_exposed_per_step_decode_us"] == pytest.approx(70.0)
+
+
+def test_saving_is_bounded_by_compute_left_to_hide_under(tmp_path):
+    b = TraceBuilder()
+    decode_steps(b, 2, compute_us=40.0, comm_us=100.0)
+    f = next(f for f in comm(analyze(b, tmp_path)).findings if f.id == "exposed_communication_decode")
+    assert f.cost_total_us == pytest.approx(200.0) and f.est_savings_us == pytest.approx(80.0)
+
+
+def test_size_from_input_dims_and_world_size(tmp_path):
+    """Older PyTorch writes no collective args: S from the nccl: range's input shape and dtype,
+    the group from the world size (said so in a note)."""
+    b = TraceBuilder()
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 8}
+    b.collective("all_reduce", 10, 20, 100.0, input_dims=[[1024, 4096]], input_type=["c10::BFloat16"])
+    res = comm(analyze(b, tmp_path))
+    r = res.instances.iloc[0]
+    assert r["bytes"] == 1024 * 4096 * 2 and r["bytes_source"] == "input_dims" and r["dtype"] == "c10::BFloat16"
+    assert r["group_size"] == 8 and r["group_size_source"] == "world_size"
+    assert r["type"] == "all_reduce" and r["type_source"] == "op"
+    assert r["busbw_gbs"] == pytest.approx(1024 * 4096 * 2 / 100e-6 / 1e9 * 14 / 8)
+    assert any("whole world (size 8)" in n for n in res.notes)
+
+
+def test_custom_all_reduce_in_a_graph_replay(tmp_path):
+    """vLLM's custom all-reduce replayed from a CUDA graph: no host op, group size from the
+    kernel's template argument."""
+    b = TraceBuilder()
+    name = ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, "
+            "__nv_bfloat16*, int, int)")
+    b.graph_launch(0, 10, [("ampere_sgemm_128x64_tn", 30.0), (name, 12.0), ("ampere_sgemm_128x64_tn", 30.0)])
+    inst = comm(analyze(b, tmp_path)).instances
+    assert len(inst) == 1
+    r = inst.iloc[0]
+    assert r["type"] == "all_reduce" and r["type_source"] == "kernel" and r["backend"] == "custom"
+    assert r["group_size"] == 8 and r["group_size_source"] == "kernel_template"
+    assert r["busy_us"] == pytest.approx(12.0) and r["exposed_us"] == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "all_reduce"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "reduce_scatter"),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", ""),
+    ("void aiter::cross_device_reduce_2stage<__hip_bfloat16, 8>(aiter::RankData*, aiter::RankSignals, aiter::Signal*, "
+     "__hip_bfloat16*, int, int)", "all_reduce"),
+    ("quickreduce::allreduce_prototype_twoshot<AllReduceTwoshot<__half, CodecQ4<__half,8>, true>, __half>", "all_reduce"),
+    ("void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 2>(c10::BFloat16**, unsigned long)",
+     "all_reduce"),
+    ("void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<(flashinfer::trtllm_allreduce_fusion::"
+     "AllReduceFusionPattern)1, __nv_bfloat16, 8, false, false>(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams)",
+     "all_reduce"),
+])
+def test_collective_kernel_names(name, kind):
+    assert cc.kernel_match(name)[0] == kind
+
+
+def test_other_kernels_are_not_collectives():
+    for name in ("ampere_sgemm_128x64_tn", "void at::native::reduce_kernel<512, 1>", "flash_fwd_kernel",
+                 "void at::native::(anonymous namespace)::cross_entropy_kernel"):
+        assert cc.kernel_match(name) is None
+    assert cc.kernel_group_size("void vllm::cross_device_reduce_2stage<float, 4>(vllm::RankData*)") == 4
+    assert cc.kernel_group_size("void trt_llm::oneShotAllReduceKernel<__nv_bfloat16, 8, true>(AllReduceParams)") == 8
+
+
+def test_all_to_all_imbalance(tmp_path):
+    b = TraceBuilder()
+    # Largest split 30 of mean 15: the exchange takes twice what even splits would.
+    b.collective("all_to_all", 10, 20, 100.0, in_nelems=60 * 1024, group_size=4, in_split=[10, 10, 10, 30],
+                 out_split=[15, 15, 15, 15])
+    b.collective("all_to_all", 200, 210, 100.0, in_nelems=60 * 1024, group_size=4, in_split=[15, 15, 15, 15],
+                 out_split=[15, 15, 15, 15])
+    res = comm(analyze(b, tmp_path))
+    assert res.instances["a2a_imbalance"].tolist() == pytest.approx([2.0, 1.0])
+    f = next(f for f in res.findings if f.id == "all_to_all_imbalance")
+    assert f.cost_total_us == pytest.approx(50.0) and f.est_savings_us == pytest.approx(50.0)
+    assert "1 of 2 all-to-alls" in f.detail
+
+
+def test_small_latency_bound_collectives(tmp_path):
+    b = TraceBuilder()
+    # Two steps of five 64 KiB all-reduces, 20 us each, nothing beside them.
+    for step in range(2):
+        t0 = 2000.0 * step
+        b.annotation(f"tokentrace/decode_step[{step}]", t0, 1500)
+        for i in range(5):
+            t = t0 + 100 + 200 * i
+            b.collective("all_reduce", t, t + 10, 20.0, in_nelems=32 * 1024, group_size=8)
+    res = comm(analyze(b, tmp_path))
+    f = next(f for f in res.findings if f.id == "small_collectives")
+    assert f.cost_total_us == pytest.approx(200.0)
+    assert f.est_savings_us == pytest.approx(200.0 - 2 * 20.0)  # one call per step and type remains
+    assert "10 collectives" in f.detail
+
+
+def test_gap_while_the_host_waits_in_a_collective(tmp_path):
+    """The GPU idles while the host sits in a CPU-side collective: the gap's cause is 'collective'."""
+    b = TraceBuilder()
+    b.launch("ampere_sgemm_128x64_tn", 0, 5, 20.0)  # GPU busy until 25
+    b.annotation("gloo:all_reduce", 30, 300)  # host inside the collective until 330
+    b.launch("ampere_sgemm_128x64_tn", 340, 345, 20.0)
+    a = analyze(b, tmp_path)
+    gaps = a.results["gaps"].gaps
+    assert list(gaps["cause"]) == ["collective"] and gaps["dur_us"].iloc[0] == pytest.approx(320.0)
+    assert a.to_json()["gaps"]["by_cause"]["collective"] == {"count": 1, "total_us": 320.0}
+    f = next(f for f in a.findings if f.id == "collective_wait_gaps")
+    assert f.cost_total_us == pytest.approx(320.0) and f.est_savings_us is None and "other ranks" in f.explains
+    # The gloo call itself is a host-side collective instance of this trace.
+    inst = comm(a).instances
+    assert list(inst["kind"]) == ["host"] and inst["backend"].iloc[0] == "gloo"
+
+
+def test_trace_without_collectives(tmp_path):
+    b = TraceBuilder()
+    b.launch("ampere_sgemm_128x64_tn", 0, 5, 20.0)
+    res = comm(analyze(b, tmp_path))
+    doc = res.to_json()
+    assert doc["count"] == 0 and doc["total_us"] is None and res.findings == []
+    assert res.summary_lines() == ["no collective communication in this trace"]
+
+
+# ---- real traces --------------------------------------------------------------------------------
+
+def test_real_nccl_args_sizes_and_bandwidths():
+    """a100_nccl_collective_args_rank0: every NCCL kernel carries its args; S, group size and the
+    bandwidths follow from them and the kernel's duration, read here with json.load."""
+    path = shared_trace("a100_nccl_collective_args_rank0.json.gz")
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    want = []
+    for e in events:
+        a = e.get("args", {})
+        if e.get("cat") == "kernel" and "Collective name" in a:
+            size = {"Float": 4, "Long": 8}[a["dtype"]]
+            S = max(a["In msg nelems"], a["Out msg nelems"]) * size
+            n = a["Group size"]
+            algbw = S / (e["dur"] * 1e-6) / 1e9
+            factor = 2 * (n - 1) / n if a["Collective name"] == "allreduce" else 1.0
+            want.append((e["ts"], cc.normalise_type(a["Collective name"]), S, n, algbw, algbw * factor))
+    want.sort()
+    res = comm(tokentrace.analyze(path))
+    inst = res.instances
+    assert len(inst) == len(want) == 21
+    assert list(inst["type"]) == [w[1] for w in want]
+    assert inst["bytes"].tolist() == [w[2] for w in want]
+    assert inst["group_size"].tolist() == [w[3] for w in want]
+    assert inst["algbw_gbs"].tolist() == pytest.approx([w[4] for w in want], rel=1e-6)
+    assert inst["busbw_gbs"].tolist() == pytest.approx([w[5] for w in want], rel=1e-6)
+    assert (inst["bytes_source"] == "args").all() and (inst["pg"] == "0").all()
+    doc = res.to_json()
+    assert {t["type"]: t["count"] for t in doc["by_type"]} == {"all_reduce": 15, "broadcast": 6}
+
+
+def test_real_sampled_ranks_sizes_from_shapes():
+    """a100_sampled_2ranks_of_128 has no collective args: sizes from the nccl:/c10d ops' input
+    shapes; the all-gather's group (64 of 128 ranks) from its output over its input."""
+    res = comm(tokentrace.analyze(shared_trace("a100_sampled_2ranks_of_128.rank0.json.gz")))
+    inst = res.instances
+    assert len(inst) == 10 and (inst["bytes_source"] == "input_dims").all()
+    ag = inst[inst["type"] == "all_gather"]
+    assert (ag["bytes"] == 1073741824).all() and (ag["group_size"] == 64).all()
+    ar = inst[inst["type"] == "all_reduce"]
+    assert sorted(ar["bytes"].tolist()) == sorted(4 * n for n in (19618307, 26955536, 26258430, 5716654))
