@@ -89,6 +89,7 @@ class Analysis:
 
     def to_json(self) -> dict[str, Any]:
         from tokentrace import __version__
+        from tokentrace.jsonout import strict
 
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__}}
         for name, _ in DETECTORS:
@@ -97,7 +98,9 @@ class Analysis:
             elif name in self.results:
                 doc[name] = self.results[name].to_json()
         doc["findings"] = [f.to_json() for f in self.findings]
-        return doc
+        # Strict from the start (NaN -> None, trace-borne strings capped), so reports, metrics
+        # and scripts read the same values the JSON summary holds.
+        return strict(doc)
 
     def to_html(self, path: str | os.PathLike | None = None) -> str:
         from tokentrace.reports.html import render_html
@@ -130,5 +133,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
             errors[name] = f"{type(exc).__name__}: {exc}"
-            print(f"tokentrace: warning: {trace.path}: {name} analysis failed ({errors[name]})", file=sys.stderr)
+            from tokentrace.reports.format import visible
+
+            print(visible(f"tokentrace: warning: {trace.path}: {name} analysis failed ({errors[name]})", one_line=True), file=sys.stderr)
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=errors)

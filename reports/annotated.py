@@ -10,8 +10,9 @@ integer nanoseconds (Decimal), so epoch-scale timestamps keep their nanoseconds.
 
 from __future__ import annotations
 
-import gzip
 import os
+import re
+import zlib
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -24,6 +25,7 @@ import pandas as pd
 from tokentrace.analysis.loading.files import read_bytes
 from tokentrace.analysis.loading.repair import repair
 from tokentrace.errors import TraceError
+from tokentrace.jsonout import strict
 
 PROCESS_NAME = "tokentrace"
 # Track ids inside our process, in display order.
@@ -140,49 +142,94 @@ def _sync_events(res: Any, pid: int, t0: int, tracks: dict[int, str]) -> Iterato
                     {c: cols[c][i] for c in extra})
 
 
-def _splice(events_json: bytes, array: bytes) -> bytes:
-    """A JSON array with our events first and the original events after them, untouched."""
-    body = array.strip()
-    if not body.startswith(b"["):
+# JSON whitespace; matched from a position, so no buffer (bytes, mmap or memoryview) is copied to strip it.
+_WS = re.compile(rb"[ \t\r\n]*")
+# Pieces of the original fed to the compressor at a time: the gzip output never holds a whole-file copy.
+_GZIP_PIECE = 4 << 20
+Chunk = bytes | memoryview
+
+
+def _trimmed(buf: memoryview) -> memoryview:
+    """`buf` without the JSON whitespace around it, as a view (no copy)."""
+    start = _WS.match(buf).end()  # type: ignore[call-overload]
+    end = len(buf)
+    while end > start:
+        # From the back a block at a time: trailing whitespace may be megabytes long.
+        block = bytes(buf[max(start, end - 65536):end])
+        kept = len(block.rstrip(b" \t\r\n"))
+        end = end - len(block) + kept
+        if kept:
+            break
+    return buf[start:end]
+
+
+def _splice(events_json: bytes, array: memoryview) -> list[Chunk]:
+    """A JSON array with our events first and the original events after them, untouched, as pieces."""
+    body = _trimmed(array)
+    if body[:1] != b"[":
         raise ValueError("traceEvents is not an array")
-    rest = body[1:].lstrip()
     inner = events_json.strip()[1:-1]
     if not inner:
-        return body
-    return b"[" + inner + (b"]" if rest.startswith(b"]") else b"," + rest)
+        return [body]
+    rest = body[_WS.match(body, 1).end():]  # type: ignore[call-overload]
+    return [b"[", inner, b"]"] if rest[:1] == b"]" else [b"[", inner, b",", rest]
 
 
-def annotated_bytes(analysis: Any) -> bytes:
-    """The original trace's JSON with tokentrace's process spliced into traceEvents."""
+def annotated_chunks(analysis: Any) -> list[Chunk]:
+    """The original trace's JSON with tokentrace's process spliced into traceEvents, as pieces to
+    write in turn (views into the original file's buffer, so a large trace is not copied)."""
     trace = analysis.trace
     path = Path(trace.path)
     warnings: list[str] = []
-    data = read_bytes(path, warnings)
+    data: Any = read_bytes(path, warnings)
     pids = trace.events["pid"].to_numpy(np.int64)
     pid = int(pids.max()) + 1 if len(pids) else 1
-    ours = _encoder.encode(track_events(analysis, max(pid, 1)))
+    # strict: no NaN, and names from the trace capped the way the JSON summary caps them.
+    ours = _encoder.encode(strict(track_events(analysis, max(pid, 1))))
     for attempt in (0, 1):
         try:
-            if data.lstrip()[:1] == b"[":
-                return _splice(ours, data)
-            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+            view = memoryview(data).cast("B")
+            if _trimmed(view)[:1] == b"[":
+                return _splice(ours, view)
+            top = msgspec.json.decode(view, type=dict[str, msgspec.Raw])
             if "traceEvents" not in top:
                 raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
-            parts = [_encoder.encode(k) + b":" + (_splice(ours, bytes(v)) if k == "traceEvents" else bytes(v)) for k, v in top.items()]
-            return b"{" + b",".join(parts) + b"}"
+            out: list[Chunk] = [b"{"]
+            for i, (k, v) in enumerate(top.items()):
+                out += [b"," if i else b"", _encoder.encode(k), b":"]
+                out += _splice(ours, memoryview(v)) if k == "traceEvents" else [memoryview(v)]
+            return out + [b"}"]
         except (msgspec.DecodeError, ValueError):
             if attempt:
                 raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
             # The loader repaired this file; the copy is of the repaired JSON (its warnings said what changed).
-            data = repair(data, str(path), warnings)
+            data = repair(bytes(data), str(path), warnings)
     raise AssertionError("unreachable")
 
 
-def write_annotated(analysis: Any, path: str | os.PathLike) -> None:
-    """Write the annotated copy atomically; gzip it when the name ends in .gz."""
+def annotated_bytes(analysis: Any) -> bytes:
+    """The original trace's JSON with tokentrace's process spliced into traceEvents."""
+    return b"".join(annotated_chunks(analysis))
+
+
+def _gzipped(chunks: list[Chunk]) -> Iterator[bytes]:
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header, as gzip.compress writes
+    for chunk in chunks:
+        for i in range(0, len(chunk), _GZIP_PIECE):
+            out = z.compress(chunk[i:i + _GZIP_PIECE])
+            if out:
+                yield out
+    yield z.flush()
+
+
+def annotated_payload(analysis: Any, path: str | os.PathLike[str]) -> list[Chunk] | Iterator[bytes]:
+    """What `write_annotated` writes to `path`: the pieces, gzip-compressed as they go when the name ends in .gz."""
+    chunks = annotated_chunks(analysis)
+    return _gzipped(chunks) if os.fspath(path).endswith(".gz") else chunks
+
+
+def write_annotated(analysis: Any, path: str | os.PathLike[str]) -> None:
+    """Write the annotated copy atomically (never over the trace it copies); gzip it when the name ends in .gz."""
     from tokentrace.io import write_output
 
-    out = annotated_bytes(analysis)
-    if str(path).endswith(".gz"):
-        out = gzip.compress(out, compresslevel=6)
-    write_output(path, out)
+    write_output(path, lambda: annotated_payload(analysis, path), inputs=[analysis.trace.path])

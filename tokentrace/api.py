@@ -91,7 +91,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
         analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
     text = render(analyses, kind)
     if output is not None:
-        write_output(os.fspath(output), text)
+        write_output(os.fspath(output), text, inputs=[a.trace.path for a in analyses if getattr(a, "trace", None) is not None])
     return text
 
 

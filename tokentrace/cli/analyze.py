@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -21,10 +20,13 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
                 min_gap_us: float | None, with_hta: bool, quiet: bool) -> None:
     """Analyse TRACE (a .json/.json.gz file or a trace directory) and print a summary."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
 
+    # Every destination is checked before the analysis runs, and all are written together at the end.
+    outs = plan({"--json": json_out, "--html": html_out, "--markdown": md_out, "--annotated": annotated_out}, [trace])
     analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us)
-    if not quiet and json_out != "-":
+    if not quiet and not uses_stdout(outs):
         from tokentrace.reports.terminal import render_terminal
 
         click.echo(render_terminal(analysis, color=sys.stdout.isatty()))
@@ -33,14 +35,8 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         from tokentrace.reports.text import hta_text
 
         click.echo(hta_text(hta_comparison(analysis)))
-    if json_out:
-        write_output(json_out, json.dumps(analysis.to_json(), indent=2))
-    if html_out:
-        analysis.to_html(html_out)
-    if md_out:
-        text = analysis.to_markdown()
-        write_output(md_out, text)
-    if annotated_out:
-        from tokentrace.reports.annotated import write_annotated
+    from tokentrace.reports.annotated import annotated_payload
 
-        write_annotated(analysis, annotated_out)
+    render = {"--json": lambda: dumps(analysis.to_json()), "--html": analysis.to_html, "--markdown": analysis.to_markdown,
+              "--annotated": lambda: annotated_payload(analysis, annotated_out or "")}
+    write_all([(dest, render[option]) for option, dest in outs.items()])

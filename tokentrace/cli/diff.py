@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -19,15 +17,13 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
              min_gap_us: float | None, quiet: bool) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary)."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
+    outs = plan({"--json": json_out, "--markdown": md_out, "--html": html_out}, [base, test])
     result = tokentrace.diff(base, test, min_gap_us=min_gap_us)
-    if not quiet and "-" not in (json_out, md_out):
+    if not quiet and not uses_stdout(outs):
         click.echo(render_diff_markdown(result, top=10))
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
-    if md_out:
-        write_output(md_out, render_diff_markdown(result))
-    if html_out:
-        result.to_html(html_out)
+    render = {"--json": lambda: dumps(result.to_json()), "--markdown": lambda: render_diff_markdown(result), "--html": result.to_html}
+    write_all([(dest, render[option]) for option, dest in outs.items()])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -15,11 +13,12 @@ import click
 def ranks_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, min_gap_us: float | None) -> None:
     """Analyse the rank traces in PATHS (files or directories) in parallel and compare the ranks."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.text import ranks_text
 
+    outs = plan({"--json": json_out}, paths)
     result = tokentrace.ranks(list(paths), workers=workers, min_gap_us=min_gap_us)
-    if json_out != "-":
+    if not uses_stdout(outs):
         click.echo(ranks_text(result))
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
+    write_all([(dest, lambda: dumps(result.to_json())) for dest in outs.values()])

@@ -7,8 +7,6 @@ writes the result.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -18,13 +16,14 @@ import click
 def scaling_cmd(paths: tuple[str, ...], json_out: str | None) -> None:
     """Fit attention GPU time per call against prompt length over PATHS (one point per trace)."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.text import scaling_text
 
+    outs = plan({"--json": json_out}, paths, recursive=True)  # a sweep folder is searched recursively
     sweep = tokentrace.scaling(list(paths))
-    if json_out:
-        write_output(json_out, json.dumps(sweep.to_json(), indent=2))
-    if json_out == "-":
+    write_all([(dest, lambda: dumps(sweep.to_json())) for dest in outs.values()])
+    if uses_stdout(outs):
         return
     text, notes = scaling_text(sweep)
     click.echo(text)
