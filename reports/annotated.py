@@ -10,11 +10,13 @@ integer nanoseconds (Decimal), so epoch-scale timestamps keep their nanoseconds.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -144,35 +146,32 @@ def _sync_events(res: Any, pid: int, t0: int, tracks: dict[int, str]) -> Iterato
 
 # JSON whitespace; matched from a position, so no buffer (bytes, mmap or memoryview) is copied to strip it.
 _WS = re.compile(rb"[ \t\r\n]*")
-# Pieces of the original fed to the compressor at a time: the gzip output never holds a whole-file copy.
-_GZIP_PIECE = 4 << 20
+# The traceEvents key outside any string (its quote not escaped), followed by its array.
+_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"[ \t\r\n]*:[ \t\r\n]*(?=\[)')
+# Bytes of the original checked and compressed at a time: nothing holds a whole-file copy.
+_PIECE = 4 << 20
 Chunk = bytes | memoryview
 
 
-def _trimmed(buf: memoryview) -> memoryview:
-    """`buf` without the JSON whitespace around it, as a view (no copy)."""
-    start = _WS.match(buf).end()  # type: ignore[call-overload]
-    end = len(buf)
-    while end > start:
-        # From the back a block at a time: trailing whitespace may be megabytes long.
-        block = bytes(buf[max(start, end - 65536):end])
-        kept = len(block.rstrip(b" \t\r\n"))
-        end = end - len(block) + kept
-        if kept:
-            break
-    return buf[start:end]
-
-
-def _splice(events_json: bytes, array: memoryview) -> list[Chunk]:
-    """A JSON array with our events first and the original events after them, untouched, as pieces."""
-    body = _trimmed(array)
-    if body[:1] != b"[":
+def _splice(inner: bytes, tail: memoryview) -> list[Chunk]:
+    """Our events (`inner`: objects separated by commas) first inside the traceEvents array that
+    `tail` starts with, then the original events and whatever follows the array, untouched."""
+    start = _WS.match(tail).end()  # type: ignore[call-overload]
+    if tail[start:start + 1] != b"[":
         raise ValueError("traceEvents is not an array")
-    inner = events_json.strip()[1:-1]
     if not inner:
-        return [body]
-    rest = body[_WS.match(body, 1).end():]  # type: ignore[call-overload]
-    return [b"[", inner, b"]"] if rest[:1] == b"]" else [b"[", inner, b",", rest]
+        return [tail]
+    after = _WS.match(tail, start + 1).end()  # type: ignore[call-overload]
+    return [b"[", inner, b"" if tail[after:after + 1] == b"]" else b",", tail[after:]]
+
+
+def _splice_at_key(inner: bytes, view: memoryview, path: Path) -> list[Chunk]:
+    """For JSON nested deeper than the decoder goes (the loader flattened it): find the traceEvents
+    key by pattern instead of decoding the top level; only when the file holds exactly one."""
+    found = [m.end() for m in islice(_EVENTS_KEY.finditer(view), 2)]  # type: ignore[call-overload]
+    if len(found) != 1:
+        raise TraceError(path, "cannot copy the trace for --annotated: nested too deeply to find its traceEvents")
+    return [view[:found[0]], *_splice(inner, view[found[0]:])]
 
 
 def annotated_chunks(analysis: Any) -> list[Chunk]:
@@ -185,20 +184,23 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
     pids = trace.events["pid"].to_numpy(np.int64)
     pid = int(pids.max()) + 1 if len(pids) else 1
     # strict: no NaN, and names from the trace capped the way the JSON summary caps them.
-    ours = _encoder.encode(strict(track_events(analysis, max(pid, 1))))
+    inner = _encoder.encode(strict(track_events(analysis, max(pid, 1)))).strip()[1:-1]
     for attempt in (0, 1):
+        view = memoryview(data).cast("B")
         try:
-            view = memoryview(data).cast("B")
-            if _trimmed(view)[:1] == b"[":
-                return _splice(ours, view)
+            if view[_WS.match(view).end():][:1] == b"[":  # type: ignore[call-overload]
+                msgspec.json.decode(view, type=msgspec.Raw)  # valid JSON? (checked without building events)
+                return _splice(inner, view)
             top = msgspec.json.decode(view, type=dict[str, msgspec.Raw])
             if "traceEvents" not in top:
                 raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
             out: list[Chunk] = [b"{"]
             for i, (k, v) in enumerate(top.items()):
                 out += [b"," if i else b"", _encoder.encode(k), b":"]
-                out += _splice(ours, memoryview(v)) if k == "traceEvents" else [memoryview(v)]
+                out += _splice(inner, memoryview(v)) if k == "traceEvents" else [memoryview(v)]
             return out + [b"}"]
+        except RecursionError:
+            return _splice_at_key(inner, view, path)
         except (msgspec.DecodeError, ValueError):
             if attempt:
                 raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
@@ -207,24 +209,40 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
     raise AssertionError("unreachable")
 
 
+def _valid_utf8(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+    """The pieces, with any bytes that are not UTF-8 replaced by U+FFFD: JSON text is UTF-8, and
+    the decoder does not check the parts of a trace it skips over (metadata the loader does not read)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    for chunk in chunks:
+        for i in range(0, len(chunk), _PIECE):
+            piece = chunk[i:i + _PIECE]
+            if not decoder.getstate()[0] and bytes(piece).isascii():
+                yield piece  # nearly every trace: ASCII, copied as it is
+            else:
+                yield decoder.decode(bytes(piece)).encode("utf-8")  # identical bytes where they were valid
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail.encode("utf-8")
+
+
 def annotated_bytes(analysis: Any) -> bytes:
     """The original trace's JSON with tokentrace's process spliced into traceEvents."""
-    return b"".join(annotated_chunks(analysis))
+    return b"".join(_valid_utf8(annotated_chunks(analysis)))
 
 
-def _gzipped(chunks: list[Chunk]) -> Iterator[bytes]:
+def _gzipped(chunks: Iterable[Chunk]) -> Iterator[bytes]:
     z = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header, as gzip.compress writes
     for chunk in chunks:
-        for i in range(0, len(chunk), _GZIP_PIECE):
-            out = z.compress(chunk[i:i + _GZIP_PIECE])
+        for i in range(0, len(chunk), _PIECE):
+            out = z.compress(chunk[i:i + _PIECE])
             if out:
                 yield out
     yield z.flush()
 
 
-def annotated_payload(analysis: Any, path: str | os.PathLike[str]) -> list[Chunk] | Iterator[bytes]:
+def annotated_payload(analysis: Any, path: str | os.PathLike[str]) -> Iterator[Chunk]:
     """What `write_annotated` writes to `path`: the pieces, gzip-compressed as they go when the name ends in .gz."""
-    chunks = annotated_chunks(analysis)
+    chunks = _valid_utf8(annotated_chunks(analysis))
     return _gzipped(chunks) if os.fspath(path).endswith(".gz") else chunks
 
 

@@ -7,8 +7,8 @@ so the rules below hold for every JSON a user or a script reads:
 - Strict JSON (RFC 8259): a value that is undefined (NaN, an infinity) is `null`, never the
   `NaN`/`Infinity` tokens Python's json module writes by default and strict parsers reject.
 - numpy scalars and arrays become plain numbers and lists; tuples become lists; keys become strings.
-- A string longer than MAX_STRING_CHARS keeps its first MAX_STRING_CHARS characters and says how
-  long it was and its SHA-256, so one hostile 500 MB kernel name cannot make a summary of gigabytes
+- A string longer than MAX_STRING_CHARS keeps as much of its start as fits in MAX_STRING_CHARS
+  with a note of its length and SHA-256, so one hostile 500 MB kernel name cannot make a summary of gigabytes
   (it appears in several tables) while two summaries still name the same kernel the same way.
 - Containers nested deeper than MAX_DEPTH (only a trace's own args can nest that deep) become a
   string saying so, so encoding never meets Python's recursion limit.
@@ -35,7 +35,7 @@ _HASH_CHUNK = 1 << 20
 
 
 def cap_string(text: str) -> str:
-    """`text`, or its first MAX_STRING_CHARS characters, its length and SHA-256 when it is longer."""
+    """`text`, or, when it is longer than MAX_STRING_CHARS, its start, its length and SHA-256 in that many characters."""
     if len(text) <= MAX_STRING_CHARS:
         return text
     h = hashlib.sha256()
@@ -43,7 +43,9 @@ def cap_string(text: str) -> str:
         # surrogatepass: a lone surrogate (a JSON "\ud800" escape) is still hashable, and
         # chunk-wise encoding gives the same digest as encoding the whole string.
         h.update(text[i:i + _HASH_CHUNK].encode("utf-8", "surrogatepass"))
-    return f"{text[:MAX_STRING_CHARS]}... [cut: {len(text)} characters, sha256 {h.hexdigest()[:16]}]"
+    tail = f"... [cut: {len(text)} characters, sha256 {h.hexdigest()[:16]}]"
+    # The result is no longer than the cap itself, so capping twice changes nothing.
+    return text[:MAX_STRING_CHARS - len(tail)] + tail
 
 
 def _key(k: Any) -> str:
