@@ -153,22 +153,27 @@ _PIECE = 4 << 20
 Chunk = bytes | memoryview
 
 
+def _skip_ws(buf: memoryview, pos: int = 0) -> int:
+    m = _WS.match(buf, pos)
+    return m.end() if m else pos
+
+
 def _splice(inner: bytes, tail: memoryview) -> list[Chunk]:
     """Our events (`inner`: objects separated by commas) first inside the traceEvents array that
     `tail` starts with, then the original events and whatever follows the array, untouched."""
-    start = _WS.match(tail).end()  # type: ignore[call-overload]
+    start = _skip_ws(tail)
     if tail[start:start + 1] != b"[":
         raise ValueError("traceEvents is not an array")
     if not inner:
         return [tail]
-    after = _WS.match(tail, start + 1).end()  # type: ignore[call-overload]
+    after = _skip_ws(tail, start + 1)
     return [b"[", inner, b"" if tail[after:after + 1] == b"]" else b",", tail[after:]]
 
 
 def _splice_at_key(inner: bytes, view: memoryview, path: Path) -> list[Chunk]:
     """For JSON nested deeper than the decoder goes (the loader flattened it): find the traceEvents
     key by pattern instead of decoding the top level; only when the file holds exactly one."""
-    found = [m.end() for m in islice(_EVENTS_KEY.finditer(view), 2)]  # type: ignore[call-overload]
+    found = [m.end() for m in islice(_EVENTS_KEY.finditer(view), 2)]
     if len(found) != 1:
         raise TraceError(path, "cannot copy the trace for --annotated: nested too deeply to find its traceEvents")
     return [view[:found[0]], *_splice(inner, view[found[0]:])]
@@ -188,7 +193,7 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
     for attempt in (0, 1):
         view = memoryview(data).cast("B")
         try:
-            if view[_WS.match(view).end():][:1] == b"[":  # type: ignore[call-overload]
+            if view[_skip_ws(view):][:1] == b"[":
                 msgspec.json.decode(view, type=msgspec.Raw)  # valid JSON? (checked without building events)
                 return _splice(inner, view)
             top = msgspec.json.decode(view, type=dict[str, msgspec.Raw])

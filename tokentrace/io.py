@@ -276,20 +276,26 @@ def write_all(items: Sequence[tuple[Destination, Render]]) -> None:
             _remove(tmp)
         raise
     written: list[str] = []
-    order = [(d, tmp) for d, tmp in staged] + [(d, data) for d, data in streams]
-    for i, (d, what) in enumerate(order):
+    left = [d.path for d, _ in staged] + [d.path for d, _ in streams]
+    for i, (d, tmp) in enumerate(staged):
         try:
-            if d.kind == "file":
-                os.replace(what, d.target)  # type: ignore[arg-type]
-            else:
-                _write_stream(d, what)  # type: ignore[arg-type]
+            os.replace(tmp, d.target)
         except OSError as exc:
-            for _, tmp in staged[i:]:  # this one and those not yet renamed
-                _remove(tmp)
-            left = [x.path for x, _ in order[i:]]
-            done = f"written: {', '.join(written)}; not written: {', '.join(left)}" if written else "nothing was written"
-            raise _fail(d.path, f"cannot write ({_reason(exc)}); {done}") from None
+            for _, rest in staged[i:]:  # this one and those not yet renamed
+                _remove(rest)
+            raise _partial(d, exc, written, left[i:]) from None
         written.append(d.path)
+    for j, (d, data) in enumerate(streams):
+        try:
+            _write_stream(d, data)
+        except OSError as exc:
+            raise _partial(d, exc, written, left[len(staged) + j:]) from None
+        written.append(d.path)
+
+
+def _partial(d: Destination, exc: OSError, written: list[str], left: list[str]) -> TokentraceError:
+    done = f"written: {', '.join(written)}; not written: {', '.join(left)}" if written else "nothing was written"
+    return _fail(d.path, f"cannot write ({_reason(exc)}); {done}")
 
 
 def write_output(path: str | os.PathLike[str], data: Render, *, inputs: Iterable[str | os.PathLike[str]] = ()) -> None:

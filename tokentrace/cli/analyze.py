@@ -20,7 +20,7 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
                 min_gap_us: float | None, with_hta: bool, quiet: bool) -> None:
     """Analyse TRACE (a .json/.json.gz file or a trace directory) and print a summary."""
     import tokentrace
-    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.io import Render, plan, uses_stdout, write_all
     from tokentrace.jsonout import dumps
 
     # Every destination is checked before the analysis runs, and all are written together at the end.
@@ -34,9 +34,13 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         from tokentrace.analysis.compare.hta_compare import hta_comparison
         from tokentrace.reports.text import hta_text
 
-        click.echo(hta_text(hta_comparison(analysis)))
+        click.echo(hta_text(hta_comparison(analysis)), err=uses_stdout(outs))  # stdout may hold an output
     from tokentrace.reports.annotated import annotated_payload
 
-    render = {"--json": lambda: dumps(analysis.to_json()), "--html": analysis.to_html, "--markdown": analysis.to_markdown,
-              "--annotated": lambda: annotated_payload(analysis, annotated_out or "")}
+    render: dict[str, Render] = {
+        "--json": lambda: dumps(analysis.to_json()),
+        "--html": analysis.to_html,
+        "--markdown": analysis.to_markdown,
+        "--annotated": lambda: annotated_payload(analysis, annotated_out or ""),
+    }
     write_all([(dest, render[option]) for option, dest in outs.items()])

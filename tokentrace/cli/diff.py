@@ -17,7 +17,7 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
              min_gap_us: float | None, quiet: bool) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary)."""
     import tokentrace
-    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.io import Render, plan, uses_stdout, write_all
     from tokentrace.jsonout import dumps
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
@@ -25,5 +25,5 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
     result = tokentrace.diff(base, test, min_gap_us=min_gap_us)
     if not quiet and not uses_stdout(outs):
         click.echo(render_diff_markdown(result, top=10))
-    render = {"--json": lambda: dumps(result.to_json()), "--markdown": lambda: render_diff_markdown(result), "--html": result.to_html}
+    render: dict[str, Render] = {"--json": lambda: dumps(result.to_json()), "--markdown": lambda: render_diff_markdown(result), "--html": result.to_html}
     write_all([(dest, render[option]) for option, dest in outs.items()])
