@@ -31,16 +31,17 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TRACES, SHARED_TRACES
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-# Peak resident memory allowed to one run; the seeds are at most a few MB of JSON, and the huge
+# Peak resident memory allowed to one run (runs here peak at 75-165 MiB); the seeds are at most a few MB of JSON, and the huge
 # string below is 4 MB, so a run near this bound means something copies without limit.
-MEMORY_BOUND = 1 << 30
+MEMORY_BOUND = 512 << 20
 # Seeds: traces up to this size compressed (a few hundred KB of JSON), so each run takes seconds.
 MAX_SEED_BYTES = 150_000
-# Examples per run: each is a CLI run of 3-6 s on a busy 2-core machine, so the test stays near a minute.
-EXAMPLES = 10
+# Generated examples per run, besides the EXPLICIT ones: each is a CLI run of 3-6 s on a busy 2-core
+# machine, so the test stays near a minute.
+EXAMPLES = 6
 RUN_TIMEOUT_S = 120
 HUGE_CHARS = 4 << 20
 DEEP = 3000  # deeper than Python's recursion limit, which msgspec and json both honour
@@ -49,10 +50,14 @@ EVIL = "\x1b]52;c;ZWNobyBvd25lZA==\x07\x1b]0;title\x07\x1b[2J\x00\u202e\u2066\r\
 SENTINELS = {"__DEEP__": b"[" * DEEP + b"]" * DEEP, "__HUGE__": json.dumps("k" * HUGE_CHARS).encode()}
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
 ARG_KEYS = ("correlation", "External id", "stream", "device", "Input Dims", "grid", "Call stack", "Sequence number", "name")
-ODD_VALUES = (float("nan"), float("inf"), -float("inf"), 1e308, -1, 2**70, 0, None, True, "abc", "", [], {}, [1, "x"],
-              {"a": [None]}, "__DEEP__", "__HUGE__", EVIL, "kernel" + EVIL)
-JUNK = (b'"', b"\\", b"\x00", b"\x1b[31m", b"\n", b"}, {", b"NaN", b"-Infinity", b",", b"]", b"{", b"\xff\xfe",
-        b"1e999", "\u202e".encode(), b"[" * DEEP)
+# Values put into events, by a label the recipe shows (DEEP and HUGE become raw JSON text later).
+ODD_VALUES = {"nan": float("nan"), "inf": float("inf"), "-inf": -float("inf"), "1e308": 1e308, "-1": -1, "2**70": 2**70,
+              "0": 0, "null": None, "true": True, "str": "abc", "empty": "", "[]": [], "{}": {}, "mixed": [1, "x"],
+              "nested": {"a": [None]}, "deep": "__DEEP__", "huge": "__HUGE__", "escapes": EVIL, "kernel+escapes": "kernel" + EVIL}
+# Bytes inserted anywhere, by label.
+JUNK = {"quote": b'"', "backslash": b"\\", "nul": b"\x00", "csi": b"\x1b[31m", "newline": b"\n", "}, {": b"}, {",
+        "NaN": b"NaN", "-Infinity": b"-Infinity", ",": b",", "]": b"]", "{": b"{", "not utf-8": b"\xff\xfe", "1e999": b"1e999",
+        "rlo": "\u202e".encode(), "deep": b"[" * DEEP}
 
 
 def _seeds() -> list[Path]:
@@ -81,17 +86,32 @@ def _events(seed: Path) -> tuple[dict, list]:
 recipes = st.fixed_dictionaries({
     "seed": st.integers(0, max(len(SEEDS) - 1, 0)),
     "changes": st.lists(st.tuples(st.floats(0, 1), st.booleans(), st.sampled_from(EVENT_KEYS), st.sampled_from(ARG_KEYS),
-                                  st.integers(0, len(ODD_VALUES) - 1)), max_size=3),
-    "edits": st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["insert", "flip", "cut"]), st.integers(0, len(JUNK) - 1),
+                                  st.sampled_from(list(ODD_VALUES))), max_size=3),
+    "edits": st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["insert", "flip", "cut"]), st.sampled_from(list(JUNK)),
                                 st.integers(0, 255)), max_size=3),
     "array": st.booleans(),
     "gz": st.booleans(),
 })
+# Run every time, so each kind of damage is tried in every CI run whatever the random draw.
+EXPLICIT = [
+    # A value nested thousands deep in one event's args and a name full of escapes; valid JSON otherwise.
+    {"seed": 0, "changes": [(0.5, True, "args", "Input Dims", "deep"), (0.7, False, "name", "name", "kernel+escapes")],
+     "edits": [], "array": False, "gz": True},
+    # NaN (which sends the loader to its repair path), a 4 MB name, a value of the wrong type, the file cut short.
+    {"seed": -1, "changes": [(0.3, False, "dur", "name", "nan"), (0.4, False, "name", "name", "huge"), (0.5, False, "ts", "name", "str")],
+     "edits": [(0.9, "cut", "nul", 0)], "array": False, "gz": False},
+    # Bytes flipped and junk inserted: control characters, a bidi override, bytes that are not UTF-8.
+    {"seed": 0, "changes": [], "edits": [(0.3, "insert", "csi", 0), (0.5, "insert", "not utf-8", 0), (0.6, "insert", "rlo", 0),
+                                         (0.7, "flip", "nul", 0x22)], "array": True, "gz": False},
+    # Deep nesting in a file that also needs repair (an infinity): the repair path meets the depth too.
+    {"seed": 0, "changes": [(0.5, True, "args", "Input Dims", "deep"), (0.6, False, "dur", "name", "inf")],
+     "edits": [], "array": False, "gz": False},
+]
 
 
 def build(recipe: dict) -> tuple[str, bytes]:
     """The file name and bytes a recipe stands for."""
-    top, events = _events(SEEDS[recipe["seed"]])
+    top, events = _events(SEEDS[recipe["seed"] % len(SEEDS)])
     events = list(events)  # changed events are copied; the cached seed stays as it was
     for where, in_args, key, arg_key, value in recipe["changes"]:
         i = min(int(where * len(events)), len(events) - 1)
@@ -115,11 +135,26 @@ def build(recipe: dict) -> tuple[str, bytes]:
     return ("fuzz.json.gz", gzip.compress(data, compresslevel=1)) if recipe["gz"] else ("fuzz.json", data)
 
 
+def _examples(recipes: list[dict]):
+    def wrap(test):
+        for r in reversed(recipes):
+            test = example(recipe=r)(test)
+        return test
+
+    return wrap
+
+
 def _strict_loads(text: bytes):
     def refuse(token: str):
         raise ValueError(f"not strict JSON: {token}")
 
-    return json.loads(text, parse_constant=refuse)
+    # The annotated copy keeps a deep value of the original as it was: parse it as deep as it goes.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * DEEP))
+    try:
+        return json.loads(text, parse_constant=refuse)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _unsafe(text: str) -> set[str]:
@@ -151,6 +186,7 @@ def _run(args: list[str], folder: Path) -> tuple[int, str, int]:
 @settings(max_examples=EXAMPLES, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=recipes)
+@_examples(EXPLICIT)
 def test_analyze_with_every_output_on_mutated_traces(recipe):
     name, data = build(recipe)
     folder = Path(tempfile.mkdtemp(prefix="tokentrace-fuzz-cli-"))
