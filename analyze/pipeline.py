@@ -168,6 +168,7 @@ class Analysis:
 
     def to_json(self) -> dict[str, Any]:
         from tokentrace import __version__
+        from tokentrace.jsonout import strict
 
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": {"name": "tokentrace", "version": __version__},
                                "warnings": self.warnings}
@@ -177,7 +178,9 @@ class Analysis:
             elif name in self.results:
                 doc[name] = self.results[name].to_json()
         doc["findings"] = [f.to_json() for f in self.findings]
-        return doc
+        # Strict from the start (NaN -> None, trace-borne strings capped), so reports, metrics
+        # and scripts read the same values the JSON summary holds.
+        return strict(doc)
 
     def to_html(self, path: str | os.PathLike | None = None) -> str:
         from tokentrace.reports.html import render_html
@@ -205,5 +208,8 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
             ctx.errors[name] = f"{type(exc).__name__}: {exc}"
-            print(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})", file=sys.stderr)
+            from tokentrace.reports.format import visible
+
+            print(visible(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})", one_line=True),
+                  file=sys.stderr)
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors)

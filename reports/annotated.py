@@ -10,10 +10,13 @@ integer nanoseconds (Decimal), so epoch-scale timestamps keep their nanoseconds.
 
 from __future__ import annotations
 
-import gzip
+import codecs
 import os
-from collections.abc import Iterator
+import re
+import zlib
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import pandas as pd
 from tokentrace.analysis.loading.files import read_bytes
 from tokentrace.analysis.loading.repair import repair
 from tokentrace.errors import TraceError
+from tokentrace.jsonout import strict
 
 PROCESS_NAME = "tokentrace"
 # Track ids inside our process, in display order.
@@ -140,49 +144,115 @@ def _sync_events(res: Any, pid: int, t0: int, tracks: dict[int, str]) -> Iterato
                     {c: cols[c][i] for c in extra})
 
 
-def _splice(events_json: bytes, array: bytes) -> bytes:
-    """A JSON array with our events first and the original events after them, untouched."""
-    body = array.strip()
-    if not body.startswith(b"["):
+# JSON whitespace; matched from a position, so no buffer (bytes, mmap or memoryview) is copied to strip it.
+_WS = re.compile(rb"[ \t\r\n]*")
+# The traceEvents key outside any string (its quote not escaped), followed by its array.
+_EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"[ \t\r\n]*:[ \t\r\n]*(?=\[)')
+# Bytes of the original checked and compressed at a time: nothing holds a whole-file copy.
+_PIECE = 4 << 20
+Chunk = bytes | memoryview
+
+
+def _skip_ws(buf: memoryview, pos: int = 0) -> int:
+    m = _WS.match(buf, pos)
+    return m.end() if m else pos
+
+
+def _splice(inner: bytes, tail: memoryview) -> list[Chunk]:
+    """Our events (`inner`: objects separated by commas) first inside the traceEvents array that
+    `tail` starts with, then the original events and whatever follows the array, untouched."""
+    start = _skip_ws(tail)
+    if tail[start:start + 1] != b"[":
         raise ValueError("traceEvents is not an array")
-    rest = body[1:].lstrip()
-    inner = events_json.strip()[1:-1]
     if not inner:
-        return body
-    return b"[" + inner + (b"]" if rest.startswith(b"]") else b"," + rest)
+        return [tail]
+    after = _skip_ws(tail, start + 1)
+    return [b"[", inner, b"" if tail[after:after + 1] == b"]" else b",", tail[after:]]
 
 
-def annotated_bytes(analysis: Any) -> bytes:
-    """The original trace's JSON with tokentrace's process spliced into traceEvents."""
+def _splice_at_key(inner: bytes, view: memoryview, path: Path) -> list[Chunk]:
+    """For JSON nested deeper than the decoder goes (the loader flattened it): find the traceEvents
+    key by pattern instead of decoding the top level; only when the file holds exactly one."""
+    found = [m.end() for m in islice(_EVENTS_KEY.finditer(view), 2)]
+    if len(found) != 1:
+        raise TraceError(path, "cannot copy the trace for --annotated: nested too deeply to find its traceEvents")
+    return [view[:found[0]], *_splice(inner, view[found[0]:])]
+
+
+def annotated_chunks(analysis: Any) -> list[Chunk]:
+    """The original trace's JSON with tokentrace's process spliced into traceEvents, as pieces to
+    write in turn (views into the original file's buffer, so a large trace is not copied)."""
     trace = analysis.trace
     path = Path(trace.path)
     warnings: list[str] = []
-    data = read_bytes(path, warnings)
+    data: Any = read_bytes(path, warnings)
     pids = trace.events["pid"].to_numpy(np.int64)
     pid = int(pids.max()) + 1 if len(pids) else 1
-    ours = _encoder.encode(track_events(analysis, max(pid, 1)))
+    # strict: no NaN, and names from the trace capped the way the JSON summary caps them.
+    inner = _encoder.encode(strict(track_events(analysis, max(pid, 1)))).strip()[1:-1]
     for attempt in (0, 1):
+        view = memoryview(data).cast("B")
         try:
-            if data.lstrip()[:1] == b"[":
-                return _splice(ours, data)
-            top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+            if view[_skip_ws(view):][:1] == b"[":
+                msgspec.json.decode(view, type=msgspec.Raw)  # valid JSON? (checked without building events)
+                return _splice(inner, view)
+            top = msgspec.json.decode(view, type=dict[str, msgspec.Raw])
             if "traceEvents" not in top:
                 raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
-            parts = [_encoder.encode(k) + b":" + (_splice(ours, bytes(v)) if k == "traceEvents" else bytes(v)) for k, v in top.items()]
-            return b"{" + b",".join(parts) + b"}"
+            out: list[Chunk] = [b"{"]
+            for i, (k, v) in enumerate(top.items()):
+                out += [b"," if i else b"", _encoder.encode(k), b":"]
+                out += _splice(inner, memoryview(v)) if k == "traceEvents" else [memoryview(v)]
+            return out + [b"}"]
+        except RecursionError:
+            return _splice_at_key(inner, view, path)
         except (msgspec.DecodeError, ValueError):
             if attempt:
                 raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
             # The loader repaired this file; the copy is of the repaired JSON (its warnings said what changed).
-            data = repair(data, str(path), warnings)
+            data = repair(bytes(data), str(path), warnings)
     raise AssertionError("unreachable")
 
 
-def write_annotated(analysis: Any, path: str | os.PathLike) -> None:
-    """Write the annotated copy atomically; gzip it when the name ends in .gz."""
+def _valid_utf8(chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+    """The pieces, with any bytes that are not UTF-8 replaced by U+FFFD: JSON text is UTF-8, and
+    the decoder does not check the parts of a trace it skips over (metadata the loader does not read)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    for chunk in chunks:
+        for i in range(0, len(chunk), _PIECE):
+            piece = chunk[i:i + _PIECE]
+            if not decoder.getstate()[0] and bytes(piece).isascii():
+                yield piece  # nearly every trace: ASCII, copied as it is
+            else:
+                yield decoder.decode(bytes(piece)).encode("utf-8")  # identical bytes where they were valid
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail.encode("utf-8")
+
+
+def annotated_bytes(analysis: Any) -> bytes:
+    """The original trace's JSON with tokentrace's process spliced into traceEvents."""
+    return b"".join(_valid_utf8(annotated_chunks(analysis)))
+
+
+def _gzipped(chunks: Iterable[Chunk]) -> Iterator[bytes]:
+    z = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header, as gzip.compress writes
+    for chunk in chunks:
+        for i in range(0, len(chunk), _PIECE):
+            out = z.compress(chunk[i:i + _PIECE])
+            if out:
+                yield out
+    yield z.flush()
+
+
+def annotated_payload(analysis: Any, path: str | os.PathLike[str]) -> Iterator[Chunk]:
+    """What `write_annotated` writes to `path`: the pieces, gzip-compressed as they go when the name ends in .gz."""
+    chunks = _valid_utf8(annotated_chunks(analysis))
+    return _gzipped(chunks) if os.fspath(path).endswith(".gz") else chunks
+
+
+def write_annotated(analysis: Any, path: str | os.PathLike[str]) -> None:
+    """Write the annotated copy atomically (never over the trace it copies); gzip it when the name ends in .gz."""
     from tokentrace.io import write_output
 
-    out = annotated_bytes(analysis)
-    if str(path).endswith(".gz"):
-        out = gzip.compress(out, compresslevel=6)
-    write_output(path, out)
+    write_output(path, lambda: annotated_payload(analysis, path), inputs=[analysis.trace.path])

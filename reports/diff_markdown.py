@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tokentrace.reports import format as fmt
 from tokentrace.reports.diff_view import diff_view, environment
 
 
 def render_diff_markdown(result: Any, path: str | os.PathLike | None = None, top: int = 20) -> str:
     """Markdown text of a DiffResult; also written (atomically) to `path` when given ('-' is stdout)."""
-    text = environment().get_template("diff.md.j2").render(**diff_view(result, top=top))
+    # Control and bidi characters from either trace are escaped over the whole text, last.
+    text = fmt.visible(environment().get_template("diff.md.j2").render(**diff_view(result, top=top)))
     if path is not None:
         from tokentrace.io import write_output
 

@@ -1,4 +1,5 @@
-"""How numbers read in every report format: durations, bytes, shares, counts.
+"""How numbers and trace text read in every report format: durations, bytes, shares, counts,
+and trace-borne text made safe to show (`visible`).
 
 One place decides that 1234.5 us reads "1.23 ms" and 0.4321 reads "43.2%", so the HTML, Markdown
 and terminal summaries of the same analysis say the same thing. Formatting only: no arithmetic
@@ -8,6 +9,7 @@ beyond unit scaling.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MISSING = "n/a"
@@ -110,3 +112,29 @@ def shorten(text: str, limit: int = 120) -> str:
         return text
     half = (limit - 3) // 2
     return text[:half] + "..." + text[-half:]
+
+
+# Characters a terminal or a Markdown viewer acts on instead of showing, all of which a trace can
+# carry in a kernel, op or file name: C0 and C1 controls (ESC opens colour, cursor, window-title,
+# hyperlink (OSC 8) and clipboard (OSC 52) sequences; CR overwrites the line; NUL truncates), DEL,
+# the bidi marks, embeddings, overrides and isolates (U+061C, U+200E-U+200F, U+202A-U+202E,
+# U+2066-U+2069: text that reads in another order than it is), other invisible format characters
+# (zero-width spaces and joiners, U+2060-U+206F, BOM, interlinear annotations, tag characters),
+# line and paragraph separators, and lone surrogates (which cannot even be encoded).
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                     r"\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
+# Tab and newline, escaped too where the text must stay one line (error messages, table cells).
+_UNSAFE_ONE_LINE = re.compile(_UNSAFE.pattern[:-1] + r"\t\n]")
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+
+def visible(text: Any, *, one_line: bool = False) -> str:
+    """`text` with every control, bidi and invisible format character shown as an escape (ESC as
+    \\x1b, U+202E as \\u202e), so nothing from a trace can steer a terminal or reorder what a
+    reader sees. Text renderers apply it where their output is finally assembled; `one_line`
+    also escapes newlines and tabs (error messages, file names)."""
+    return (_UNSAFE_ONE_LINE if one_line else _UNSAFE).sub(_escape_char, str(text))

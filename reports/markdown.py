@@ -105,7 +105,8 @@ def render_markdown(analysis: Any | Sequence[Any], path: str | os.PathLike | Non
         lines += _headline_table(views) + [""]
     for v in views:
         lines += _trace_block(v, with_headline=len(views) == 1)
-    text = "\n".join(lines).rstrip() + "\n"
+    # Last, over the whole text: no control or bidi character from a trace (or a file name) survives.
+    text = fmt.visible("\n".join(lines).rstrip() + "\n")
     if path is not None:
         from tokentrace.io import write_output
 

@@ -6,7 +6,6 @@ one entry in RENDERERS and one module with one entry point.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -47,9 +46,11 @@ def _markdown(analyses: Sequence[Analysis]) -> str:
 
 
 def _json(analyses: Sequence[Analysis]) -> str:
+    from tokentrace.jsonout import dumps
+
     docs = [a.to_json() for a in analyses]
     doc = docs[0] if len(docs) == 1 else {"schema_version": docs[0]["schema_version"], "traces": docs}
-    return json.dumps(doc, indent=2)
+    return dumps(doc)
 
 
 RENDERERS: dict[str, Callable[[Sequence[Analysis]], str]] = {"html": _html, "markdown": _markdown, "json": _json}

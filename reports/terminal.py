@@ -20,8 +20,8 @@ SEVERITY_COLORS = {"high": "red", "medium": "yellow", "low": "cyan", "info": "wh
 
 
 def _clean(text: Any) -> str:
-    """One line without control characters: a name from the trace must not move the cursor or recolour the terminal."""
-    return "".join(ch if ch.isprintable() else " " if ch in "\t\n\r" else "?" for ch in str(text))
+    """One line, control and bidi characters escaped: a name from the trace must not move the cursor or recolour the terminal."""
+    return fmt.visible(text, one_line=True)
 
 
 def render_terminal(analysis: Any, color: bool = False) -> str:
@@ -33,7 +33,7 @@ def render_terminal(analysis: Any, color: bool = False) -> str:
 
     lines = [
         style(_clean(t.get("path", v.title)), bold=True),
-        f"  device    {_clean(t.get('device') or 'none (CPU only)')}   rank {t.get('rank', 0)}",
+        f"  device    {_clean(t.get('device') or 'none (CPU only)')}   rank {_clean(t.get('rank', 0))}",
         f"  duration  {fmt.duration(t.get('duration_us'))}",
         "  events    " + ", ".join(f"{_clean(k)} {v2}" for k, v2 in (t.get("kinds") or {}).items() if k != "metadata"),
     ]
@@ -41,7 +41,7 @@ def render_terminal(analysis: Any, color: bool = False) -> str:
         lines.append(f"  linked    {fmt.share(t['linked_to_launch'])} of GPU activity to a launch, {fmt.share(t.get('linked_to_op'))} to an op")
     for w in v.warnings:
         lines.append(style(f"  warning   {_clean(w)}", fg="yellow"))
-    lines.append("  " + "   ".join(f"{m.label} {style(m.text, bold=m.source is not None)}" for m in v.headline))
+    lines.append("  " + "   ".join(f"{m.label} {style(_clean(m.text), bold=m.source is not None)}" for m in v.headline))
     for s in v.sections:
         if s.status == "error":
             lines.append(style(f"  {s.key:<9} {_clean(s.message)}", fg="red"))
@@ -50,7 +50,7 @@ def render_terminal(analysis: Any, color: bool = False) -> str:
     if v.findings:
         lines.append(style(f"  findings  {len(v.findings)}, most expensive first:", bold=True))
         for i, f in enumerate(v.findings[:TOP_FINDINGS], 1):
-            sev = style(f"[{f['severity']}]", fg=SEVERITY_COLORS.get(f["severity"], "white"), bold=True)
+            sev = style(f"[{_clean(f['severity'])}]", fg=SEVERITY_COLORS.get(f["severity"], "white"), bold=True)
             outcome = (f"saves ~{fmt.duration(f['est_savings_us'])}" if f.get("est_savings_us") is not None
                        else f"explains {_clean(f.get('explains') or 'where the time goes')}")
             lines.append(f"  {i}. {sev} {_clean(f['title'])}  (costs {fmt.duration(f.get('cost_total_us'))}, {outcome})")

@@ -11,6 +11,11 @@ from typing import Any
 from tokentrace.reports import format as fmt
 
 
+def _text(lines: list[str]) -> str:
+    """The lines as terminal text: a file name or trace string cannot add a line or send an escape."""
+    return "\n".join(fmt.visible(line, one_line=True) for line in lines)
+
+
 def check_text(result: Any) -> str:
     """`tokentrace check`: one line per threshold, notes, and the verdict."""
     lines = [f"tokentrace check: {result.trace}" + (f" (baseline {result.baseline})" if result.baseline else "")]
@@ -21,7 +26,7 @@ def check_text(result: Any) -> str:
         lines.append(f"  note  {n}")
     n_fail = len(result.failures)
     lines.append(f"{n_fail} of {len(result.items)} checks failed" if n_fail else f"all {len(result.items)} checks passed")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def _step_label(row: Any) -> str:
@@ -49,7 +54,7 @@ def ranks_text(result: Any) -> str:
                      f"({_step_label(worst)}, rank {int(worst['slowest_rank'])} vs {int(worst['fastest_rank'])})")
     for n in result.notes:
         lines.append(f"note: {n}")
-    return "\n".join(lines)
+    return _text(lines)
 
 
 def scaling_text(sweep: Any) -> tuple[str, list[str]]:
@@ -68,13 +73,13 @@ def scaling_text(sweep: Any) -> tuple[str, list[str]]:
         err = "" if f["exponent_stderr"] is None else f" +/- {f['exponent_stderr']:.2f}"
         lines.append(f"fit: {f['op']} ({f['backend']}, batch {f['batch']}): time ~ S^{f['exponent']:.2f}{err} "
                      f"over {len(f['points'])} prompt lengths (r2 {f['r2'] if f['r2'] is not None else '-'})")
-    return "\n".join(lines), [f"note: {n}" for n in sweep.notes]
+    return _text(lines), [fmt.visible(f"note: {n}", one_line=True) for n in sweep.notes]
 
 
 def hta_text(comparison: dict[str, Any]) -> str:
     """`tokentrace analyze --hta`: our GPU span/busy/idle beside HTA's, with the caveats."""
     if "error" in comparison:
-        return f"HTA comparison: {comparison['error']}"
+        return fmt.visible(f"HTA comparison: {comparison['error']}", one_line=True)
     span = max(max(a, b) for name, a, b in comparison["rows"] if name == "span")
     span = max(span, 1e-9)
     out = ["GPU time (us)       tokentrace            HTA     diff (% of span)"]
@@ -87,4 +92,4 @@ def hta_text(comparison: dict[str, Any]) -> str:
     ours, theirs = comparison["utilization"]
     out.append(f"{'utilization':<12}{pct(ours):>18}{pct(theirs):>15}")
     out.extend(f"note: {c}" for c in comparison["caveats"])
-    return "\n".join(out)
+    return _text(out)

@@ -157,7 +157,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
                                  cache=cache), kind)
         text = _with_sweeps(text, sweeps, kind) if sweeps else text
         if output is not None:
-            write_output(os.fspath(output), text)
+            write_output(os.fspath(output), text, inputs=[str(p) for p in plain if isinstance(p, (str, os.PathLike))])
         return text
     # Command-line order; a directory's traces (ranks, steps) in load_all's order within it.
     loaded = [t for item in plain for t in ([item] if isinstance(item, (_Analysis, _Trace)) else load_all(item))]
@@ -173,7 +173,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     if sweeps:
         text = _with_sweeps(text, sweeps, kind)
     if output is not None:
-        write_output(os.fspath(output), text)
+        write_output(os.fspath(output), text, inputs=[a.trace.path for a in analyses if getattr(a, "trace", None) is not None])
     return text
 
 
@@ -216,13 +216,15 @@ def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
     """The report text with each sweep's table first (Markdown and JSON; the HTML table comes with the HTML report)."""
     import json
 
+    from tokentrace.jsonout import dumps
+
     if kind == "markdown":
         from tokentrace.reports.sweep import sweep_markdown
 
         return "".join(sweep_markdown(s) + "\n" for s in sweeps) + text
     if kind == "json":
         doc = json.loads(text)
-        return json.dumps({"sweeps": [s.to_json(with_runs=False) for s in sweeps], "report": doc}, indent=2)
+        return dumps({"sweeps": [s.to_json(with_runs=False) for s in sweeps], "report": doc})
     return text
 
 

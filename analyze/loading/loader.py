@@ -92,7 +92,9 @@ def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
     trace.meta.setdefault("_load", {})["seconds"] = time.perf_counter() - t0
     trace.meta["_load"]["bytes"] = nbytes
     for w in warnings:
-        print(f"tokentrace: warning: {path}: {w}", file=sys.stderr)
+        from tokentrace.reports.format import visible
+
+        print(visible(f"tokentrace: warning: {path}: {w}", one_line=True), file=sys.stderr)
     return trace
 
 
@@ -158,7 +160,9 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
             meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=True))
             break
         if show:
-            print(f"\rloading {path.name}: {b * 100 // max(len(region), 1)}%", end="", file=sys.stderr, flush=True)
+            from tokentrace.reports.format import visible
+
+            print(f"\rloading {visible(path.name, one_line=True)}: {b * 100 // max(len(region), 1)}%", end="", file=sys.stderr, flush=True)
     if show:
         print(file=sys.stderr)
     return meta, cols

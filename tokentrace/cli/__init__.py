@@ -30,7 +30,10 @@ class _Group(click.Group):
         except TokentraceError as exc:
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
-            click.echo(f"tokentrace: error: {exc}", err=True)
+            from tokentrace.reports.format import visible
+
+            # One line, whatever a file name or a trace put in the message (newlines, escapes).
+            click.echo(f"tokentrace: error: {visible(exc, one_line=True)}", err=True)
             ctx.exit(EXIT_BAD_INPUT)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from tokentrace.cli.options import graph_map_option
+
+if TYPE_CHECKING:
+    from tokentrace.io import Destination
 
 
 @click.command("analyze")
@@ -25,22 +28,26 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
     """Analyse TRACE (a .json/.json.gz file, a trace directory, or a capture run or sweep folder) and print a summary."""
     import tokentrace
     from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep, resolve
-    from tokentrace.io import write_output
+    from tokentrace.io import Render, plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
 
+    # Every destination is checked before the analysis runs, and all are written together at the end.
+    outs = plan({"--json": json_out, "--html": html_out, "--markdown": md_out, "--annotated": annotated_out}, [trace],
+                recursive=True)
     found = resolve(trace)
     if isinstance(found, CaptureSweep) and len(found.runs) > 1:
         if with_hta:
             from tokentrace.errors import TokentraceError
 
             raise TokentraceError(f"{trace}: --hta compares one trace; give one run folder of the sweep")
-        _analyze_sweep(trace, json_out, html_out, md_out, annotated_out, min_gap_us, quiet)
+        _analyze_sweep(trace, outs, min_gap_us, graph_maps, quiet)
         return
     if isinstance(found, CaptureSweep):
         found = found.runs[0]
     if isinstance(found, CaptureRun):
         click.echo(found.pick_note(), err=True)
     analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
-    if not quiet and json_out != "-":
+    if not quiet and not uses_stdout(outs):
         from tokentrace.reports.terminal import render_terminal
 
         click.echo(render_terminal(analysis, color=sys.stdout.isatty()))
@@ -48,42 +55,47 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         from tokentrace.analysis.compare.hta_compare import hta_comparison
         from tokentrace.reports.text import hta_text
 
-        click.echo(hta_text(hta_comparison(analysis)))
-    if json_out:
-        write_output(json_out, json.dumps(analysis.to_json(), indent=2))
-    if html_out:
-        analysis.to_html(html_out)
-    if md_out:
-        text = analysis.to_markdown()
-        write_output(md_out, text)
-    if annotated_out:
-        from tokentrace.reports.annotated import write_annotated
+        click.echo(hta_text(hta_comparison(analysis)), err=uses_stdout(outs))  # stdout may hold an output
+    from tokentrace.reports.annotated import annotated_payload
 
-        write_annotated(analysis, annotated_out)
+    render: dict[str, Render] = {
+        "--json": lambda: dumps(analysis.to_json()),
+        "--html": analysis.to_html,
+        "--markdown": analysis.to_markdown,
+        "--annotated": lambda: annotated_payload(analysis, annotated_out or ""),
+    }
+    write_all([(dest, render[option]) for option, dest in outs.items()])
 
 
-def _analyze_sweep(folder: str, json_out: str | None, html_out: str | None, md_out: str | None,
-                   annotated_out: str | None, min_gap_us: float | None, quiet: bool) -> None:
+def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float | None, graph_maps: tuple[str, ...],
+                   quiet: bool) -> None:
     """A sweep folder: the sweep table, then each run's summary (and the same in the files asked for)."""
     import tokentrace
     from tokentrace.errors import TokentraceError
-    from tokentrace.io import write_output
+    from tokentrace.io import Render, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
+    from tokentrace.reports.format import visible
     from tokentrace.reports.render import render
     from tokentrace.reports.sweep import sweep_markdown, sweep_text
     from tokentrace.reports.terminal import render_terminal
 
-    if annotated_out:
+    if "--annotated" in outs:
         raise TokentraceError(f"{folder}: --annotated writes one trace; give one run folder of the sweep")
-    result = tokentrace.sweep(folder, min_gap_us=min_gap_us,
-                              progress=(lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None)
+    options = None
+    if graph_maps:
+        from tokentrace.analysis.pipeline import Options
+
+        options = Options(graph_maps=tuple(graph_maps))
+    result = tokentrace.sweep(folder, min_gap_us=min_gap_us, options=options,
+                              progress=(lambda line: click.echo(visible(line, one_line=True), err=True)) if sys.stderr.isatty() else None)
     for note in result.notes:
-        click.echo(note, err=True)
-    if not quiet and "-" not in (json_out, md_out):
+        click.echo(visible(note, one_line=True), err=True)
+    if not quiet and not uses_stdout(outs):
         parts = [sweep_text(result)] + [render_terminal(a, color=sys.stdout.isatty()) for a in result.analyses]
         click.echo("\n\n".join(parts))
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
-    if md_out:
-        write_output(md_out, sweep_markdown(result) + "\n" + render(result.analyses, "markdown"))
-    if html_out:
-        write_output(html_out, render(result.analyses, "html"))
+    writers: dict[str, Render] = {
+        "--json": lambda: dumps(result.to_json()),
+        "--markdown": lambda: sweep_markdown(result) + "\n" + render(result.analyses, "markdown"),
+        "--html": lambda: render(result.analyses, "html"),
+    }
+    write_all([(dest, writers[option]) for option, dest in outs.items()])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 EXIT_CHECK_FAILED = 1
@@ -27,18 +25,19 @@ def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | Non
     Exit 0 when all hold (on every run of a sweep), 1 when any fails (or its metric is absent), 2 on bad input.
     """
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.text import check_text
 
+    outs = plan({"--json": json_out}, [p for p in (trace, baseline, config) if p])
     result = tokentrace.check(trace, config=config, baseline=baseline, max_regression=max_regression,
                               max_idle_share_decode=max_idle_share_decode, max_syncs_per_token=max_syncs_per_token,
                               max_tpot_us=max_tpot_us, max_ttft_us=max_ttft_us)
-    if json_out != "-":
+    if not uses_stdout(outs):
         from tokentrace.analysis.compare.sweep import SweepCheck
         from tokentrace.reports.sweep import sweep_check_text
 
         click.echo(sweep_check_text(result) if isinstance(result, SweepCheck) else check_text(result))
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
+    write_all([(dest, lambda: dumps(result.to_json())) for dest in outs.values()])
     if not result.passed:
         click.get_current_context().exit(EXIT_CHECK_FAILED)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from tokentrace.cli.options import graph_map_option
@@ -23,9 +21,11 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary; or two capture sweep folders)."""
     import tokentrace
     from tokentrace.analysis.compare.sweep import SweepDiff
-    from tokentrace.io import write_output
+    from tokentrace.io import Render, plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
+    outs = plan({"--json": json_out, "--markdown": md_out, "--html": html_out}, [base, test], recursive=True)
     result = tokentrace.diff(base, test, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
     if isinstance(result, SweepDiff):  # two sweeps: the paired table, then each pair's diff
         from tokentrace.errors import TokentraceError
@@ -33,18 +33,17 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
 
         if html_out:
             raise TokentraceError("diff of two sweeps: --html takes one pair of runs; use --json or --markdown")
-        if not quiet and "-" not in (json_out, md_out):
-            click.echo(sweep_diff_text(result))
-        if json_out:
-            write_output(json_out, json.dumps(result.to_json(), indent=2))
-        if md_out:
-            write_output(md_out, "\n\n".join(render_diff_markdown(d) for _, _, d in result.pairs))
+        sweep = result
+        if not quiet and not uses_stdout(outs):
+            click.echo(sweep_diff_text(sweep))
+        sweep_render: dict[str, Render] = {
+            "--json": lambda: dumps(sweep.to_json()),
+            "--markdown": lambda: "\n\n".join(render_diff_markdown(d) for _, _, d in sweep.pairs),
+        }
+        write_all([(dest, sweep_render[option]) for option, dest in outs.items()])
         return
-    if not quiet and "-" not in (json_out, md_out):
+    if not quiet and not uses_stdout(outs):
         click.echo(render_diff_markdown(result, top=10))
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
-    if md_out:
-        write_output(md_out, render_diff_markdown(result))
-    if html_out:
-        result.to_html(html_out)
+    render: dict[str, Render] = {"--json": lambda: dumps(result.to_json()), "--markdown": lambda: render_diff_markdown(result),
+                                 "--html": result.to_html}
+    write_all([(dest, render[option]) for option, dest in outs.items()])

@@ -4,8 +4,6 @@ straggler."""
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from tokentrace.cli.distributed import distributed_options
@@ -20,16 +18,18 @@ def ranks_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None,
               min_gap_us: float | None) -> None:
     """Analyse the rank traces in PATHS (files or directories) in parallel and compare the ranks."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
+    from tokentrace.reports.format import visible
     from tokentrace.reports.text import ranks_text
 
+    outs = plan({"--json": json_out}, paths)
     result = tokentrace.ranks(list(paths), workers=workers, min_gap_us=min_gap_us, scheduler=scheduler, cache=not no_cache)
     if result.run is not None:
         click.echo(f"tokentrace: {result.run.analysed + result.run.from_cache} traces, {result.run.analysed} analysed "
                    f"({result.run.where}), {result.run.from_cache} from the cache", err=True)
-    if json_out != "-":
+    if not uses_stdout(outs):
         click.echo(ranks_text(result))
         for line in result.summary_lines():
-            click.echo(line)
-    if json_out:
-        write_output(json_out, json.dumps(result.to_json(), indent=2))
+            click.echo(visible(line, one_line=True))
+    write_all([(dest, lambda: dumps(result.to_json())) for dest in outs.values()])

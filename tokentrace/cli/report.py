@@ -27,12 +27,16 @@ def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us
     import sys
 
     import tokentrace
+    from tokentrace.io import plan, uses_stdout
+    from tokentrace.reports.format import visible
+
+    outs = plan({"-o": output}, traces)  # refused before any trace is analysed
 
     def progress(line: str) -> None:
         if sys.stderr.isatty():
-            click.echo(line, err=True)
+            click.echo(visible(line, one_line=True), err=True)
 
     tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None,
                       progress=progress, workers=workers, scheduler=scheduler, cache=not no_cache)
-    if output != "-":
-        click.echo(f"wrote {output}", err=True)
+    if not uses_stdout(outs):
+        click.echo(f"wrote {visible(output, one_line=True)}", err=True)

@@ -7,8 +7,6 @@ writes the result.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from tokentrace.cli.distributed import distributed_options
@@ -21,13 +19,14 @@ from tokentrace.cli.distributed import distributed_options
 def scaling_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, scheduler: str | None, no_cache: bool) -> None:
     """Fit attention GPU time per call against prompt length over PATHS (one point per trace)."""
     import tokentrace
-    from tokentrace.io import write_output
+    from tokentrace.io import plan, uses_stdout, write_all
+    from tokentrace.jsonout import dumps
     from tokentrace.reports.text import scaling_text
 
+    outs = plan({"--json": json_out}, paths, recursive=True)  # a sweep folder is searched recursively
     sweep = tokentrace.scaling(list(paths), workers=workers or 1, scheduler=scheduler, cache=not no_cache)
-    if json_out:
-        write_output(json_out, json.dumps(sweep.to_json(), indent=2))
-    if json_out == "-":
+    write_all([(dest, lambda: dumps(sweep.to_json())) for dest in outs.values()])
+    if uses_stdout(outs):
         return
     text, notes = scaling_text(sweep)
     click.echo(text)
