@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
-from detector_context import run_alone
+from detector_context import context, run_alone
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -396,7 +396,8 @@ def test_sample_llama_tpot_slope_is_not_a_result():
     path = SAMPLE_TRACES / "gpu_llama-3.2-1b_eager" / "llama-3.2-1b_p512_b1" / "combined.pt.trace.json.gz"
     if not path.exists():
         pytest.skip(f"sample trace {path} is absent")
-    res = phases.run(tokentrace.load(path), None)
+    trace = tokentrace.load(path)
+    res = phases.run(trace, context(trace))
     d = res.to_json()["decode"]
     # 8 decode steps: the -353 us/token of a line through them is not reported, the mean TPOT is.
     assert d["tpot_slope_us_per_token"] is None and d["tpot_slope"]["status"] == "range too narrow to fit"
