@@ -14,6 +14,8 @@ launch call returned (the "host-bound part" of the gap; the rest, if any, the wo
 - gpu_wait: the next work had been queued for longer than QUEUED_WAIT_MIN_NS (and longer than
   the host-bound part) and still did not start: the stream waited on an event of another stream
   (cudaStreamWaitEvent) or on GPU work the trace does not show;
+- outside_steps: the gap lies wholly before the first step's GPU work or after the last step's
+  (analyze.common.steady_state): the profiler window, not the steps; no finding ranks it;
 - launch_bound: everything else: the next launch call began after the GPU went idle while the
   host was in launching ops (framework and launch overhead), or the work was already queued and
   started a few microseconds late (launch latency).
@@ -35,6 +37,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.detectors.syncs import (
     SYNC_RETURN_SLACK_NS,
     TRANSFER_KINDS,
@@ -49,7 +52,7 @@ from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.trace import Trace
 
 US = 1000.0
-CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait")
+CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "outside_steps")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not
 # per-launch overhead, and CUDA graphs would not remove them.
@@ -109,6 +112,7 @@ def run(trace: Trace, ctx: Any = None) -> GapsResult:
     table = find_gaps(trace, busy, min_gap)
     calls = sync_calls(trace)
     classify(trace, table, calls, segments)
+    _mark_outside_steps(table, getattr(ctx.results.get("gpu"), "window", None) if ctx is not None else None)
     streams = stream_gaps(trace, min_gap)
     by_phase = _by_phase(table, segments)
     savings = _savings(trace, table, segments)
@@ -224,6 +228,16 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
     nop = op_col[np.maximum(ln, 0)] if n else np.zeros(0, np.int64)
     gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None) if n else [],
                                 index=gaps.index, dtype=object)
+
+
+def _mark_outside_steps(gaps: pd.DataFrame, window: Any) -> None:
+    """Gaps wholly before the first step's GPU work or after the last step's get cause outside_steps."""
+    out = steady_state.outside_mask(gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64), window)
+    out &= ~gaps["graph_replay"].to_numpy(bool)
+    if out.any():
+        before = gaps["end"].to_numpy(np.int64) <= window.start
+        gaps.loc[out, "cause"] = "outside_steps"
+        gaps.loc[out, "detail"] = np.where(before[out], "before the first step's GPU work", "after the last step's GPU work")
 
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.loading.trace import Trace
 
 US = 1000.0  # ns per microsecond
@@ -73,6 +74,15 @@ class GpuUtilization:
     busy: BusyTimeline
     nsys_rules: dict[str, Any] = field(default_factory=dict)
     findings: list = field(default_factory=list)
+    # The steady state (analyze.common.steady_state): GPU time of the steps' window, and the idle
+    # before the first step's work and after the last step's, which the headline leaves out.
+    window: steady_state.Window | None = None
+    steps_window: dict[str, Any] | None = None
+    outside_steps: dict[str, Any] | None = None
+
+    def summary_lines(self) -> list[str]:
+        line = steady_state.summary_line(self.outside_steps)
+        return [line] if line else []
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +97,8 @@ class GpuUtilization:
             "by_phase": {str(r["phase"]): {k: r[k] for k in ("busy_us", "span_us", "utilization")}
                          for r in _records(self.by_phase)},
             "nsys_rules": self.nsys_rules,
+            "steps_window": self.steps_window,
+            "outside_steps": self.outside_steps,
         }
 
 
@@ -121,7 +133,12 @@ def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
 
         opts = ctx.options
         nsys = evaluate(trace, busy, gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks, threshold=opts.nsys_util_threshold)
+    window = _steps_window(trace, ctx)
+    steady, outside = steady_state.account(busy, window, t0)
     return GpuUtilization(
+        window=window,
+        steps_window=steady,
+        outside_steps=outside,
         busy_us=busy_ns,
         idle_us=idle_ns,
         utilization=busy_ns / span if span > 0 else None,
@@ -134,6 +151,14 @@ def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
         busy=busy,
         nsys_rules=nsys,
     )
+
+
+def _steps_window(trace: Trace, ctx: Any) -> steady_state.Window | None:
+    ph = ctx.results.get("phases") if ctx is not None else None
+    if ph is not None and hasattr(ph, "steps_window"):
+        return ph.steps_window
+    segs = getattr(ctx, "segments", None) if ctx is not None else None
+    return steady_state.steps_window(trace, segs) if segs is not None else None
 
 
 def _streams(trace: Trace, t0: int) -> pd.DataFrame:
