@@ -51,6 +51,9 @@ class Options:
     nsys_gap_ms: float = nsys_rules.GAP_MS
     nsys_util_chunks: int = nsys_rules.UTIL_CHUNKS
     nsys_util_threshold: float = nsys_rules.UTIL_THRESHOLD_PCT
+    # Users' own phase annotations: ((role, regex), ...) with role prefill, decode or request; a
+    # role given here replaces that role's default patterns (analysis.common.phase_patterns).
+    phases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from tokentrace.analysis.pipeline import Analysis, Options
 
 PathLike = str | os.PathLike[str]
+# Users' phase patterns: {"prefill": REGEX, "decode": [REGEX, ...]}, [("decode", REGEX), ...] or
+# ["decode=REGEX", ...] (tokentrace.analysis.common.phase_patterns; roles prefill, decode, request).
+PhasesLike = Any
 # A run to compare: an Analysis, a loaded Trace, a trace file or folder, or a saved JSON summary.
 RunLike = Any
 
@@ -45,27 +48,34 @@ def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
     return _load_all(*paths, progress=progress)
 
 
-def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options: Options | None = None) -> Analysis:
+def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, phases: PhasesLike = None,
+            options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
-    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us); `options`
-    holds every other setting (see `tokentrace.analysis.Options`). A keyword argument given
-    here overrides the same field of `options`.
+    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `phases`
+    gives the names of your own prefill / decode / request annotations as regular expressions
+    (e.g. `{"decode": r"gen_step_\\d+"}`; a role given replaces its defaults, see
+    `tokentrace.analysis.common.phase_patterns`). `options` holds every other setting (see
+    `tokentrace.analysis.Options`). A keyword argument given here overrides the same field of
+    `options`. Raises TokentraceError for a bad pattern.
     """
     from dataclasses import replace
 
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.pipeline import Options as _Options
     from tokentrace.analysis.pipeline import run_pipeline
 
     opts = options or _Options()
     if min_gap_us is not None:
         opts = replace(opts, min_gap_us=float(min_gap_us))
+    if phases is not None:
+        opts = replace(opts, phases=normalize(phases))
     return run_pipeline(trace, opts)
 
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
-           format: str | None = None, min_gap_us: float | None = None, options: Options | None = None,
-           progress: Callable[[str], None] | None = None) -> str:
+           format: str | None = None, min_gap_us: float | None = None, phases: PhasesLike = None,
+           options: Options | None = None, progress: Callable[[str], None] | None = None) -> str:
     """One report over one or more traces (files, folders of ranks/steps, Traces or Analyses).
 
     The format is `format` ("html", "markdown" or "json"), else taken from `output`'s suffix, else
@@ -88,32 +98,40 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             continue
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
-        analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
+        analyses.append(analyze(item, min_gap_us=min_gap_us, phases=phases, options=options))
     text = render(analyses, kind)
     if output is not None:
         write_output(os.fspath(output), text)
     return text
 
 
-def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None) -> DiffResult:
-    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary)."""
+def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None, phases: PhasesLike = None) -> DiffResult:
+    """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary).
+    `min_gap_us` and `phases` apply to the runs analysed here (see `analyze`)."""
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.diff import diff as _diff
 
-    return _diff(base, test, **({} if min_gap_us is None else {"min_gap_us": min_gap_us}))
+    opts: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    if phases is not None:
+        opts["phases"] = normalize(phases)
+    return _diff(base, test, **opts)
 
 
 def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike = None,
-          max_regression: float | None = None, **thresholds: float | None) -> CheckResult:
+          max_regression: float | None = None, phases: PhasesLike = None, **thresholds: float | None) -> CheckResult:
     """Evaluate thresholds on a run; `result.passed` says whether all hold.
 
     Thresholds are `max_<metric>=` / `min_<metric>=` keywords for the metrics in
     `tokentrace.analysis.compare.metrics` (e.g. `max_tpot_us=20000`), a TOML `config`, or a
-    `baseline` with `max_regression` percent. An unknown threshold raises TokentraceError.
+    `baseline` with `max_regression` percent. `phases` (see `analyze`) replaces the config's
+    `phases` for the runs analysed here. An unknown threshold raises TokentraceError.
     """
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.check import check as _check
 
     return _check(trace, baseline=baseline, max_regression=max_regression,
-                  config=None if config is None else os.fspath(config), **thresholds)
+                  config=None if config is None else os.fspath(config),
+                  phases=None if phases is None else normalize(phases), **thresholds)
 
 
 def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace]) -> Sweep:
@@ -123,9 +141,15 @@ def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace]) -> Sweep:
     return fit_sweep(traces)
 
 
-def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None) -> RanksResult:
-    """Analyse every rank's trace under `paths` (in worker processes) and compare the ranks."""
+def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None,
+          phases: PhasesLike = None) -> RanksResult:
+    """Analyse every rank's trace under `paths` (in worker processes) and compare the ranks;
+    `min_gap_us` and `phases` as for `analyze`."""
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.ranks import analyze_ranks
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    return analyze_ranks(items, workers=workers, options=None if min_gap_us is None else {"min_gap_us": min_gap_us})
+    opts: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    if phases is not None:
+        opts["phases"] = normalize(phases)
+    return analyze_ranks(items, workers=workers, options=opts or None)

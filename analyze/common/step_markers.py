@@ -5,9 +5,10 @@ Owns turning annotation rows into segment rows for the phases segmenter (analyze
 - `engine_segments`: vLLM / SGLang step annotations and graph-capture marks (names parsed by
   analyze.common.engine_steps), one segment per engine step with its kind, requests and tokens.
   When one engine marker holds exactly one other (a scheduler-level `execute_...` around SGLang's
-  `step[...]` forward span), the step is the inner range, the forward pass whose GPU work it
-  launches, and each count the outer marker leaves unknown is taken from the inner one. An outer
-  marker holding several is kept whole (its sums cannot be split between them).
+  `step[...]` forward span), the step is the inner marker (its range and name: the forward pass
+  whose GPU work it launches), with the outer marker's counts and kind, the inner's filling what
+  the outer leaves unknown. An outer marker holding several is kept whole (its sums cannot be
+  split between them).
 - `user_segments`: prefill / decode annotations that match the user's patterns
   (analyze.common.phase_patterns), and the `request` ranges that bound inferred forward passes.
 
@@ -83,9 +84,10 @@ def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def _merge_inner(out: pd.DataFrame, at: np.ndarray, inner: pd.DataFrame) -> None:
-    """Give each outer marker in `at` its single inner marker's range, and the inner's counts
-    where the outer's are unknown (the outer's are the detailed ones when both exist)."""
-    for c in ("ts", "end", "tid"):
+    """Give each outer marker in `at` its single inner marker's range and name, and the inner's
+    counts where the outer's are unknown (the outer's are the detailed ones when both exist)."""
+    outer_name = out.loc[at, "name"].to_numpy()
+    for c in ("ts", "end", "tid", "name"):
         out.loc[at, c] = inner[c].to_numpy()
     for c in _INT_COLUMNS:
         o = out.loc[at, c].to_numpy(np.int64)
@@ -94,11 +96,12 @@ def _merge_inner(out: pd.DataFrame, at: np.ndarray, inner: pd.DataFrame) -> None
     # vLLM's execute_... form around it).
     out.loc[at, "engine"] = inner["engine"].to_numpy()
     out.loc[at, "form"] = [f"{o}+{i}" for o, i in zip(out.loc[at, "form"], inner["form"], strict=True)]
-    vague = out.loc[at, "kind"].to_numpy() == "step"
-    out.loc[at, "kind"] = np.where(vague, inner["kind"].to_numpy(), out.loc[at, "kind"].to_numpy())
-    agree = out.loc[at, "kind"].to_numpy() == inner["kind"].to_numpy()
-    note = [f"range of the nested {n}" + ("" if ok else f" (which says {k})")
-            for n, ok, k in zip(inner["name"], agree, inner["kind"], strict=True)]
+    outer_kind = out.loc[at, "kind"].to_numpy()
+    vague = outer_kind == "step"
+    out.loc[at, "kind"] = np.where(vague, inner["kind"].to_numpy(), outer_kind)
+    agree = vague | (outer_kind == inner["kind"].to_numpy())
+    note = [f"counts from the enclosing {n}" + ("" if ok else f" (which says {k}; its kind is used)")
+            for n, ok, k in zip(outer_name, agree, outer_kind, strict=True)]
     prev = out.loc[at, "note"].to_numpy()
     out.loc[at, "note"] = [f"{p}; {n}" if isinstance(p, str) and p else n for p, n in zip(prev, note, strict=True)]
 

@@ -106,7 +106,7 @@ def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
     return _frame(mine["ts"], mine["end"], n, mine["tid"], phase, step=pd.to_numeric(step, errors="coerce").fillna(-1).astype(np.int64))
 
 
-def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str]:
+def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     """(segments, confidence): engine step annotations (exact), else vLLM's execute_model (high)."""
     ann = trace.annotations
     engine = sm.engine_segments(ann)
@@ -116,7 +116,7 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str]:
     if not vl.empty:
         vl = _outermost(vl)
         return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl)), "high"
-    return None, "none"
+    return None, None
 
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from tokentrace.cli.options import phase_option, phases_of
+
 
 @click.command("diff")
 @click.argument("base", type=click.Path(exists=False, dir_okay=True))
@@ -15,14 +17,15 @@ import click
 @click.option("--markdown", "md_out", metavar="FILE|-", help="Write the diff as Markdown to FILE ('-' for stdout).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
+@phase_option
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
-             min_gap_us: float | None, quiet: bool) -> None:
+             min_gap_us: float | None, quiet: bool, phase: tuple[str, ...]) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary)."""
     import tokentrace
     from tokentrace.io import write_output
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
-    result = tokentrace.diff(base, test, min_gap_us=min_gap_us)
+    result = tokentrace.diff(base, test, min_gap_us=min_gap_us, phases=phases_of(phase))
     if not quiet and "-" not in (json_out, md_out):
         click.echo(render_diff_markdown(result, top=10))
     if json_out:

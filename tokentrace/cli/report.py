@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.options import phase_option, phases_of
+
 
 @click.command("report")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False, dir_okay=True))
@@ -16,7 +18,8 @@ import click
 @click.option("--format", "fmt", type=click.Choice(["html", "markdown", "json"]), default=None,
               help="Output format (default: from the file name).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
-def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None) -> None:
+@phase_option
+def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None, phase: tuple[str, ...]) -> None:
     """Write one report (HTML, Markdown or JSON) over TRACE... (files or directories of traces)."""
     import sys
 
@@ -26,6 +29,6 @@ def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us
         if sys.stderr.isatty():
             click.echo(line, err=True)
 
-    tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, progress=progress)
+    tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, phases=phases_of(phase), progress=progress)
     if output != "-":
         click.echo(f"wrote {output}", err=True)
