@@ -362,7 +362,7 @@ def test_phase_option_on_every_analysing_command(tmp_path):
     assert doc["phases"]["segments"] == {"prefill": 1, "decode": 2}
     r = run(main, ["ranks", path, "--workers", "1", "--json", "-", "--phase", "prefill=prompt_pass", "--phase", r"decode=gen_step_\d+"])
     assert r.exit_code == 0, r.output
-    assert {s["phase"] for s in json.loads(r.output)["step_times"]} == {"prefill", "decode"}
+    assert {s["phase"] for s in json.loads(r.output)["steps"]} == {"prefill", "decode"}
     # Without the patterns the same names are not phases; with a bad one, one line and exit 2.
     r = run(main, ["check", path, "--max-tpot-us", "1e9", "--phase", "decode=("])
     assert r.exit_code == 2 and "not a valid regular expression" in r.output
