@@ -345,9 +345,16 @@ def test_gpu_work_without_device_properties_is_never_cpu_only(tmp_path):
 
 # ---- the command line and check's TOML config -------------------------------------------------------
 
+def kernels_only(b: TraceBuilder, names: list[str]) -> None:
+    """Steps of bare kernel launches (no embedding op: nothing to infer phases from) in the user's names."""
+    t = 0.0
+    for name in names:
+        t = engine_step(b, t, name)["host_end"] + 10.0
+
+
 def test_phase_option_on_every_analysing_command(tmp_path):
     b = TraceBuilder()
-    user_generation(b, ["prompt_pass", "gen_step_0", "gen_step_1"])
+    kernels_only(b, ["prompt_pass", "gen_step_0", "gen_step_1"])
     path = str(b.write(tmp_path / "t.json"))
     run = CliRunner().invoke
     r = run(main, ["analyze", path, "-q", "--json", "-", "--phase", "prefill=prompt_pass", "--phase", r"decode=gen_step_\d+"])
@@ -374,12 +381,14 @@ def test_phase_option_on_every_analysing_command(tmp_path):
 
 def test_check_reads_phases_from_its_toml_config(tmp_path):
     b = TraceBuilder()
-    user_generation(b, ["prompt_pass", "gen_step_0", "gen_step_1"])
+    kernels_only(b, ["prompt_pass", "gen_step_0", "gen_step_1"])
     path = b.write(tmp_path / "t.json")
     cfg = tmp_path / "checks.toml"
     cfg.write_text('[check]\nmax_tpot_us = 1e9\nphases = { prefill = "prompt_pass", decode = ["gen_step_\\\\d+"] }\n')
     res = tokentrace.check(path, config=cfg)
     assert res.passed, res.to_json()
+    cfg.write_text('[check]\nmax_tpot_us = 1e9\n')
+    assert not tokentrace.check(path, config=cfg).passed  # no decode steps without the patterns
     cfg.write_text('[check]\nmax_tpot_us = 1e9\nphases = ["decode=gen_step_\\\\d+", "prefill=prompt_pass"]\n')
     assert tokentrace.check(path, config=cfg).passed
     cfg.write_text('[check]\nmax_tpot_us = 1e9\nphases = { verify = "x" }\n')
