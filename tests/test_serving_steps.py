@@ -298,6 +298,19 @@ def test_idle_before_the_first_step_is_outside_steps(tmp_path):
     assert any(line.startswith("outside steps") for line in a.gpu.summary_lines())
 
 
+def test_idle_while_the_first_step_runs_host_work_is_the_steps(tmp_path):
+    b = TraceBuilder()
+    b.launch("warmup_kernel", 0.0, 2.0, 8.0)  # GPU busy 2..10
+    b.annotation("step[DECODE bs=4]", 15.0, 600.0)
+    b.cpu_op("aten::slow_host_work", 20.0, 480.0)  # the step's own host work before its first launch
+    b.launch("decode_kernel", 505.0, 507.0, 100.0)
+    j = tokentrace.analyze(b.load(tmp_path)).to_json()
+    # The idle 10..507 lies mostly inside the step: the window takes it whole, it is the step's cost.
+    assert (j["gpu"]["steps_window"]["start_us"], j["gpu"]["steps_window"]["end_us"]) == (10.0, 607.0)
+    assert j["gpu"]["outside_steps"] == {"idle_before_us": 0.0, "idle_after_us": 0.0, "idle_us": 0.0, "busy_us": 8.0}
+    assert j["gaps"]["by_cause"]["outside_steps"]["count"] == 0 and j["gaps"]["by_cause"]["cpu_busy"]["total_us"] == 497.0
+
+
 def test_no_steps_no_window(tmp_path):
     b = TraceBuilder()
     b.launch("k", 0.0, 2.0, 10.0)

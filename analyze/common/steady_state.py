@@ -1,16 +1,21 @@
-"""The steady-state window: from the first step's GPU work to the last step's, and what lies outside it.
+"""The steady-state window: from the first step to the last step's GPU work, and what lies outside it.
 
 Owns the window and the accounting of GPU time outside it. Real traces start and stop around the
 steps: the profiler starts while a server's scheduler waits for requests, or the first step's
 stream waits on an event recorded before the profiler started, and it stops after the last step.
-The GPU idle before the first step's work and after the last step's is not the steps' cost: it
-is reported apart (`outside_steps`), left out of the headline utilisation, and its gaps get the
-cause `outside_steps`, which no finding ranks.
+The GPU idle before the first step and after the last step's work is not the steps' cost: it is
+reported apart (`outside_steps`), left out of the headline utilisation, and its gaps get the cause
+`outside_steps`, which no finding ranks.
 
-A step's GPU work is located by the launch call that started it (analyze.segments), so work a
-step launched counts even when it runs long after the step's host code; work launched outside
-every step (before the first, between scheduler iterations of an engine whose step marker wraps
-only the forward pass) does not open the window.
+The window starts where the first step starts on the host (the GPU idle while its host code runs
+before its first launch is that step's cost); when the GPU is idle then, the whole idle stretch
+goes to the side that holds most of it (a profiler started long before the first request: outside;
+a step that starts with host work: inside), so that no gap is split. If the first step's first GPU
+work sat queued for longer than QUEUED_WAIT_MIN_NS (behind an event recorded before the trace, or
+work the trace does not show), the window starts when that work starts. It ends when the last GPU work launched in a step
+ends. A step's GPU work is located by the launch call that started it (analyze.segments), so work
+launched outside every step (before the first, or between scheduler iterations of an engine whose
+step marker wraps only the forward pass) belongs to no step.
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ US = 1000.0
 # Phases whose GPU work is the steps' work ("other" holds tokenisation, idle engine steps and
 # graph captures, which produce no token).
 STEP_PHASES: tuple[str, ...] = ("prefill", "decode", "mixed", "step")
+# GPU launch latency (queue to start) is a few microseconds; queued work that waits longer is held
+# back by a dependency, not by the launch (analyze.detectors.gaps classifies such gaps gpu_wait).
+QUEUED_WAIT_MIN_NS = 50_000
 
 
 @dataclass(frozen=True)
 class Window:
-    start: int  # ns, first GPU start of work launched in a step
-    end: int  # ns, last GPU end of that work
+    start: int  # ns (see the module docstring)
+    end: int  # ns, last GPU end of work launched in a step
 
 
 def steps_window(trace: Trace, segs: Segments) -> Window | None:
@@ -41,13 +49,29 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     gpu = trace.gpu
     if gpu.empty or not len(segs):
         return None
-    seg = segs.locate_rows(trace, gpu.index.to_numpy(np.int64))
-    phase = segs.table.set_index("seg")["phase"]
-    is_step = np.isin(phase.reindex(np.maximum(seg, 0)).astype(str).to_numpy(), STEP_PHASES)
+    rows = gpu.index.to_numpy(np.int64)
+    seg = segs.locate_rows(trace, rows)
+    table = segs.table.set_index("seg")
+    is_step = np.isin(table["phase"].reindex(np.maximum(seg, 0)).astype(str).to_numpy(), STEP_PHASES)
     ok = (seg >= 0) & is_step
     if not ok.any():
         return None
-    return Window(int(gpu["ts"].to_numpy(np.int64)[ok].min()), int(gpu["end"].to_numpy(np.int64)[ok].max()))
+    ts, end = gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
+    first = int(np.argmin(np.where(ok, ts, np.iinfo(np.int64).max)))
+    gpu_start, gpu_end = int(ts[first]), int(end[ok].max())
+    launch = int(gpu["launch"].to_numpy(np.int64)[first])
+    queued = ts[first] - int(trace.events["end"].to_numpy(np.int64)[launch]) if launch >= 0 else 0
+    if queued > QUEUED_WAIT_MIN_NS:
+        return Window(gpu_start, gpu_end)
+    steps = table[np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)]
+    start = min(int(steps["start"].min()), gpu_start)
+    before = end[end <= start]
+    if len(before) and not ((ts < start) & (end > start)).any():
+        # The first step starts while the GPU is idle: the window takes that idle stretch whole,
+        # to the side holding most of it, so that no gap is split between inside and outside.
+        a, b = int(before.max()), int(ts[ts >= start].min())
+        start = b if start - a > b - start else a
+    return Window(start, gpu_end)
 
 
 def account(busy: Any, window: Window | None, t0: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -96,6 +120,6 @@ def summary_line(outside: dict[str, Any] | None) -> str | None:
     """The terminal line saying how much GPU idle the steady state left out, None when none."""
     if not outside or outside["idle_us"] <= 0:
         return None
-    return (f"outside steps  {outside['idle_us'] / 1000:.2f} ms of GPU idle before the first step's work "
-            f"({outside['idle_before_us'] / 1000:.2f} ms) and after the last step's "
+    return (f"outside steps  {outside['idle_us'] / 1000:.2f} ms of GPU idle before the first step "
+            f"({outside['idle_before_us'] / 1000:.2f} ms) and after the last step's work "
             f"({outside['idle_after_us'] / 1000:.2f} ms): not counted in utilisation or findings")

@@ -14,8 +14,9 @@ launch call returned (the "host-bound part" of the gap; the rest, if any, the wo
 - gpu_wait: the next work had been queued for longer than QUEUED_WAIT_MIN_NS (and longer than
   the host-bound part) and still did not start: the stream waited on an event of another stream
   (cudaStreamWaitEvent) or on GPU work the trace does not show;
-- outside_steps: the gap lies wholly before the first step's GPU work or after the last step's
-  (analyze.common.steady_state): the profiler window, not the steps; no finding ranks it;
+- outside_steps: the gap lies wholly before the steady-state window or after it (before the first
+  step, after the last step's GPU work: analyze.common.steady_state): the profiler's window, not
+  the steps; no finding ranks it;
 - launch_bound: everything else: the next launch call began after the GPU went idle while the
   host was in launching ops (framework and launch overhead), or the work was already queued and
   started a few microseconds late (launch latency).
@@ -60,9 +61,8 @@ HOST_BUSY_MIN_NS = 50_000
 # No single launch path takes a millisecond: a host-bound stretch that long is host work
 # (autotuning, compilation, allocation, data loading) even inside the op that finally launches.
 LAUNCH_PATH_MAX_NS = 1_000_000
-# GPU launch latency (queue to start) is a few microseconds; queued work that waits longer is
-# held back by a dependency, not by the launch.
-QUEUED_WAIT_MIN_NS = 50_000
+# Queued work that waits longer than this is held back by a dependency, not by the launch.
+QUEUED_WAIT_MIN_NS = steady_state.QUEUED_WAIT_MIN_NS
 TOP_GAPS = 20
 
 
@@ -231,13 +231,13 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: An
 
 
 def _mark_outside_steps(gaps: pd.DataFrame, window: Any) -> None:
-    """Gaps wholly before the first step's GPU work or after the last step's get cause outside_steps."""
+    """Gaps wholly before the steady-state window or after it get cause outside_steps."""
     out = steady_state.outside_mask(gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64), window)
     out &= ~gaps["graph_replay"].to_numpy(bool)
     if out.any():
         before = gaps["end"].to_numpy(np.int64) <= window.start
         gaps.loc[out, "cause"] = "outside_steps"
-        gaps.loc[out, "detail"] = np.where(before[out], "before the first step's GPU work", "after the last step's GPU work")
+        gaps.loc[out, "detail"] = np.where(before[out], "before the first step", "after the last step's GPU work")
 
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
