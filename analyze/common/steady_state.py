@@ -42,6 +42,9 @@ QUEUED_WAIT_MIN_NS = 50_000
 class Window:
     start: int  # ns (see the module docstring)
     end: int  # ns, last GPU end of work launched in a step
+    # The first step's work sat queued before `start` (behind an event or work the trace does not
+    # show): the step's own time starts at `start`, not at its first host operation.
+    queued: bool = False
 
 
 def steps_window(trace: Trace, segs: Segments) -> Window | None:
@@ -62,7 +65,7 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     launch = int(gpu["launch"].to_numpy(np.int64)[first])
     queued = ts[first] - int(trace.events["end"].to_numpy(np.int64)[launch]) if launch >= 0 else 0
     if queued > QUEUED_WAIT_MIN_NS:
-        return Window(gpu_start, gpu_end)
+        return Window(gpu_start, gpu_end, queued=True)
     steps = table[np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)]
     start = min(int(steps["start"].min()), gpu_start)
     before = end[end <= start]

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common.latency import regex_mask
 from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
 
 # Columns an engine step adds to the segment table (-1 / None where unknown or not an engine step).
@@ -40,20 +41,10 @@ def outermost(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
-def _mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    """Names matching a regex, tested once per category of a categorical column."""
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
-    return names.astype(str).str.contains(pattern).to_numpy()
-
-
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
     """Segment rows (start, end, name, tid, phase, batch, q_len, step and ENGINE_COLUMNS) for the
     engine step markers among `annotations` (ts, end, name, tid), None when there are none."""
-    cand = annotations[_mask(annotations["name"], _CANDIDATE)]
+    cand = annotations[regex_mask(annotations["name"], _CANDIDATE)]
     if cand.empty:
         return None
     parsed = es.parse_names(cand["name"])
@@ -118,6 +109,16 @@ def _tokens_per_request(t: pd.DataFrame) -> np.ndarray:
                     np.where((kind == "decode") & even, dt // np.maximum(dr, 1), -1)).astype(np.int64)
 
 
+def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
+    """Role of each name ("" for none), matched once per distinct name (views hold millions of ops)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = np.array([patterns.role_of(str(c)) or "" for c in names.cat.categories] + [""], dtype=object)
+        return cats[names.cat.codes.to_numpy()]  # code -1 (no name) picks the trailing ""
+    values = names.astype(str)
+    roles = {c: patterns.role_of(c) or "" for c in pd.unique(values)}
+    return values.map(roles).to_numpy(object)
+
+
 def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> tuple[pd.DataFrame | None, pd.DataFrame]:
     """(prefill/decode segments from the user's annotations or None, the `request` ranges).
 
@@ -125,12 +126,10 @@ def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> 
     matched once."""
     parts = []
     for f in frames:
-        names = f["name"]
-        cats = pd.unique(names.astype(str))
-        roles = {c: patterns.role_of(c) for c in cats}
-        role = names.astype(str).map(roles)
-        sub = f.loc[role.notna().to_numpy(), ["ts", "end", "name", "tid"]].copy()
-        sub["role"] = role[role.notna()].to_numpy()
+        role = _roles(f["name"], patterns)
+        hit = role != ""
+        sub = f.loc[hit, ["ts", "end", "name", "tid"]].copy()
+        sub["role"] = role[hit]
         parts.append(sub)
     found = pd.concat(parts) if parts else pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
     requests = outermost(found[found["role"] == "request"]) if (found["role"] == "request").any() else found.iloc[:0]

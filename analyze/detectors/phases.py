@@ -343,24 +343,8 @@ class PhasesResult:
                                                  "tpot_us", "token_ready_us", "token_source") + STEP_FIELDS
                                              + ("cpu_share", "gpu_share", "bound"))
                                   for r in self.decode.itertuples(index=False)]
-        other = self.other_steps
-        other_json = None
-        if not other.empty:
-            other_json = {
-                "count": int(len(other)),
-                "step_us": lat.percentiles(other["step_us"].to_numpy()),
-                "per_step": [_step_json(r, ("index", "name", "start_us", "step_us") + STEP_FIELDS + ("cpu_share", "gpu_share", "bound"))
-                             for r in other.itertuples(index=False)],
-            }
-        mixed = self.mixed
-        mixed_json = None
-        if not mixed.empty:
-            mixed_json = {
-                "count": int(len(mixed)),
-                "step_us": lat.percentiles(mixed["step_us"].to_numpy()),
-                "per_step": [_step_json(r, ("index", "name", "batch", "start_us", "step_us", "tpot_us") + STEP_FIELDS
-                                        + ("cpu_share", "gpu_share", "bound")) for r in mixed.itertuples(index=False)],
-            }
+        other_json = _group_json(self.other_steps, ("index", "name", "start_us", "step_us"))
+        mixed_json = _group_json(self.mixed, ("index", "name", "batch", "start_us", "step_us", "tpot_us"))
         counts = self.steps["phase"].value_counts()
         return {
             "method": self.method,
@@ -440,6 +424,17 @@ def _serving_lines(s: dict[str, Any] | None, source: dict[str, Any]) -> list[str
     return out
 
 
+def _group_json(steps: pd.DataFrame, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """Count, step time percentiles and per-step rows of a group of steps (mixed, other), None if empty."""
+    if steps.empty:
+        return None
+    return {
+        "count": int(len(steps)),
+        "step_us": lat.percentiles(steps["step_us"].to_numpy()),
+        "per_step": [_step_json(r, keys + STEP_FIELDS + ("cpu_share", "gpu_share", "bound")) for r in steps.itertuples(index=False)],
+    }
+
+
 def _int(v: Any, default: str) -> str:
     return str(int(v)) if v is not None and not pd.isna(v) and v >= 0 else default
 
@@ -459,13 +454,17 @@ def _step_json(r: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
-    """Every segment with its measures in microseconds (the `steps` DataFrame)."""
+def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | None = None) -> pd.DataFrame:
+    """Every segment with its measures in microseconds (the `steps` DataFrame). A step whose work
+    sat queued until the steady state began is timed from there (`queued_us` says how long)."""
     t = segs.table
     m = lat.measure(trace, segs)
     origin = trace.span_ns[0]
-    first_op = m["first_op"].to_numpy(np.int64)
+    host_first_op = m["first_op"].to_numpy(np.int64)
     ready = m["token_ready"].to_numpy(np.int64)
+    first_op = host_first_op
+    if window is not None and window.queued:
+        first_op = np.where(ready > window.start, np.maximum(host_first_op, window.start), host_first_op)
     phase = t["phase"].to_numpy()
     # A mixed step gives its decoding requests their next token, as a decode step does.
     request, interval, has_prev = lat.token_intervals(np.where(phase == "mixed", "decode", phase), ready, first_op)
@@ -485,6 +484,7 @@ def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
         "step": t["step"], "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"],
         "start_us": (t["start"].to_numpy(np.int64) - origin) / US,
         "first_op_us": (first_op - origin) / US,
+        "queued_us": (first_op - host_first_op) / US,
         "token_ready_us": (ready - origin) / US,
         "token_source": m["token_source"].to_numpy(),
         "step_us": (ready - first_op) / US,
@@ -557,16 +557,20 @@ def run(trace: Trace, ctx: Any = None) -> PhasesResult:
     specs = getattr(getattr(ctx, "options", None), "phases", ()) or ()
     patterns = pp.compile_patterns(specs)
     segs = segment(trace, patterns)
-    steps = _steps_frame(trace, segs)
+    window = steady_state.steps_window(trace, segs)
+    steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
     per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, attention_op_mask(trace)))
     source = _source(segs, patterns)
-    window = steady_state.steps_window(trace, segs)
     t0 = trace.span_ns[0]
     notes: list[str] = []
     if segs.method == "none":
         notes.append("no step annotations, profiler steps or forward passes (embedding lookups) found: phases absent")
+    if (steps["queued_us"] > 0).any():
+        q = steps.loc[steps["queued_us"] > 0].iloc[0]
+        notes.append(f"step {q['name']} waited {q['queued_us'] / 1000:.2f} ms with its work queued behind work or an event "
+                     "the trace does not show (before the steady state): its times start when its work started")
     tok = steps[steps["name"] == TOKENIZE_ANNOTATION]
     decode = _decode_summary(steps)
     if decode and decode["tpot_intervals"] < decode["steps"]:
