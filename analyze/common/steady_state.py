@@ -77,6 +77,14 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     return Window(start, gpu_end)
 
 
+def window_of(ctx: Any) -> Window | None:
+    """The window the phases result holds (None without one), for a detector that reads "phases"."""
+    if ctx is None:
+        return None
+    phases = ctx.result("phases") if hasattr(ctx, "result") else ctx.results.get("phases")
+    return getattr(phases, "steps_window", None)
+
+
 def account(busy: Any, window: Window | None, t0: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(steps_window, outside_steps) JSON sections from a device busy timeline (analyze.detectors.
     utilization.BusyTimeline: merged busy intervals per device), summed over devices."""

@@ -112,7 +112,7 @@ def run(trace: Trace, ctx: Any = None) -> GapsResult:
     table = find_gaps(trace, busy, min_gap)
     calls = sync_calls(trace)
     classify(trace, table, calls, segments)
-    _mark_outside_steps(table, getattr(ctx.results.get("gpu"), "window", None) if ctx is not None else None)
+    _mark_outside_steps(table, steady_state.window_of(ctx))
     streams = stream_gaps(trace, min_gap)
     by_phase = _by_phase(table, segments)
     savings = _savings(trace, table, segments)

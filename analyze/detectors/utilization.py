@@ -133,7 +133,7 @@ def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
 
         opts = ctx.options
         nsys = evaluate(trace, busy, gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks, threshold=opts.nsys_util_threshold)
-    window = _steps_window(trace, ctx)
+    window = steady_state.window_of(ctx)
     steady, outside = steady_state.account(busy, window, t0)
     return GpuUtilization(
         window=window,
@@ -151,14 +151,6 @@ def run(trace: Trace, ctx: Any = None) -> GpuUtilization:
         busy=busy,
         nsys_rules=nsys,
     )
-
-
-def _steps_window(trace: Trace, ctx: Any) -> steady_state.Window | None:
-    ph = ctx.results.get("phases") if ctx is not None else None
-    if ph is not None and hasattr(ph, "steps_window"):
-        return ph.steps_window
-    segs = getattr(ctx, "segments", None) if ctx is not None else None
-    return steady_state.steps_window(trace, segs) if segs is not None else None
 
 
 def _streams(trace: Trace, t0: int) -> pd.DataFrame:
