@@ -135,6 +135,9 @@ class Options:
     # Also read the maps that sit beside the trace (its run.json's graph_maps, an
     # execution_details.json, a capture_traces/ folder).
     find_graph_maps: bool = True
+    # Users' own phase annotations: ((role, regex), ...) with role prefill, decode or request; a
+    # role given here replaces that role's default patterns (analysis.common.phase_patterns).
+    phases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(eq=False)

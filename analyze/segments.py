@@ -5,7 +5,8 @@ profiler steps), in order, plus the lookup that says which segment an event belo
 belongs to the segment in which it was *launched* (a kernel often runs after its step's host code
 has finished), so rows with a launch link are located by the launch's time.
 
-Columns of `table`: seg (0..n-1), phase ("prefill" | "decode" | "step" | "other"), index (step
+Columns of `table`: seg (0..n-1), phase ("prefill" | "decode" | "mixed" | "step" | "other"; mixed: a
+serving-engine step running prompt chunks and decode requests together), index (step
 number within the phase), name (annotation or marker name), start, end (int64 ns, host range),
 plus whatever the segmenter measured (see analyze.phases).
 """

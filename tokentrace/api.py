@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from tokentrace.analysis.pipeline import Analysis, Options
 
 PathLike = str | os.PathLike[str]
+# Users' phase patterns: {"prefill": REGEX, "decode": [REGEX, ...]}, [("decode", REGEX), ...] or
+# ["decode=REGEX", ...] (tokentrace.analysis.common.phase_patterns; roles prefill, decode, request).
+PhasesLike = Any
 # A run to compare: an Analysis, a loaded Trace, a trace file or folder, or a saved JSON summary.
 RunLike = Any
 
@@ -64,21 +67,36 @@ def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
     return _load_all(*paths, progress=progress)
 
 
-def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
-            find_graph_maps: bool | None = None, options: Options | None = None) -> Analysis:
+def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, phases: PhasesLike = None,
+            graph_maps: Sequence[PathLike] | None = None, find_graph_maps: bool | None = None,
+            options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
-    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `graph_maps`
-    are traces of CUDA/HIP graph capture that give the kernels of graph replays their ops, shapes
-    and stacks; maps beside the trace (a capture_traces/ folder, execution_details.json, the
-    capture run's run.json) are used too unless `find_graph_maps=False`. `options` holds every
-    other setting (see `tokentrace.analysis.Options`). A keyword argument given here overrides
-    the same field of `options`.
+    `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `phases`
+    gives the names of your own prefill / decode / request annotations as regular expressions
+    (e.g. `{"decode": r"gen_step_\\d+"}`; a role given replaces its defaults, see
+    `tokentrace.analysis.common.phase_patterns`). `graph_maps` are traces of CUDA/HIP graph
+    capture that give the kernels of graph replays their ops, shapes and stacks; maps beside the
+    trace (a capture_traces/ folder, execution_details.json, the capture run's run.json) are used
+    too unless `find_graph_maps=False`. `options` holds every other setting (see
+    `tokentrace.analysis.Options`). A keyword argument given here overrides the same field of
+    `options`. Raises TokentraceError for a bad pattern.
     """
+    from tokentrace.analysis.pipeline import run_pipeline
+
+    opts = settings(options, min_gap_us=min_gap_us, phases=phases, graph_maps=graph_maps, find_graph_maps=find_graph_maps)
+    # A capture run folder stands for its combined trace; a sweep of several runs is `sweep`'s.
+    return run_pipeline(_one_run(trace), opts)
+
+
+def settings(options: Options | None = None, *, min_gap_us: float | None = None, phases: PhasesLike = None,
+             graph_maps: Sequence[PathLike] | PathLike | None = None, find_graph_maps: bool | None = None) -> Options:
+    """`options` (or the defaults) with the keyword arguments the API functions take laid over it:
+    the one place those keywords become Options fields."""
     from dataclasses import replace
 
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.pipeline import Options as _Options
-    from tokentrace.analysis.pipeline import run_pipeline
 
     opts = options or _Options()
     if min_gap_us is not None:
@@ -88,11 +106,12 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, graph_m
         opts = replace(opts, graph_maps=tuple(os.fspath(p) for p in maps))
     if find_graph_maps is not None:
         opts = replace(opts, find_graph_maps=bool(find_graph_maps))
-    # A capture run folder stands for its combined trace; a sweep of several runs is `sweep`'s.
-    return run_pipeline(_one_run(trace), opts)
+    if phases is not None:
+        opts = replace(opts, phases=normalize(phases))
+    return opts
 
 
-def sweep(folder: PathLike, *, min_gap_us: float | None = None, options: Options | None = None,
+def sweep(folder: PathLike, *, min_gap_us: float | None = None, phases: PhasesLike = None, options: Options | None = None,
           progress: Callable[[str], None] | None = None) -> SweepResult:
     """Analyse every run of a capture sweep folder (or one run folder) and tabulate them.
 
@@ -108,13 +127,14 @@ def sweep(folder: PathLike, *, min_gap_us: float | None = None, options: Options
         found = CaptureSweep(found.folder, [found])
     if not isinstance(found, CaptureSweep):
         raise TokentraceError(f"{folder}: not a capture folder (no run.json here or in its subfolders)")
-    return analyze_sweep(found, lambda p: analyze(p, min_gap_us=min_gap_us, options=options), progress)
+    return analyze_sweep(found, lambda p: analyze(p, min_gap_us=min_gap_us, phases=phases, options=options), progress)
 
 
 def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | PathLike], output: PathLike | None = None, *,
-           format: str | None = None, min_gap_us: float | None = None, graph_maps: Sequence[PathLike] | None = None,
-           options: Options | None = None, progress: Callable[[str], None] | None = None, workers: int | None = None,
-           scheduler: str | None = None, cache: bool = True) -> str:
+           format: str | None = None, min_gap_us: float | None = None, phases: PhasesLike = None,
+           graph_maps: Sequence[PathLike] | None = None, options: Options | None = None,
+           progress: Callable[[str], None] | None = None, workers: int | None = None, scheduler: str | None = None,
+           cache: bool = True) -> str:
     """One report over one or more traces (files, folders of ranks/steps, Traces or Analyses).
 
     The format is `format` ("html", "markdown" or "json"), else taken from `output`'s suffix, else
@@ -134,6 +154,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     from tokentrace.reports.render import format_for, render
 
     kind = format_for(None if output is None else os.fspath(output), format)
+    options = settings(options, min_gap_us=min_gap_us, phases=phases, graph_maps=graph_maps)
     items = list(traces) if isinstance(traces, Sequence) and not isinstance(traces, str) else [traces]
     # A sweep folder becomes its sweep table and one section per run; a run folder, its combined trace.
     sweeps = []
@@ -141,19 +162,14 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     for item in items:
         found = _capture_folder(item)
         if isinstance(found, CaptureSweep):
-            result = sweep(found.folder, min_gap_us=min_gap_us, options=options, progress=progress)
+            result = sweep(found.folder, options=options, progress=progress)
             sweeps.append(result)
             plain.extend(result.analyses)
         else:
             plain.append(found.analysis_trace()[1] if isinstance(found, CaptureRun) else item)
     if resolve_scheduler(scheduler) or (workers or 1) > 1:
-        if graph_maps is not None:  # settings travel to the workers as the fields of Options
-            from dataclasses import replace
-
-            from tokentrace.analysis.pipeline import Options as _Options
-
-            options = replace(options or _Options(), graph_maps=tuple(os.fspath(p) for p in graph_maps))
-        text = render(_summaries(plain, min_gap_us=min_gap_us, options=options, workers=workers, scheduler=scheduler,
+        # Settings travel to the workers as the fields of Options.
+        text = render(_summaries(plain, options=options, workers=workers, scheduler=scheduler,
                                  cache=cache), kind)
         text = _with_sweeps(text, sweeps, kind) if sweeps else text
         if output is not None:
@@ -168,7 +184,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
             continue
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
-        analyses.append(analyze(item, min_gap_us=min_gap_us, graph_maps=graph_maps, options=options))
+        analyses.append(analyze(item, options=options))
     text = render(analyses, kind)
     if sweeps:
         text = _with_sweeps(text, sweeps, kind)
@@ -177,7 +193,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     return text
 
 
-def _summaries(items: list[Any], *, min_gap_us: float | None, options: Options | None, workers: int | None,
+def _summaries(items: list[Any], *, options: Options, workers: int | None,
                scheduler: str | None, cache: bool) -> list[Any]:
     """Saved analyses of every item: files through the runner (Dask, cache), the rest here; each
     folder's traces in load_all's order (rank, then path)."""
@@ -187,14 +203,11 @@ def _summaries(items: list[Any], *, min_gap_us: float | None, options: Options |
     from tokentrace.analysis.loading.files import find_trace_files
     from tokentrace.analysis.loading.trace import Trace as _Trace
     from tokentrace.analysis.pipeline import Analysis as _Analysis
-    from tokentrace.analysis.pipeline import Options as _Options
 
     groups = [[item] if isinstance(item, (_Analysis, _Trace)) else [str(f) for f in find_trace_files([item])] for item in items]
     files = [f for g in groups for f in g if isinstance(f, str)]
     # Every setting travels (and keys the cache) as plain data: the fields of Options.
-    opts = asdict(options or _Options())
-    if min_gap_us is not None:
-        opts["min_gap_us"] = float(min_gap_us)
+    opts = asdict(options)
     docs = dict(zip(files, run_units(summary_unit, files, unit_name="report", options=opts, workers=workers,
                                      scheduler=scheduler, cache=cache)[0], strict=True)) if files else {}
     out: list[Any] = []
@@ -206,7 +219,7 @@ def _summaries(items: list[Any], *, min_gap_us: float | None, options: Options |
                 doc["trace"] = {**doc.get("trace", {}), "path": f}  # a cached summary may be of a copy
                 saved.append(SavedAnalysis(doc))
             else:
-                saved.append(f if isinstance(f, _Analysis) else analyze(f, min_gap_us=min_gap_us, options=options))
+                saved.append(f if isinstance(f, _Analysis) else analyze(f, options=options))
         out.extend(sorted(saved, key=lambda a: (a.to_json().get("trace", {}).get("rank") or 0, a.to_json()["trace"]["path"]))
                    if len(saved) > 1 else saved)
     return out
@@ -228,14 +241,16 @@ def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
     return text
 
 
-def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None,
+def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None, phases: PhasesLike = None,
          graph_maps: Sequence[PathLike] | None = None) -> DiffResult | SweepDiff:
     """What changed from `base` to `test` (each an Analysis, Trace, trace path, run folder or JSON summary).
 
     Two capture sweep folders give a SweepDiff: their runs paired by prompt length x batch x
     compile x attention, each pair diffed. `graph_maps` (graph-capture traces) apply to both
-    runs: each replay takes the graph it matches.
+    runs: each replay takes the graph it matches. `min_gap_us` and `phases` apply to the runs
+    analysed here (see `analyze`).
     """
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.diff import diff as _diff
     from tokentrace.analysis.compare.sweep import diff_sweeps
     from tokentrace.analysis.loading.capture_folders import CaptureSweep
@@ -243,6 +258,8 @@ def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None,
     kw: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
     if graph_maps is not None:
         kw["graph_maps"] = list(graph_maps)
+    if phases is not None:
+        kw["phases"] = normalize(phases)
     b, t = _capture_folder(base), _capture_folder(test)
     if isinstance(b, CaptureSweep) and isinstance(t, CaptureSweep) and (len(b.runs) > 1 or len(t.runs) > 1):
         return diff_sweeps(b, t, lambda x, y: _diff(x, y, **kw))
@@ -250,20 +267,24 @@ def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None,
 
 
 def check(trace: RunLike, *, config: PathLike | None = None, baseline: RunLike = None,
-          max_regression: float | None = None, **thresholds: float | None) -> CheckResult | SweepCheck:
+          max_regression: float | None = None, phases: PhasesLike = None,
+          **thresholds: float | None) -> CheckResult | SweepCheck:
     """Evaluate thresholds on a run; `result.passed` says whether all hold.
 
     Thresholds are `max_<metric>=` / `min_<metric>=` keywords for the metrics in
     `tokentrace.analysis.compare.metrics` (e.g. `max_tpot_us=20000`), a TOML `config`, or a
-    `baseline` with `max_regression` percent. An unknown threshold raises TokentraceError.
+    `baseline` with `max_regression` percent. `phases` (see `analyze`) replaces the config's
+    `phases` for the runs analysed here. An unknown threshold raises TokentraceError.
     """
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.check import check as _check
     from tokentrace.analysis.compare.sweep import check_sweep
     from tokentrace.analysis.loading.capture_folders import CaptureSweep
 
     def one(run: RunLike) -> CheckResult:
         return _check(run, baseline=None if baseline is None else _one_run(baseline), max_regression=max_regression,
-                      config=None if config is None else os.fspath(config), **thresholds)
+                      config=None if config is None else os.fspath(config),
+                      phases=None if phases is None else normalize(phases), **thresholds)
 
     found = _capture_folder(trace)
     if isinstance(found, CaptureSweep) and len(found.runs) > 1:
@@ -294,16 +315,20 @@ def scaling(traces: PathLike | Trace | Iterable[PathLike | Trace], *, workers: i
 
 
 def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, min_gap_us: float | None = None,
-          scheduler: str | None = None, cache: bool = True) -> RanksResult:
+          scheduler: str | None = None, cache: bool = True, phases: PhasesLike = None) -> RanksResult:
     """Analyse every rank's trace under `paths` and compare the ranks, their steps and collectives.
 
     Runs here (`workers=1`), on a local Dask cluster of `workers` processes (default one per CPU),
     or on the Dask scheduler at `scheduler` (or $TOKENTRACE_SCHEDULER); ranks analysed before are
     read from the summary cache unless `cache=False` (see tokentrace.analysis.compare.runner).
+    `min_gap_us` and `phases` as for `analyze`.
     """
+    from tokentrace.analysis.common.phase_patterns import normalize
     from tokentrace.analysis.compare.ranks import analyze_ranks
     from tokentrace.analysis.loading.capture_folders import rank_paths
 
     items = rank_paths([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))
-    return analyze_ranks(items, workers=workers, options=None if min_gap_us is None else {"min_gap_us": min_gap_us},
-                         scheduler=scheduler, cache=cache)
+    opts: dict[str, Any] = {} if min_gap_us is None else {"min_gap_us": min_gap_us}
+    if phases is not None:
+        opts["phases"] = normalize(phases)
+    return analyze_ranks(items, workers=workers, options=opts or None, scheduler=scheduler, cache=cache)

@@ -4,7 +4,9 @@ Owns the threshold vocabulary and its evaluation. A threshold is `max_<metric>` 
 for any numeric metric of analyze.metrics (so `max_ttft_us`, `max_syncs_per_token`,
 `max_idle_share_decode`, `min_gpu_utilization` ... need no code of their own), plus
 `max_regression` (percent) against a baseline trace or saved JSON summary. Thresholds come from
-keyword arguments or a TOML file (`load_config`); a threshold whose metric the trace does not have
+keyword arguments or a TOML file (`load_config`), which may also give the names of the user's own
+phase annotations (`phases`, as analysis.common.phase_patterns reads them) for the runs it
+analyses; a threshold whose metric the trace does not have
 fails, because a gate that silently passes when its number vanished (annotations lost, a detector
 failed) is worse than none.
 """
@@ -32,7 +34,7 @@ ALIASES: dict[str, str] = {"max_tpot_us": "max_tpot_p50_us"}
 REGRESSION_METRICS: tuple[str, ...] = ("ttft_us", "tpot_p50_us", "tpot_mean_us")
 REGRESSION_FALLBACK: tuple[str, ...] = ("gpu_busy_us",)
 # Keys of a config file besides thresholds.
-CONFIG_KEYS: tuple[str, ...] = ("baseline", "max_regression")
+CONFIG_KEYS: tuple[str, ...] = ("baseline", "max_regression", "phases")
 
 
 def metric_for(name: str) -> Metric | None:
@@ -89,6 +91,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TokentraceError(f"{path}: max_regression must be a number (percent), not {v!r}")
         out["max_regression"] = float(v)
+    if cfg.get("phases") is not None:
+        from tokentrace.analysis.common.phase_patterns import normalize
+
+        # phases = { prefill = "REGEX", decode = ["REGEX", ...] }  or  phases = ["decode=REGEX", ...]
+        out["phases"] = normalize(cfg["phases"], f"{path}: phases")
     out["thresholds"] = normalize_thresholds({k: v for k, v in cfg.items() if k not in CONFIG_KEYS}, str(path))
     return out
 
@@ -169,10 +176,11 @@ def _regression_items(summary: dict[str, Any], base: dict[str, Any], pct: float,
 
 
 def check(trace: Any, *, baseline: Any = None, max_regression: float | None = None, config: str | Path | None = None,
-          **thresholds: float | None) -> CheckResult:
+          phases: tuple[tuple[str, str], ...] | None = None, **thresholds: float | None) -> CheckResult:
     """Evaluate thresholds on a run (Analysis, Trace, trace path, or JSON summary).
 
-    Keyword thresholds override the config file's. `max_regression` (percent) needs a baseline.
+    Keyword thresholds override the config file's, and `phases` (normalised phase patterns) the
+    config's `phases`. `max_regression` (percent) needs a baseline.
     Raises TokentraceError for bad input (unknown threshold, no thresholds, unreadable files).
     """
     from tokentrace.analysis.compare.diff import side_of
@@ -187,7 +195,9 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
         raise TokentraceError("check: a baseline needs --max-regression PCT (how much worse is allowed)")
     if not limits and max_regression is None:
         raise TokentraceError("check: no thresholds given (use options such as --max-tpot-us, or --config FILE.toml)")
-    side = side_of(trace)
+    phases = phases if phases is not None else cfg.get("phases")
+    options = {"phases": phases} if phases else None
+    side = side_of(trace, options)
     notes: list[str] = []
     # Report in the registry's order (prefill, decode, whole trace), whatever order they were given in.
     order = {m.key: i for i, m in enumerate(METRICS)}
@@ -200,7 +210,7 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
     items = [_threshold_item(name, limits[name], side.summary) for name in names]
     base_label = None
     if baseline is not None and max_regression is not None:  # a baseline without max_regression was refused above
-        base_side = side_of(baseline)
+        base_side = side_of(baseline, options)
         base_label = base_side.label
         items.extend(_regression_items(side.summary, base_side.summary, float(max_regression), notes))
     return CheckResult(trace=side.label, items=items, baseline=base_label, notes=notes)

@@ -220,7 +220,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("sync_blocked_per_token_us", "decode", "host blocked in syncs per token", "us", "lower",
            _paths("syncs.per_token.blocked_us_per_token")),
     Metric("attention_backend_decode", "decode", "attention backend", "text", "none", _backend("attention.by_phase.decode")),
-    Metric("gpu_utilization", "all", "GPU utilisation", "share", "higher", _paths("gpu.utilization")),
+    # Over the steps' steady-state window when the trace has steps (idle before the first step's
+    # work and after the last's is reported apart, gpu.outside_steps), else the whole GPU span.
+    Metric("gpu_utilization", "all", "GPU utilisation", "share", "higher", _paths("gpu.steps_window.utilization", "gpu.utilization")),
     Metric("gpu_busy_us", "all", "GPU busy", "us", "lower", _paths("gpu.busy_us")),
     Metric("gpu_idle_us", "all", "GPU idle", "us", "lower", _paths("gpu.idle_us")),
     Metric("gaps", "all", "idle gaps", "count", "lower", _paths("gaps.count")),

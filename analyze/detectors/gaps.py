@@ -18,6 +18,9 @@ launch call returned (the "host-bound part" of the gap; the rest, if any, the wo
 - gpu_wait: the next work had been queued for longer than QUEUED_WAIT_MIN_NS (and longer than
   the host-bound part) and still did not start: the stream waited on an event of another stream
   (cudaStreamWaitEvent) or on GPU work the trace does not show;
+- outside_steps: the gap lies wholly before the steady-state window or after it (before the first
+  step, after the last step's GPU work: analyze.common.steady_state): the profiler's window, not
+  the steps; no finding ranks it;
 - launch_bound: everything else: the next launch call began after the GPU went idle while the
   host was in launching ops (framework and launch overhead), or the work was already queued and
   started a few microseconds late (launch latency).
@@ -39,6 +42,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, device_busy
 from tokentrace.analysis.common.collectives import host_collective_mask
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
@@ -53,7 +57,7 @@ from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
 NEEDS = ("phases",)
-CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "collective")
+CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "collective", "outside_steps")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not
 # per-launch overhead, and CUDA graphs would not remove them.
@@ -61,9 +65,8 @@ HOST_BUSY_MIN_NS = 50_000
 # No single launch path takes a millisecond: a host-bound stretch that long is host work
 # (autotuning, compilation, allocation, data loading) even inside the op that finally launches.
 LAUNCH_PATH_MAX_NS = 1_000_000
-# GPU launch latency (queue to start) is a few microseconds; queued work that waits longer is
-# held back by a dependency, not by the launch.
-QUEUED_WAIT_MIN_NS = 50_000
+# Queued work that waits longer than this is held back by a dependency, not by the launch.
+QUEUED_WAIT_MIN_NS = steady_state.QUEUED_WAIT_MIN_NS
 TOP_GAPS = 20
 
 
@@ -108,6 +111,7 @@ def run(trace: Trace, ctx: Context) -> GapsResult:
     table = find_gaps(trace, ctx.shared(device_busy), min_gap)
     calls = ctx.shared(sync_calls)
     classify(trace, table, calls, segments)
+    _mark_outside_steps(table, steady_state.window_of(ctx))
     streams = stream_gaps(trace, min_gap)
     by_phase = _by_phase(table, segments)
     savings = _savings(trace, table, segments)
@@ -227,6 +231,16 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     nop = op_col[np.maximum(ln, 0)] if n else np.zeros(0, np.int64)
     gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None) if n else [],
                                 index=gaps.index, dtype=object)
+
+
+def _mark_outside_steps(gaps: pd.DataFrame, window: Any) -> None:
+    """Gaps wholly before the steady-state window or after it get cause outside_steps."""
+    out = steady_state.outside_mask(gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64), window)
+    out &= ~gaps["graph_replay"].to_numpy(bool)
+    if out.any():
+        before = gaps["end"].to_numpy(np.int64) <= window.start
+        gaps.loc[out, "cause"] = "outside_steps"
+        gaps.loc[out, "detail"] = np.where(before[out], "before the first step", "after the last step's GPU work")
 
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:

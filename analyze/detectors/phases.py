@@ -1,25 +1,30 @@
-"""The `phases` section: prefill passes and decode steps, TTFT and TPOT, and what bounds each step.
+"""The `phases` section: prefill passes, decode and mixed steps, TTFT and TPOT, and what bounds each step.
 
 Owns segmentation, the Segments every other detector reads (analyze.segments). Sources, in order
-of trust:
+of trust (the JSON's `method` says which was used, `source` what it read):
 
 1. `annotations` (exact): the capture module's record_function ranges `tokentrace/prefill`,
    `tokentrace/decode_step[i]` (and `tokentrace/tokenize`, kept as phase "other").
-2. `framework_markers` (high): a serving framework's step ranges: SGLang's `step[DECODE bs=32]`
-   (the mode names the phase), vLLM's `execute_model`.
-3. `profiler_steps` (high): `ProfilerStep#N`, when each holds at most one forward pass.
-4. `inferred` (medium; low when a forward's query length is unknown): forward passes found in the
+2. `framework_markers` (exact): a serving engine's step annotations, parsed by
+   analyze.common.engine_steps (vLLM's `execute_..._context_..._generation_...`, SGLang's
+   `step[DECODE bs=32]`, graph-capture `capture_<bs>_<MODE>`): each step's kind (prefill, decode,
+   mixed, idle) and its requests and tokens come from the name. vLLM's `execute_model`
+   (record_function or Python frame) marks steps without saying their kind (high confidence).
+3. `user_annotations` (high): the user's own record_function names matching the phase patterns
+   (analyze.common.phase_patterns: defaults, or `--phase prefill=REGEX`).
+4. `profiler_steps` (high): `ProfilerStep#N`, when each holds at most one forward pass.
+5. `inferred` (medium; low when a forward's query length is unknown): forward passes found in the
    trace itself, each opening at a token-embedding lookup (`aten::embedding`; the embeddings of
    one forward, e.g. token + position, have no attention op between them) and running to the next
-   one, bounded by the ProfilerStep that holds it. This also splits a ProfilerStep that holds a
-   whole `generate()`.
+   one, bounded by the ProfilerStep (or the user's `request` annotation) that holds it. This also
+   splits a ProfilerStep that holds a whole `generate()`.
 
-Segments from sources 2-4 get their phase from the shapes recorded inside them: tokens per
-sequence of the embedding (Input Dims[1] = (batch, tokens)) or the attention query length; more
-than one token is a prefill, exactly one a decode step. A step that runs backward or an optimizer
-is a training step (phase "step"), as is any step without shape evidence: absent phases are
-reported absent, never guessed. Measures live in analyze.latency, the critical path in
-analyze.critical_path.
+Segments whose phase the source does not give (`execute_model`, sources 4-5) get it from the shapes
+recorded inside them: tokens per sequence of the embedding (Input Dims[1] = (batch, tokens)) or the
+attention query length; more than one token is a prefill, exactly one a decode step. A step that
+runs backward or an optimizer is a training step (phase "step"), as is any step without shape
+evidence: absent phases are reported absent, never guessed. Measures live in analyze.latency, the
+critical path in analyze.critical_path, per-step serving numbers in analyze.common.serving.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ import pandas as pd
 
 from tokentrace.analysis.apis import EMBEDDING_OPS, TRAINING_OP_MARKERS
 from tokentrace.analysis.common import critical_path as cp
-from tokentrace.analysis.common import fits
+from tokentrace.analysis.common import fits, serving, steady_state
 from tokentrace.analysis.common import latency as lat
+from tokentrace.analysis.common import phase_patterns as pp
+from tokentrace.analysis.common import step_markers as sm
 from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, parse_shapes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -53,9 +60,6 @@ NEEDS: tuple[str, ...] = ()
 _STEP_HEAD, _STEP_TAIL = decode_step_name(0).rsplit("0", 1)
 _DECODE_STEP = re.compile("^" + re.escape(_STEP_HEAD) + r"(\d+)" + re.escape(_STEP_TAIL) + "$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
-# SGLang: "step[DECODE bs=32]", "step[EXTEND bs=4 ...]"; the mode names the phase.
-_SGLANG_STEP = re.compile(r"^step\[(?P<mode>[A-Za-z_]+)(?:[^\]]*?\bbs=(?P<bs>\d+))?[^\]]*\]$")
-_SGLANG_PHASE = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "IDLE": "other"}
 # vLLM: the model runner's execute_model, as a record_function or a Python frame "...py(N): execute_model".
 _VLLM_STEP = re.compile(r"(?:^|: |\.)execute_model$")
 # Fewest cpu ops between two embedding lookups for them to open separate forwards, used only when
@@ -71,7 +75,8 @@ _ATTENTION_LAYOUTS = [(pattern, spec[1]) for pattern, spec in OPS_RE]
 # only a minority of the step.
 WAIT_SHARE_TO_SHOW = 0.25
 
-CONFIDENCE = {"annotations": "exact", "framework_markers": "high", "profiler_steps": "high", "inferred": "medium", "none": "none"}
+CONFIDENCE = {"annotations": "exact", "framework_markers": "exact", "user_annotations": "high", "profiler_steps": "high",
+              "inferred": "medium", "none": "none"}
 
 
 # ---- segmentation ----------------------------------------------------------------------------------
@@ -88,12 +93,7 @@ def _frame(start, end, name, tid, phase, batch=None, q_len=None, step=None) -> p
     })
 
 
-def _outermost(df: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not contained in an earlier one (nested markers: keep the outer)."""
-    df = df.sort_values(["ts", "end"], ascending=[True, False])
-    reach = np.maximum.accumulate(df["end"].to_numpy(np.int64))
-    keep = np.r_[True, df["ts"].to_numpy(np.int64)[1:] >= reach[:-1]]
-    return df[keep]
+_outermost = sm.outermost
 
 
 def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
@@ -110,20 +110,17 @@ def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
     return _frame(mine["ts"], mine["end"], n, mine["tid"], phase, step=pd.to_numeric(step, errors="coerce").fillna(-1).astype(np.int64))
 
 
-def _framework_markers(trace: Trace) -> pd.DataFrame | None:
+def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
+    """(segments, confidence): engine step annotations (exact), else vLLM's execute_model (high)."""
     ann = trace.annotations
-    sg = ann[lat.regex_mask(ann["name"], _SGLANG_STEP)]
-    if not sg.empty:
-        sg = _outermost(sg)
-        m = sg["name"].astype(str).str.extract(_SGLANG_STEP)
-        phase = m["mode"].str.upper().map(_SGLANG_PHASE).fillna("?")
-        bs = pd.to_numeric(m["bs"], errors="coerce").fillna(-1).astype(np.int64)
-        return _frame(sg["ts"], sg["end"], sg["name"].astype(str), sg["tid"], phase, batch=bs)
+    engine = sm.engine_segments(ann)
+    if engine is not None:
+        return engine, "exact"
     vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
     if not vl.empty:
         vl = _outermost(vl)
-        return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl))
-    return None
+        return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl)), "high"
+    return None, None
 
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
@@ -213,19 +210,27 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     return out
 
 
-def segment(trace: Trace, is_attention: np.ndarray) -> Segments:
+def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns | None = None) -> Segments:
     """Split the trace into segments (see the module docstring); columns beyond the contract:
-    tid, step (index within its request), request, batch, q_len, kv_len. `is_attention`: per
-    event row, whether it is an attention op."""
+    tid, step (index within its request), request, batch, q_len, kv_len, and the step's kind,
+    requests and tokens (analyze.common.step_markers.ENGINE_COLUMNS; -1 where unknown).
+    `is_attention`: per event row, whether it is an attention op; `patterns`: users' phase names."""
     method = "none"
+    confidence = None
     table = _tokentrace_annotations(trace)
+    requests = None
     if table is not None:
         method = "annotations"
     else:
-        table = _framework_markers(trace)
+        table, confidence = _framework_markers(trace)
         if table is not None:
             method = "framework_markers"
         else:
+            table, requests = sm.user_segments((trace.annotations, trace.cpu_ops), patterns or pp.compile_patterns())
+            if table is not None:
+                method = "user_annotations"
+                table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])
+        if table is None:
             steps = _profiler_steps(trace)
             starts, _, tid = _forward_starts(trace, is_attention)
             per_step = np.zeros(len(steps), np.int64)
@@ -237,7 +242,8 @@ def segment(trace: Trace, is_attention: np.ndarray) -> Segments:
                 table = _frame(steps["ts"], steps["end"], steps["name"].astype(str), steps["tid"], ["?"] * len(steps))
                 method = "profiler_steps"
             elif len(starts):
-                table = _inferred(trace, starts, tid, steps)
+                bounds = steps if requests is None or requests.empty else _outermost(pd.concat([steps, requests[steps.columns]]))
+                table = _inferred(trace, starts, tid, bounds)
                 method = "inferred"
     if table is None or table.empty:
         table = _frame([], [], [], [], [])
@@ -247,15 +253,17 @@ def segment(trace: Trace, is_attention: np.ndarray) -> Segments:
     nxt = np.r_[table["start"].to_numpy(np.int64)[1:], np.iinfo(np.int64).max]
     table["end"] = np.minimum(table["end"].to_numpy(np.int64), nxt)
     table["seg"] = np.arange(len(table), dtype=np.int64)
-    segs = Segments(table=table, method=method, confidence=CONFIDENCE[method])
+    segs = Segments(table=table, method=method, confidence=confidence or CONFIDENCE[method])
     ev = _shape_evidence(trace, segs, is_attention)
     q = np.where(ev["emb_len"] > 0, ev["emb_len"], ev["att_q"])
+    q = np.where(table["q_len"].to_numpy(np.int64) > 0, table["q_len"].to_numpy(np.int64), q)
     table["batch"] = np.where(table["batch"] > 0, table["batch"], np.where(ev["emb_batch"] > 0, ev["emb_batch"], ev["att_batch"]))
     table["q_len"] = q
     table["kv_len"] = ev["att_kv"].to_numpy(np.int64)
     unknown = table["phase"].to_numpy() == "?"
     by_shape = np.where(ev["training"], "step", np.where(q > 1, "prefill", np.where(q == 1, "decode", "step")))
     table["phase"] = np.where(unknown, by_shape, table["phase"].to_numpy())
+    serving.fill_step_columns(table)
     if method == "inferred" and (q[unknown] <= 0).any():
         segs.confidence = "low"
     # index within phase, request (one per prefill) and step within the request, in time order
@@ -270,6 +278,8 @@ def segment(trace: Trace, is_attention: np.ndarray) -> Segments:
 
 # ---- result --------------------------------------------------------------------------------------
 
+# Engine steps listed one per line in the terminal; the JSON has them all.
+SERVING_STEPS_SHOWN = 5
 STEP_FIELDS = ("cpu_span_us", "gpu_span_us", "gpu_busy_us", "gpu_idle_us", "kernels", "launches", "sync_blocked_us")
 
 
@@ -283,6 +293,10 @@ class PhasesResult:
     tokenize_us: float | None = None
     notes: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    serving: pd.DataFrame | None = None  # per step: kind, tokens, time per token (analyze.common.serving)
+    serving_summary: dict[str, Any] | None = None
+    steps_window: steady_state.Window | None = None  # GPU work of the steps (analyze.common.steady_state)
+    source: dict[str, Any] = field(default_factory=dict)  # what the segmentation read (engine, forms, patterns)
 
     @property
     def prefill(self) -> pd.DataFrame:
@@ -293,13 +307,30 @@ class PhasesResult:
         return self.steps[self.steps["phase"] == "decode"]
 
     @property
+    def mixed(self) -> pd.DataFrame:
+        return self.steps[self.steps["phase"] == "mixed"]
+
+    @property
     def other_steps(self) -> pd.DataFrame:
         return self.steps[self.steps["phase"] == "step"]
 
     @property
+    def ttft_absent(self) -> str | None:
+        """Why there is no TTFT, or None when there is one."""
+        return serving.ttft_absent_reason(self.method, not self.prefill.empty, self._prompt_steps)
+
+    @property
+    def _prompt_steps(self) -> int:
+        """Steps that process prompt tokens: prefill passes, and mixed steps with prompt requests."""
+        s = self.serving
+        if s is None or s.empty:
+            return int(len(self.prefill))
+        return int(((s["kind"] == "prefill") | ((s["kind"] == "mixed") & (s["prefill_requests"] != 0))).sum())
+
+    @property
     def ttft_us(self) -> float | None:
         p = self.prefill
-        return None if p.empty else float(p["ttft_us"].iloc[0])
+        return None if p.empty or self.ttft_absent else float(p["ttft_us"].iloc[0])
 
     @property
     def tpot_us(self) -> dict[str, float] | None:
@@ -316,26 +347,23 @@ class PhasesResult:
                                                  "tpot_us", "token_ready_us", "token_source") + STEP_FIELDS
                                              + ("cpu_share", "gpu_share", "bound"))
                                   for r in self.decode.itertuples(index=False)]
-        other = self.other_steps
-        other_json = None
-        if not other.empty:
-            other_json = {
-                "count": int(len(other)),
-                "step_us": lat.percentiles(other["step_us"].to_numpy()),
-                "per_step": [_step_json(r, ("index", "name", "start_us", "step_us") + STEP_FIELDS + ("cpu_share", "gpu_share", "bound"))
-                             for r in other.itertuples(index=False)],
-            }
+        other_json = _group_json(self.other_steps, ("index", "name", "start_us", "step_us"))
+        mixed_json = _group_json(self.mixed, ("index", "name", "batch", "start_us", "step_us", "tpot_us"))
         counts = self.steps["phase"].value_counts()
         return {
             "method": self.method,
             "confidence": self.confidence,
+            "source": self.source,
             "segments": {str(k): int(v) for k, v in counts.items()},
             "ttft_us": None if self.ttft_us is None else round(self.ttft_us, 3),
+            "ttft_absent": self.ttft_absent,
             "tpot_us": self.tpot_us,
             "tokenize_us": self.tokenize_us,
             "prefill": prefill,
             "decode": decode,
+            "mixed": mixed_json,
             "other_steps": other_json,
+            "serving": self.serving_summary,
             "notes": list(self.notes),
         }
 
@@ -343,7 +371,10 @@ class PhasesResult:
         """Terminal lines for TTFT and TPOT."""
         src = f"{self.method}, {self.confidence} confidence"
         p = self.prefill
-        if p.empty:
+        if self.ttft_absent and self._prompt_steps:
+            lines = [f"TTFT  not measured: {self._prompt_steps} engine step(s) batch requests' prompt tokens, and the "
+                     f"trace does not say when a request arrived ({src})"]
+        elif p.empty:
             lines = [f"TTFT  no prefill pass in this trace ({src})"]
         else:
             r = p.iloc[0]
@@ -366,6 +397,7 @@ class PhasesResult:
                 if b["wait_share_of_step"] >= WAIT_SHARE_TO_SHOW:
                     line += f", {b['wait_share_of_step'] * 100:.0f}% of step time is waiting the trace cannot attribute"
             lines.append(line)
+        lines.extend(_serving_lines(self.serving_summary, self.source))
         return lines
 
 
@@ -380,6 +412,45 @@ def _slope_text(rec: dict[str, Any] | None, basis: str) -> str | None:
         ci = f" (95% CI {lo:+.1f}..{hi:+.1f} us)" if lo is not None else ""
         return f"no significant TPOT growth per {basis}{ci}"
     return f"{rec['slope']:+.3f} us per {basis} (95% CI {lo:+.3f}..{hi:+.3f})"
+
+
+def _serving_lines(s: dict[str, Any] | None, source: dict[str, Any]) -> list[str]:
+    """Terminal lines for serving-engine steps: kinds, tokens, per-token cost, ITL, throughput."""
+    if not s or not source.get("engine"):
+        return []
+    kinds = ", ".join(f"{v} {k}" for k, v in s["by_kind"].items())
+    line = f"steps {s['steps']} {source['engine']} steps ({kinds}), {s['tokens']} tokens"
+    if s["tokens_per_s"]:
+        line += f", {s['tokens_per_s']:,.0f} tokens/s over {s['window_us'] / 1000:.2f} ms"
+    if s["itl_us"]:
+        line += f"; inter-token latency p50 {s['itl_us']['p50'] / 1000:.3f} ms"
+    out = [line]
+    for r in s["per_step"][:SERVING_STEPS_SHOWN]:
+        parts = [f"  step {r['index']} {r['kind']}"]
+        if r["prefill_requests"]:
+            parts.append(f"{r['prefill_requests']} prefill req / {r['prefill_tokens'] if r['prefill_tokens'] is not None else '?'} tok")
+        if r["decode_requests"]:
+            kv = f", KV {r['decode_kv_tokens']}" if r["decode_kv_tokens"] is not None else ""
+            parts.append(f"{r['decode_requests']} decode req{kv}")
+        if r["wall_us"] is not None:
+            parts.append(f"{r['wall_us'] / 1000:.2f} ms")
+        if r["us_per_token"] is not None:
+            parts.append(f"{r['us_per_token']:.2f} us/token")
+        out.append(", ".join(parts))
+    if len(s["per_step"]) > SERVING_STEPS_SHOWN:
+        out.append(f"  ... {len(s['per_step']) - SERVING_STEPS_SHOWN} more steps (--json for all)")
+    return out
+
+
+def _group_json(steps: pd.DataFrame, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """Count, step time percentiles and per-step rows of a group of steps (mixed, other), None if empty."""
+    if steps.empty:
+        return None
+    return {
+        "count": int(len(steps)),
+        "step_us": lat.percentiles(steps["step_us"].to_numpy()),
+        "per_step": [_step_json(r, keys + STEP_FIELDS + ("cpu_share", "gpu_share", "bound")) for r in steps.itertuples(index=False)],
+    }
 
 
 def _int(v: Any, default: str) -> str:
@@ -401,15 +472,20 @@ def _step_json(r: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
-    """Every segment with its measures in microseconds (the `steps` DataFrame)."""
+def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | None = None) -> pd.DataFrame:
+    """Every segment with its measures in microseconds (the `steps` DataFrame). A step whose work
+    sat queued until the steady state began is timed from there (`queued_us` says how long)."""
     t = segs.table
     m = lat.measure(trace, segs)
     origin = trace.span_ns[0]
-    first_op = m["first_op"].to_numpy(np.int64)
+    host_first_op = m["first_op"].to_numpy(np.int64)
     ready = m["token_ready"].to_numpy(np.int64)
+    first_op = host_first_op
+    if window is not None and window.queued:
+        first_op = np.where(ready > window.start, np.maximum(host_first_op, window.start), host_first_op)
     phase = t["phase"].to_numpy()
-    request, interval, has_prev = lat.token_intervals(phase, ready, first_op)
+    # A mixed step gives its decoding requests their next token, as a decode step does.
+    request, interval, has_prev = lat.token_intervals(np.where(phase == "mixed", "decode", phase), ready, first_op)
     has_gpu = m["gpu_first"].to_numpy() >= 0
     gspan = np.where(has_gpu, m["gpu_last"] - m["gpu_first"], 0)
     capture_prompt = trace.capture.get("prompt_len")
@@ -426,11 +502,12 @@ def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
         "step": t["step"], "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"],
         "start_us": (t["start"].to_numpy(np.int64) - origin) / US,
         "first_op_us": (first_op - origin) / US,
+        "queued_us": (first_op - host_first_op) / US,
         "token_ready_us": (ready - origin) / US,
         "token_source": m["token_source"].to_numpy(),
         "step_us": (ready - first_op) / US,
         "ttft_us": np.where(phase == "prefill", (ready - first_op) / US, np.nan),
-        "tpot_us": np.where(phase == "decode", interval / US, np.nan),
+        "tpot_us": np.where(np.isin(phase, ("decode", "mixed")), interval / US, np.nan),
         "tpot_is_interval": has_prev,
         "cpu_span_us": (t["end"] - t["start"]).to_numpy(np.int64) / US,
         "gpu_span_us": gspan / US,
@@ -440,7 +517,7 @@ def _steps_frame(trace: Trace, segs: Segments) -> pd.DataFrame:
         "launches": m["launches"].to_numpy(np.int64),
         "sync_blocked_us": m["sync_blocked"].to_numpy(np.int64) / US,
     })
-    measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "step")])
+    measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
     host_end = t["end"].to_numpy(np.int64)
     paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
     steps["cp_cpu_us"] = np.nan
@@ -499,11 +576,23 @@ def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def run(trace: Trace, ctx: Context) -> PhasesResult:
-    segs = segment(trace, ctx.shared(attention_op_spec) >= 0)
-    steps = _steps_frame(trace, segs)
+    patterns = pp.compile_patterns(ctx.options.phases)
+    is_attention = ctx.shared(attention_op_spec) >= 0
+    segs = segment(trace, is_attention, patterns)
+    window = steady_state.steps_window(trace, segs)
+    steps = _steps_frame(trace, segs, window)
+    if segs.method == "framework_markers":
+        steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
+    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, is_attention))
+    source = _source(segs, patterns)
+    t0 = trace.span_ns[0]
     notes: list[str] = []
     if segs.method == "none":
         notes.append("no step annotations, profiler steps or forward passes (embedding lookups) found: phases absent")
+    if (steps["queued_us"] > 0).any():
+        q = steps.loc[steps["queued_us"] > 0].iloc[0]
+        notes.append(f"step {q['name']} waited {q['queued_us'] / 1000:.2f} ms with its work queued behind work or an event "
+                     "the trace does not show (before the steady state): its times start when its work started")
     tok = steps[steps["name"] == TOKENIZE_ANNOTATION]
     decode = _decode_summary(steps)
     if decode and decode["tpot_intervals"] < decode["steps"]:
@@ -521,7 +610,28 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
         tokenize_us=None if tok.empty else float(tok["cpu_span_us"].iloc[0]),
         notes=notes,
         findings=_findings(steps, decode),
+        serving=per_step,
+        serving_summary=serving.summary(per_step, steps, None if window is None else
+                                        ((window.start - t0) / US, (window.end - t0) / US)),
+        source=source,
+        steps_window=window,
     )
+
+
+def _source(segs: Segments, patterns: pp.PhasePatterns) -> dict[str, Any]:
+    """What the segmentation read: the engine and its annotation forms, or the user's patterns."""
+    t = segs.table
+    out: dict[str, Any] = {"engine": None}
+    if segs.method == "framework_markers" and "engine" in t and t["engine"].notna().any():
+        eng = t["engine"].dropna().astype(str)
+        out["engine"] = str(eng.mode().iat[0])
+        out["forms"] = {str(k): int(v) for k, v in t["form"].dropna().astype(str).value_counts().items()}
+    elif segs.method == "framework_markers":
+        out["markers"] = "execute_model"
+    if segs.method in ("user_annotations", "inferred"):
+        out["patterns"] = patterns.describe()
+        out["custom_patterns"] = sorted(patterns.custom)
+    return out
 
 
 def _findings(steps: pd.DataFrame, decode: dict[str, Any] | None) -> list[Finding]:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, device_busy
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.nsys_rules import evaluate
@@ -46,6 +47,15 @@ class GpuUtilization:
     busy: BusyTimeline
     nsys_rules: dict[str, Any] = field(default_factory=dict)
     findings: list = field(default_factory=list)
+    # The steady state (analyze.common.steady_state): GPU time of the steps' window, and the idle
+    # before the first step's work and after the last step's, which the headline leaves out.
+    window: steady_state.Window | None = None
+    steps_window: dict[str, Any] | None = None
+    outside_steps: dict[str, Any] | None = None
+
+    def summary_lines(self) -> list[str]:
+        line = steady_state.summary_line(self.outside_steps)
+        return [line] if line else []
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +70,8 @@ class GpuUtilization:
             "by_phase": {str(r["phase"]): {k: r[k] for k in ("busy_us", "span_us", "utilization")}
                          for r in _records(self.by_phase)},
             "nsys_rules": self.nsys_rules,
+            "steps_window": self.steps_window,
+            "outside_steps": self.outside_steps,
         }
 
 
@@ -88,7 +100,12 @@ def run(trace: Trace, ctx: Context) -> GpuUtilization:
     opts = ctx.options
     nsys = evaluate(trace, busy, ctx.shared(sync_calls), gap_ms=opts.nsys_gap_ms, chunks=opts.nsys_util_chunks,
                     threshold=opts.nsys_util_threshold)
+    window = steady_state.window_of(ctx)
+    steady, outside = steady_state.account(busy, window, t0)
     return GpuUtilization(
+        window=window,
+        steps_window=steady,
+        outside_steps=outside,
         busy_us=busy_ns,
         idle_us=idle_ns,
         utilization=busy_ns / span if span > 0 else None,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tokentrace.cli.options import graph_map_option
+from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 if TYPE_CHECKING:
     from tokentrace.io import Destination
@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 @graph_map_option
 @click.option("--hta", "with_hta", is_flag=True, help="Show Holistic Trace Analysis' idle/busy numbers beside ours (needs the hta extra).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the terminal summary.")
+@phase_option
 def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: str | None, annotated_out: str | None,
-                min_gap_us: float | None, graph_maps: tuple[str, ...], with_hta: bool, quiet: bool) -> None:
+                min_gap_us: float | None, graph_maps: tuple[str, ...], with_hta: bool, quiet: bool,
+                phase: tuple[str, ...]) -> None:
     """Analyse TRACE (a .json/.json.gz file, a trace directory, or a capture run or sweep folder) and print a summary."""
     import tokentrace
     from tokentrace.analysis.loading.capture_folders import CaptureRun, CaptureSweep, resolve
@@ -40,13 +42,13 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
             from tokentrace.errors import TokentraceError
 
             raise TokentraceError(f"{trace}: --hta compares one trace; give one run folder of the sweep")
-        _analyze_sweep(trace, outs, min_gap_us, graph_maps, quiet)
+        _analyze_sweep(trace, outs, min_gap_us, graph_maps, phases_of(phase), quiet)
         return
     if isinstance(found, CaptureSweep):
         found = found.runs[0]
     if isinstance(found, CaptureRun):
         click.echo(found.pick_note(), err=True)
-    analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
+    analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us, phases=phases_of(phase), graph_maps=list(graph_maps) or None)
     if not quiet and not uses_stdout(outs):
         from tokentrace.reports.terminal import render_terminal
 
@@ -68,7 +70,7 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
 
 
 def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float | None, graph_maps: tuple[str, ...],
-                   quiet: bool) -> None:
+                   phases: tuple[tuple[str, str], ...] | None, quiet: bool) -> None:
     """A sweep folder: the sweep table, then each run's summary (and the same in the files asked for)."""
     import tokentrace
     from tokentrace.errors import TokentraceError
@@ -81,12 +83,8 @@ def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float 
 
     if "--annotated" in outs:
         raise TokentraceError(f"{folder}: --annotated writes one trace; give one run folder of the sweep")
-    options = None
-    if graph_maps:
-        from tokentrace.analysis.pipeline import Options
-
-        options = Options(graph_maps=tuple(graph_maps))
-    result = tokentrace.sweep(folder, min_gap_us=min_gap_us, options=options,
+    options = tokentrace.api.settings(graph_maps=list(graph_maps) or None)
+    result = tokentrace.sweep(folder, min_gap_us=min_gap_us, phases=phases, options=options,
                               progress=(lambda line: click.echo(visible(line, one_line=True), err=True)) if sys.stderr.isatty() else None)
     for note in result.notes:
         click.echo(visible(note, one_line=True), err=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.options import phase_option, phases_of
+
 EXIT_CHECK_FAILED = 1
 
 
@@ -17,9 +19,10 @@ EXIT_CHECK_FAILED = 1
 @click.option("--baseline", metavar="TRACE_OR_JSON", default=None, help="Baseline trace or saved JSON summary for --max-regression.")
 @click.option("--max-regression", type=float, default=None, metavar="PCT", help="Largest allowed slowdown of TTFT/TPOT vs the baseline, in percent.")
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the results as JSON to FILE ('-' for stdout).")
+@phase_option
 def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | None, max_syncs_per_token: float | None,
               max_tpot_us: float | None, max_ttft_us: float | None, baseline: str | None, max_regression: float | None,
-              json_out: str | None) -> None:
+              json_out: str | None, phase: tuple[str, ...]) -> None:
     """Check TRACE (a trace, a capture run or sweep folder, or a saved JSON summary) against thresholds; for CI jobs.
 
     Exit 0 when all hold (on every run of a sweep), 1 when any fails (or its metric is absent), 2 on bad input.
@@ -30,7 +33,7 @@ def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | Non
     from tokentrace.reports.text import check_text
 
     outs = plan({"--json": json_out}, [p for p in (trace, baseline, config) if p])
-    result = tokentrace.check(trace, config=config, baseline=baseline, max_regression=max_regression,
+    result = tokentrace.check(trace, config=config, baseline=baseline, max_regression=max_regression, phases=phases_of(phase),
                               max_idle_share_decode=max_idle_share_decode, max_syncs_per_token=max_syncs_per_token,
                               max_tpot_us=max_tpot_us, max_ttft_us=max_ttft_us)
     if not uses_stdout(outs):

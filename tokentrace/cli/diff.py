@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tokentrace.cli.options import graph_map_option
+from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 
 @click.command("diff")
@@ -16,8 +16,10 @@ from tokentrace.cli.options import graph_map_option
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
 @graph_map_option
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
+@phase_option
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
-             min_gap_us: float | None, graph_maps: tuple[str, ...], quiet: bool) -> None:
+             min_gap_us: float | None, graph_maps: tuple[str, ...], quiet: bool,
+             phase: tuple[str, ...]) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary; or two capture sweep folders)."""
     import tokentrace
     from tokentrace.analysis.compare.sweep import SweepDiff
@@ -26,7 +28,7 @@ def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, m
     from tokentrace.reports.diff_markdown import render_diff_markdown
 
     outs = plan({"--json": json_out, "--markdown": md_out, "--html": html_out}, [base, test], recursive=True)
-    result = tokentrace.diff(base, test, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None)
+    result = tokentrace.diff(base, test, min_gap_us=min_gap_us, phases=phases_of(phase), graph_maps=list(graph_maps) or None)
     if isinstance(result, SweepDiff):  # two sweeps: the paired table, then each pair's diff
         from tokentrace.errors import TokentraceError
         from tokentrace.reports.sweep import sweep_diff_text

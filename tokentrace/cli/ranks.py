@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from tokentrace.cli.distributed import distributed_options
+from tokentrace.cli.options import phase_option, phases_of
 
 
 @click.command("ranks")
@@ -14,8 +15,9 @@ from tokentrace.cli.distributed import distributed_options
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the per-rank and per-step tables as JSON.")
 @distributed_options("default: one per CPU")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
+@phase_option
 def ranks_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, scheduler: str | None, no_cache: bool,
-              min_gap_us: float | None) -> None:
+              min_gap_us: float | None, phase: tuple[str, ...]) -> None:
     """Analyse the rank traces in PATHS (files or directories) in parallel and compare the ranks."""
     import tokentrace
     from tokentrace.io import plan, uses_stdout, write_all
@@ -24,7 +26,8 @@ def ranks_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None,
     from tokentrace.reports.text import ranks_text
 
     outs = plan({"--json": json_out}, paths)
-    result = tokentrace.ranks(list(paths), workers=workers, min_gap_us=min_gap_us, scheduler=scheduler, cache=not no_cache)
+    result = tokentrace.ranks(list(paths), workers=workers, min_gap_us=min_gap_us, phases=phases_of(phase), scheduler=scheduler,
+                              cache=not no_cache)
     if result.run is not None:
         click.echo(f"tokentrace: {result.run.analysed + result.run.from_cache} traces, {result.run.analysed} analysed "
                    f"({result.run.where}), {result.run.from_cache} from the cache", err=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from tokentrace.cli.distributed import distributed_options
-from tokentrace.cli.options import graph_map_option
+from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 
 @click.command("report")
@@ -19,10 +19,11 @@ from tokentrace.cli.options import graph_map_option
 @click.option("--format", "fmt", type=click.Choice(["html", "markdown", "json"]), default=None,
               help="Output format (default: from the file name).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
+@phase_option
 @graph_map_option
 @distributed_options("default: 1; on Dask only JSON summaries come back, so the report has no GPU timeline")
 def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None, graph_maps: tuple[str, ...],
-               workers: int | None, scheduler: str | None, no_cache: bool) -> None:
+               workers: int | None, scheduler: str | None, no_cache: bool, phase: tuple[str, ...]) -> None:
     """Write one report (HTML, Markdown or JSON) over TRACE... (files or directories of traces)."""
     import sys
 
@@ -36,7 +37,7 @@ def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us
         if sys.stderr.isatty():
             click.echo(visible(line, one_line=True), err=True)
 
-    tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, graph_maps=list(graph_maps) or None,
+    tokentrace.report(list(traces), output, format=fmt, min_gap_us=min_gap_us, phases=phases_of(phase), graph_maps=list(graph_maps) or None,
                       progress=progress, workers=workers, scheduler=scheduler, cache=not no_cache)
     if not uses_stdout(outs):
         click.echo(f"wrote {visible(output, one_line=True)}", err=True)

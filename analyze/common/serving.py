@@ -1,0 +1,189 @@
+"""Per-step serving numbers: tokens, time per token, inter-token latency, throughput, attention work.
+
+Owns what a step's tokens say once the step is measured (analyze.detectors.phases measures it):
+
+- the step columns every segment carries (analyze.common.step_markers.ENGINE_COLUMNS): an engine
+  step's come from its annotation; a prefill or decode pass found otherwise gets its requests and
+  tokens from its shapes (batch x tokens per sequence), when they are known;
+- per step: wall time (first host operation to token ready), GPU busy, tokens processed, time per
+  token (wall / tokens), and for decode and mixed steps the inter-token latency a request in the
+  step saw, which is the step's wall time;
+- over the steady state (analyze.common.steady_state: the first step's GPU work to the last
+  step's; without GPU work, the first step's first operation to the last step's token): tokens
+  per second, all tokens and decode tokens;
+- attention work: causal query-key pairs from the step's sq / sqsq / sqsk sums
+  (analyze.common.engine_steps.causal_pairs) and, where an attention op in the step shows the
+  query's heads and head size (packed [tokens, heads, head_dim], as paged / varlen attention
+  takes it), the matmul FLOPs over the step's attention calls (one per layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common.latency import percentiles
+from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
+from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.segments import Segments
+
+US = 1000.0
+_TEXT_COLUMNS = ("kind", "engine", "form", "capture_mode", "note")
+# Per-step keys of the JSON summary's `phases.serving.per_step`.
+PER_STEP_KEYS: tuple[str, ...] = (
+    "index", "kind", "name", "start_us", "wall_us", "gpu_busy_us", "requests", "prefill_requests", "prefill_tokens",
+    "prefill_kv_tokens", "decode_requests", "decode_tokens", "decode_kv_tokens", "total_tokens", "us_per_token",
+    "itl_us", "attention_pairs", "attention_flops", "note")
+TTFT_ENGINE_REASON = ("serving-engine steps batch many requests' prompt chunks; the trace does not say when a request "
+                      "arrived or which step finished its prompt, so TTFT is not measured (per-step prefill time is in "
+                      "phases.serving.per_step)")
+
+
+def fill_step_columns(table: pd.DataFrame) -> None:
+    """Give every segment the step columns in place: engine steps keep theirs; a prefill or decode
+    pass with known batch and tokens per sequence gets its requests and tokens from them."""
+    n = len(table)
+    for c in ENGINE_COLUMNS:
+        if c not in table:
+            table[c] = None if c in _TEXT_COLUMNS else np.full(n, -1, np.int64)
+    phase = table["phase"].to_numpy(object)
+    kind = table["kind"].to_numpy(object)
+    table["kind"] = np.where(pd.isna(kind), np.where(np.isin(phase, es.KINDS), phase, "step"), kind)
+    batch, q = table["batch"].to_numpy(np.int64), table["q_len"].to_numpy(np.int64)
+    known = (table["total_tokens"].to_numpy(np.int64) < 0) & (batch > 0) & (q > 0)
+    pre, dec = known & (phase == "prefill"), known & (phase == "decode")
+    for col, val in (("prefill_requests", np.where(pre, batch, 0)), ("prefill_tokens", np.where(pre, batch * q, 0)),
+                     ("decode_requests", np.where(dec, batch, 0)), ("decode_tokens", np.where(dec, batch * q, 0)),
+                     ("requests", batch), ("total_tokens", batch * q)):
+        table[col] = np.where(pre | dec, val, table[col].to_numpy(np.int64)).astype(np.int64)
+
+
+def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -> pd.DataFrame:
+    """Per segment (index seg): attention calls (outermost attention ops in it) and the query's
+    tokens, heads and head size and the value head size from the first call's input shapes
+    (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say)."""
+    n = len(segs)
+    out = pd.DataFrame({"calls": 0, "q_tokens": -1, "heads": -1, "head_dim": -1, "head_dim_v": -1}, index=pd.RangeIndex(n))
+    cpu = trace.cpu_ops
+    rows = cpu.index.to_numpy(np.int64)
+    att = is_attention[rows]
+    if not n or not att.any():
+        return out
+    parent = cpu["parent"].to_numpy(np.int64)[att]
+    top = ~np.where(parent >= 0, is_attention[np.maximum(parent, 0)], False)
+    arows = rows[att][top]
+    seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
+    ok = seg >= 0
+    out["calls"] = np.bincount(seg[ok], minlength=n)
+    first = pd.Series(arows[ok], index=seg[ok])
+    first = first[~first.index.duplicated()]
+    dims = trace.events["input_dims"].to_numpy(object)
+    for s, row in first.items():
+        d = dims[row]
+        if not isinstance(d, list) or not d or not isinstance(d[0], list) or len(d[0]) != 3:
+            continue
+        out.loc[s, ["q_tokens", "heads", "head_dim"]] = [int(x) for x in d[0]]
+        v = d[2] if len(d) > 2 and isinstance(d[2], list) and len(d[2]) == 3 else None
+        out.loc[s, "head_dim_v"] = int(v[2]) if v else int(d[0][2])
+    return out
+
+
+def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per segment (same rows as `steps`): the serving numbers (see the module docstring)."""
+    t = table.set_index("seg").loc[steps["seg"].to_numpy()]
+    wall = steps["step_us"].to_numpy(float)
+    tokens = t["total_tokens"].to_numpy(np.int64)
+    kind = t["kind"].to_numpy(object)
+    out = pd.DataFrame({
+        "seg": steps["seg"].to_numpy(), "index": steps["index"].to_numpy(), "kind": kind, "name": steps["name"].to_numpy(),
+        "start_us": steps["start_us"].to_numpy(float), "wall_us": wall, "gpu_busy_us": steps["gpu_busy_us"].to_numpy(float),
+    })
+    for c in ("requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
+              "decode_kv_tokens", "total_tokens"):
+        out[c] = t[c].to_numpy(np.int64)
+    out["us_per_token"] = np.where(tokens > 0, wall / np.maximum(tokens, 1), np.nan)
+    out["itl_us"] = np.where(np.isin(kind, ("decode", "mixed")), wall, np.nan)
+    sq = t["prefill_tokens"].to_numpy(np.int64), t["decode_tokens"].to_numpy(np.int64)
+    sqsq = t["prefill_sqsq"].to_numpy(np.int64), t["decode_sqsq"].to_numpy(np.int64)
+    sqsk = t["prefill_sqsk"].to_numpy(np.int64), t["decode_sqsk"].to_numpy(np.int64)
+    known = np.ones(len(t), bool)
+    pairs = np.zeros(len(t))
+    for q, qq, qk in zip(sq, sqsq, sqsk, strict=True):
+        known &= (q >= 0) & (qq >= 0) & (qk >= 0)
+        pairs += es.causal_pairs(np.maximum(q, 0), np.maximum(qq, 0), np.maximum(qk, 0))
+    out["attention_pairs"] = np.where(known & (tokens >= 0), pairs, np.nan)
+    out["attention_flops"] = np.nan
+    if geometry is not None and len(geometry):
+        g = geometry.reindex(out["seg"].to_numpy())
+        # The shapes describe this step only if the query holds the step's tokens (graph padding
+        # may round the count up).
+        fits = (g["heads"].to_numpy() > 0) & (g["q_tokens"].to_numpy() >= tokens) & (tokens > 0)
+        flops = es.attention_flops(out["attention_pairs"].to_numpy(float), g["heads"].to_numpy(), g["head_dim"].to_numpy(),
+                                   g["head_dim_v"].to_numpy(), g["calls"].to_numpy())
+        out["attention_flops"] = np.where(fits & known, flops, np.nan)
+    out["note"] = t["note"].to_numpy(object)
+    return out
+
+
+def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[float, float] | None = None) -> dict[str, Any] | None:
+    """The `phases.serving` JSON section, or None when no step's tokens are known. Throughput is
+    over `gpu_window_us` (the steady-state window, relative to the trace start) when given."""
+    s = serving[serving["kind"].isin(("prefill", "decode", "mixed", "step"))]
+    tok = s["total_tokens"].to_numpy(np.int64)
+    if not len(s) or not (tok > 0).any():
+        return None
+    st = steps.set_index("seg").loc[s["seg"].to_numpy()]
+    t0, t1 = gpu_window_us or (float(st["first_op_us"].min()), float(st["token_ready_us"].max()))
+    window = max(t1 - t0, 0.0)
+    known = tok >= 0
+    total = int(tok[known].sum())
+    dec = s["decode_tokens"].to_numpy(np.int64)
+    itl = s["itl_us"].dropna().to_numpy(float)
+    flops = s["attention_flops"].dropna()
+    notes = sorted({str(n) for n in s["note"] if isinstance(n, str) and n})
+    return {
+        "steps": int(len(s)),
+        "by_kind": {str(k): int(v) for k, v in s["kind"].value_counts().items()},
+        "steps_with_tokens": int(known.sum()),
+        "window_us": round(window, 3),
+        "window": "gpu" if gpu_window_us else "host",
+        "tokens": total,
+        "prefill_tokens": int(s.loc[s["prefill_tokens"] >= 0, "prefill_tokens"].sum()),
+        "decode_tokens": int(dec[dec >= 0].sum()),
+        "tokens_per_s": round(total / window * 1e6, 3) if window > 0 else None,
+        "decode_tokens_per_s": round(float(dec[dec >= 0].sum()) / window * 1e6, 3) if window > 0 else None,
+        "us_per_token": round(window / total, 4) if total > 0 else None,
+        "itl_us": percentiles(itl),
+        "attention_flops": float(flops.sum()) if len(flops) else None,
+        "attention_flops_steps": int(len(flops)),
+        "notes": notes,
+        "per_step": [_record(r) for r in serving.to_dict("records")],
+    }
+
+
+def _record(r: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in PER_STEP_KEYS:
+        v = r.get(k)
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out[k] = None
+        elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
+            out[k] = None if v < 0 and k != "index" else int(v)
+        elif isinstance(v, (np.floating, float)):
+            out[k] = round(float(v), 3) if k != "attention_flops" else float(v)
+        else:
+            out[k] = v
+    return out
+
+
+def ttft_absent_reason(method: str, has_prefill: bool, prompt_steps: int = 0) -> str | None:
+    """Why TTFT is null in the JSON summary, or None when it is measured. `prompt_steps` counts
+    engine steps that process prompt tokens (prefill or mixed)."""
+    if method == "framework_markers" and (has_prefill or prompt_steps):
+        return TTFT_ENGINE_REASON
+    if not has_prefill:
+        return "no prefill pass in this trace" + ("" if method != "none" else " (no steps found)")
+    return None

@@ -1,0 +1,145 @@
+"""Step segments from names in the trace: serving-engine step markers and users' own annotations.
+
+Owns turning annotation rows into segment rows for the phases segmenter (analyze.detectors.phases):
+
+- `engine_segments`: vLLM / SGLang step annotations and graph-capture marks (names parsed by
+  analyze.common.engine_steps), one segment per engine step with its kind, requests and tokens.
+  When one engine marker holds exactly one other (a scheduler-level `execute_...` around SGLang's
+  `step[...]` forward span), the step is the inner marker (its range and name: the forward pass
+  whose GPU work it launches), with the outer marker's counts and kind, the inner's filling what
+  the outer leaves unknown. An outer marker holding several is kept whole (its sums cannot be
+  split between them).
+- `user_segments`: prefill / decode annotations that match the user's patterns
+  (analyze.common.phase_patterns), and the `request` ranges that bound inferred forward passes.
+
+Nested matches keep the outermost range, as ProfilerStep nesting does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common.latency import regex_mask
+from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
+
+# Columns an engine step adds to the segment table (-1 / None where unknown or not an engine step).
+ENGINE_COLUMNS: tuple[str, ...] = ("kind", "engine", "form") + tuple(
+    c for c in es.COUNT_FIELDS if c not in ("capture_size",)) + ("capture_size", "capture_mode", "note")
+_CANDIDATE = re.compile(r"^\s*(?:execute_|step\[|capture_\d)")
+_INT_COLUMNS = tuple(c for c in ENGINE_COLUMNS if c in es.COUNT_FIELDS)
+
+
+def outermost(df: pd.DataFrame) -> pd.DataFrame:
+    """Ranges not contained in an earlier one (nested markers: keep the outer)."""
+    df = df.sort_values(["ts", "end"], ascending=[True, False])
+    reach = np.maximum.accumulate(df["end"].to_numpy(np.int64))
+    keep = np.r_[True, df["ts"].to_numpy(np.int64)[1:] >= reach[:-1]]
+    return df[keep]
+
+
+def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
+    """Segment rows (start, end, name, tid, phase, batch, q_len, step and ENGINE_COLUMNS) for the
+    engine step markers among `annotations` (ts, end, name, tid), None when there are none."""
+    cand = annotations[regex_mask(annotations["name"], _CANDIDATE)]
+    if cand.empty:
+        return None
+    parsed = es.parse_names(cand["name"])
+    if parsed.empty:
+        return None
+    rows = cand.loc[parsed.index, ["ts", "end", "name", "tid"]].copy()
+    rows["name"] = rows["name"].astype(str)
+    rows = pd.concat([rows, parsed], axis=1).sort_values(["ts", "end"], ascending=[True, False])
+    ts, end = rows["ts"].to_numpy(np.int64), rows["end"].to_numpy(np.int64)
+    reach = np.maximum.accumulate(end)
+    is_outer = np.r_[True, ts[1:] >= reach[:-1]]
+    group = np.cumsum(is_outer) - 1
+    n_in = np.bincount(group) - 1  # markers nested inside each outer one
+    out = rows[is_outer].copy().reset_index(drop=True)
+    single = np.flatnonzero(n_in == 1)
+    if len(single):
+        inner = rows[~is_outer].copy()
+        inner["group"] = group[~is_outer]
+        inner = inner.drop_duplicates("group").set_index("group").loc[single]
+        _merge_inner(out, single, inner)
+    out["phase"] = out["kind"].map(es.PHASE_OF_KIND)
+    out["start"] = out.pop("ts")
+    req = out["requests"].to_numpy(np.int64)
+    out["batch"] = np.where(req > 0, req, np.where(out["kind"] == "capture", out["capture_size"], -1))
+    out["q_len"] = _tokens_per_request(out)
+    out["step"] = -1
+    return out[["start", "end", "name", "tid", "phase", "batch", "q_len", "step", *ENGINE_COLUMNS]]
+
+
+def _merge_inner(out: pd.DataFrame, at: np.ndarray, inner: pd.DataFrame) -> None:
+    """Give each outer marker in `at` its single inner marker's range and name, and the inner's
+    counts where the outer's are unknown (the outer's are the detailed ones when both exist)."""
+    outer_name = out.loc[at, "name"].to_numpy()
+    for c in ("ts", "end", "tid", "name"):
+        out.loc[at, c] = inner[c].to_numpy()
+    for c in _INT_COLUMNS:
+        o = out.loc[at, c].to_numpy(np.int64)
+        out.loc[at, c] = np.where(o >= 0, o, inner[c].to_numpy(np.int64))
+    # The inner marker is the forward pass: its engine ran the step (an SGLang build may also write
+    # vLLM's execute_... form around it).
+    out.loc[at, "engine"] = inner["engine"].to_numpy()
+    out.loc[at, "form"] = [f"{o}+{i}" for o, i in zip(out.loc[at, "form"], inner["form"], strict=True)]
+    outer_kind = out.loc[at, "kind"].to_numpy()
+    vague = outer_kind == "step"
+    out.loc[at, "kind"] = np.where(vague, inner["kind"].to_numpy(), outer_kind)
+    agree = vague | (outer_kind == inner["kind"].to_numpy())
+    note = [f"counts from the enclosing {n}" + ("" if ok else f" (which says {k}; its kind is used)")
+            for n, ok, k in zip(outer_name, agree, outer_kind, strict=True)]
+    prev = out.loc[at, "note"].to_numpy()
+    out.loc[at, "note"] = [f"{p}; {n}" if isinstance(p, str) and p else n for p, n in zip(prev, note, strict=True)]
+
+
+def _tokens_per_request(t: pd.DataFrame) -> np.ndarray:
+    """Query tokens per sequence where every request of the step has the same: a single-prompt
+    prefill (its length) or a decode step whose requests take equally many tokens (1, or the
+    speculative tokens). -1 otherwise (a batch of prompts has no one length)."""
+    kind = t["kind"].to_numpy()
+    pr, pt = t["prefill_requests"].to_numpy(np.int64), t["prefill_tokens"].to_numpy(np.int64)
+    dr, dt = t["decode_requests"].to_numpy(np.int64), t["decode_tokens"].to_numpy(np.int64)
+    even = (dr > 0) & (dt >= 0) & (dt % np.maximum(dr, 1) == 0)
+    return np.where((kind == "prefill") & (pr == 1), pt,
+                    np.where((kind == "decode") & even, dt // np.maximum(dr, 1), -1)).astype(np.int64)
+
+
+def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
+    """Role of each name ("" for none), matched once per distinct name (views hold millions of ops)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = np.array([patterns.role_of(str(c)) or "" for c in names.cat.categories] + [""], dtype=object)
+        return cats[names.cat.codes.to_numpy()]  # code -1 (no name) picks the trailing ""
+    values = names.astype(str)
+    roles = {c: patterns.role_of(c) or "" for c in pd.unique(values)}
+    return values.map(roles).to_numpy(object)
+
+
+def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+    """(prefill/decode segments from the user's annotations or None, the `request` ranges).
+
+    `frames` are views with ts, end, name, tid (annotations, cpu ops); each distinct name is
+    matched once."""
+    parts = []
+    for f in frames:
+        role = _roles(f["name"], patterns)
+        hit = role != ""
+        sub = f.loc[hit, ["ts", "end", "name", "tid"]].copy()
+        sub["role"] = role[hit]
+        parts.append(sub)
+    found = pd.concat(parts) if parts else pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
+    requests = outermost(found[found["role"] == "request"]) if (found["role"] == "request").any() else found.iloc[:0]
+    marks = found[found["role"].isin(("prefill", "decode"))]
+    if marks.empty:
+        return None, requests
+    marks = outermost(marks)
+    names = marks["name"].astype(str)
+    step = np.where(marks["role"] == "decode", names.map(step_number), -1).astype(np.int64)
+    return pd.DataFrame({
+        "start": marks["ts"].to_numpy(np.int64), "end": marks["end"].to_numpy(np.int64), "name": names.to_numpy(),
+        "tid": marks["tid"].to_numpy(np.int64), "phase": marks["role"].to_numpy(), "step": step,
+    }), requests

@@ -1,0 +1,75 @@
+"""Users' phase patterns: the documented defaults, custom patterns replacing a role's defaults, and
+the spellings the CLI, the API and the TOML config accept."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokentrace.analysis.common import phase_patterns as pp
+from tokentrace.errors import TokentraceError
+
+
+@pytest.mark.parametrize(("name", "role"), [
+    ("prefill", "prefill"), ("Prefill", "prefill"), ("## prefill ##", "prefill"), ("##prefill##", "prefill"),
+    ("decode", "decode"), ("DECODE", "decode"), ("decode_step_3", "decode"), ("decode_3", "decode"), ("decode[12]", "decode"),
+    ("decode step 4", "decode"), ("## decode ##", "decode"), ("decode_step", "decode"),
+    ("generate", "request"), ("## generate ##", "request"), ("Generate", "request"),
+])
+def test_default_patterns(name, role):
+    assert pp.compile_patterns().role_of(name) == role
+
+
+@pytest.mark.parametrize("name", [
+    "prefill_cache", "decode_tokens", "my_decode", "aten::embedding", "ProfilerStep#1", "tokentrace/prefill",
+    "generate_batch", "## forward ##", "decode[x]", "",
+])
+def test_default_patterns_match_whole_names_only(name):
+    assert pp.compile_patterns().role_of(name) is None
+
+
+def test_step_number():
+    assert [pp.step_number(n) for n in ("decode_step_3", "decode[12]", "decode", "gen 7 of 9")] == [3, 12, -1, 7]
+
+
+def test_a_custom_pattern_replaces_its_role_only():
+    pats = pp.compile_patterns(pp.normalize({"decode": r"gen_step_\d+"}))
+    assert pats.role_of("gen_step_5") == "decode" and pats.role_of("GEN_STEP_5") == "decode"
+    assert pats.role_of("decode_step_5") is None  # the default decode patterns are gone
+    assert pats.role_of("## prefill ##") == "prefill"  # the other roles keep theirs
+    assert pats.custom == frozenset({"decode"})
+    assert pats.describe()["decode"] == [r"gen_step_\d+"]
+
+
+def test_several_patterns_for_one_role():
+    pats = pp.compile_patterns(pp.normalize(["decode=tok_\\d+", "decode=spec_\\d+", "prefill=prompt"]))
+    assert [pats.role_of(n) for n in ("tok_1", "spec_2", "prompt", "prefill")] == ["decode", "decode", "prefill", None]
+
+
+@pytest.mark.parametrize("spec", [
+    {"decode": "a", "prefill": ["b", "c"]}, [("decode", "a"), ("prefill", "b"), ("prefill", "c")],
+    ["decode=a", "prefill=b", "prefill=c"],
+])
+def test_normalize_accepts_each_spelling(spec):
+    assert sorted(pp.normalize(spec)) == [("decode", "a"), ("prefill", "b"), ("prefill", "c")]
+
+
+def test_a_regex_holding_equals_signs_keeps_them():
+    assert pp.parse_spec("decode=step(?P<x>=)") == ("decode", "step(?P<x>=)")
+    assert pp.normalize(None) == () and pp.normalize("Prefill=x") == (("prefill", "x"),)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("decode", "not ROLE=REGEX"), ("decode=", "not ROLE=REGEX"), ("bogus=x", "unknown phase role 'bogus'"),
+    ("decode=(", "not a valid regular expression"),
+])
+def test_bad_specs_name_the_problem(spec, message):
+    with pytest.raises(TokentraceError, match="--phase") as exc:
+        pp.parse_spec(spec)
+    assert message in str(exc.value)
+
+
+def test_bad_mapping_values():
+    with pytest.raises(TokentraceError, match="cfg.toml: phases: decode pattern must be a string"):
+        pp.normalize({"decode": [3]}, "cfg.toml: phases")
+    with pytest.raises(TokentraceError, match="neither ROLE=REGEX"):
+        pp.normalize([("decode",)])  # type: ignore[list-item]
