@@ -89,7 +89,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
         analyses.append(analyze(item, min_gap_us=min_gap_us, options=options))
-    text = render(analyses, kind)
+    text = render(analyses, kind, None if output is None else os.fspath(output))
     if output is not None:
         write_output(os.fspath(output), text)
     return text

@@ -23,8 +23,12 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
     import tokentrace
     from tokentrace.io import write_output
 
+    outputs = {"--json": json_out, "--html": html_out, "--markdown": md_out, "--annotated": annotated_out}
+    to_stdout = [flag for flag, path in outputs.items() if path == "-"]
+    if len(to_stdout) > 1:
+        raise click.UsageError(f"{' and '.join(to_stdout)} both ask for stdout; write all but one of them to a file")
     analysis = tokentrace.analyze(trace, min_gap_us=min_gap_us)
-    if not quiet and json_out != "-":
+    if not quiet and not to_stdout:  # stdout holds the document asked for, nothing else
         from tokentrace.reports.terminal import render_terminal
 
         click.echo(render_terminal(analysis, color=sys.stdout.isatty()))
@@ -32,15 +36,17 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         from tokentrace.analysis.compare.hta_compare import hta_comparison
         from tokentrace.reports.text import hta_text
 
-        click.echo(hta_text(hta_comparison(analysis)))
+        click.echo(hta_text(hta_comparison(analysis)), err=bool(to_stdout))
     if json_out:
         write_output(json_out, json.dumps(analysis.to_json(), indent=2))
     if html_out:
         analysis.to_html(html_out)
     if md_out:
-        text = analysis.to_markdown()
-        write_output(md_out, text)
+        analysis.to_markdown(md_out)
     if annotated_out:
         from tokentrace.reports.annotated import write_annotated
 
         write_annotated(analysis, annotated_out)
+    for flag, path in outputs.items():
+        if path and path != "-":
+            click.echo(f"wrote {path} ({flag.removeprefix('--')})", err=True)
