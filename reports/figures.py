@@ -305,7 +305,7 @@ def _place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str]]) -
     taken: list[Bbox] = []
     for x, y, text in items[:MAX_PLOT_LABELS]:
         for dx, dy, ha, va in _OFFSETS:
-            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=7)
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8)
             box = t.get_window_extent(renderer).padded(2)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
             if inside and not any(box.overlaps(b) for b in taken):

@@ -9,6 +9,7 @@ where they are built. Nothing here reads an Analysis (reports.view and reports.s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -119,6 +120,11 @@ class TraceView:
     appendix: list[AppendixGroup]
     reproduce: list[str]
     compare: dict[str, str] = field(default_factory=dict)  # the numbers a report over several traces lines up: label -> text
+
+    @property
+    def name(self) -> str:
+        """The trace's file name (title is its whole path)."""
+        return os.path.basename(self.title) or self.title
 
 
 @dataclass

@@ -80,13 +80,12 @@ def build(inp: Inputs, s: Section) -> None:
     if sh.unattributed_gpu_count:
         first += (f"; {fmt.duration(sh.unattributed_gpu_us)} of it ({words.count(sh.unattributed_gpu_count, 'activity', 'activities')}) "
                   "has no op to attribute it to")
-    s.prose.append(words.sentence(first))
     busiest = sh.ops.sort_values("gpu_total_us", ascending=False, kind="stable")
     if len(busiest) and busiest["gpu_total_us"].iloc[0] > 0:
         r = busiest.iloc[0]
-        s.prose.append(words.sentence(f"the op group with the most GPU time is {r['name']} with inputs {tb.dims(r['input_dims'])} "
-                                      f"in {_phase_of(r['phase'])}: {fmt.duration(r['gpu_total_us'])} over "
-                                      f"{words.count(r['calls'], 'call')}"))
+        first += (f"; the op group with the most GPU time is {r['name']} with inputs {tb.dims(r['input_dims'])} in "
+                  f"{_phase_of(r['phase'])}: {fmt.duration(r['gpu_total_us'])} over {words.count(r['calls'], 'call')}")
+    s.prose.append(words.sentence(first))
     data = roofline_data(roof) if roof is not None else None
     if roof is not None and roof.phases:
         s.prose += [roof_sentence(p, rec) for p, rec in list(roof.phases.items())[:2]]

@@ -114,7 +114,7 @@ def _decode_prose(ph: PhasesResult, d: dict[str, Any], capture: dict[str, Any]) 
             f"{fmt.share(b['cpu_share'])} of the steps' critical path is host (CPU) time and {fmt.share(b['gpu_share'])} GPU time: "
             f"decode is {b['verdict']}"))
     busy = d["gpu_busy_us"]
-    if busy is not None:
+    if busy is not None and busy["max"] > 0:  # a CPU run has no GPU time to compare
         out.append(words.sentence(f"the GPU was busy {fmt.duration(busy['mean'])} per step on average, "
                                   f"against a mean step of {fmt.duration(t['mean'])}"))
     return out
@@ -138,10 +138,13 @@ def build(inp: Inputs, s: Section) -> None:
     else:
         data = None
         s.figure_note = "No decode steps in this trace: nothing to split per step."
-    if data is not None:
+    if data is not None and data.parts:
         s.figure = Figure(figures.steps, data, f"Wall time of each {data.xlabel} (line) and its critical path split into CPU "
                           "work, GPU work while the host was not waiting, and time the host sat blocked in a sync (taken out of "
                           "the GPU part, where the critical path counts it). Times under the profiler.")
+    elif data is not None:
+        s.figure = Figure(figures.steps, data, f"Wall time of each {data.xlabel}, under the profiler (the trace has no GPU work to "
+                          "split it along its critical path).")
     if not prefill.empty and decode.empty:
         p = prefill.iloc[0]
         s.prose.insert(0, words.sentence(
@@ -151,13 +154,22 @@ def build(inp: Inputs, s: Section) -> None:
     stages = stage_table(capture, ph)
     if stages is not None:
         s.tables.append(stages)
+    # A run without GPU work (a CPU capture) has nothing in the GPU columns: they are left out.
+    gpu = bool((steps["kernels"] > 0).any())
     if not prefill.empty:
-        s.tables.append(tb.from_frame("Prefill passes", prefill, PREFILL_COLS))
+        s.tables.append(tb.from_frame("Prefill passes", prefill, _cols(PREFILL_COLS, gpu)))
     if not decode.empty:
-        s.tables.append(tb.from_frame("Decode steps", decode, DECODE_COLS,
+        s.tables.append(tb.from_frame("Decode steps", decode, _cols(DECODE_COLS, gpu),
                                       note="Token interval: from the previous token's arrival on the host to this one's."))
     if not other.empty:
-        s.tables.append(tb.from_frame("Steps", other, OTHER_COLS))
+        s.tables.append(tb.from_frame("Steps", other, _cols(OTHER_COLS, gpu)))
+
+
+GPU_COLUMNS = ("gpu_busy_us", "gpu_idle_us", "kernels", "launches")
+
+
+def _cols(cols: tuple[tb.Col, ...], gpu: bool) -> tuple[tb.Col, ...]:
+    return cols if gpu else tuple(c for c in cols if c.key not in GPU_COLUMNS)
 
 
 SECTION = SectionSpec(key="steps", title="Where does a decode step's time go?", results=("phases", "trace"),
