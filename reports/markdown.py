@@ -49,12 +49,15 @@ def _finding(n: int, f: FindingView) -> list[str]:
     return [f"{n}. **{md_escape(f.severity)}: {md_escape(f.title)}** ({meta})", f"   What to do: {md_escape(f.recommendation)}"]
 
 
-def _trace(v: TraceView, top: int) -> list[str]:
-    lines = [f"### {md_escape(os.path.basename(v.title))}", "", " · ".join(md_escape(f"{f.label}: {f.text}") for f in v.facts), ""]
-    lines += ["| headline | value |", "|---|---:|"]
-    for mtr in v.headline:
-        lines.append(f"| {md_escape(mtr.label)} | {md_escape(mtr.text)}" + (f" ({md_escape(mtr.note)})" if mtr.note else "") + " |")
-    lines += ["", md_escape(v.latency_note), ""]
+def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
+    """One trace's block; `brief` (a comment over several traces, whose headlines are in the table above) keeps
+    the warnings and top findings only."""
+    lines = [f"### {md_escape(name)}", "", " · ".join(md_escape(f"{f.label}: {f.text}") for f in v.facts), ""]
+    if not brief:
+        lines += ["| headline | value |", "|---|---:|"]
+        for mtr in v.headline:
+            lines.append(f"| {md_escape(mtr.label)} | {md_escape(mtr.text)}" + (f" ({md_escape(mtr.note)})" if mtr.note else "") + " |")
+        lines += ["", md_escape(v.latency_note), ""]
     if v.warnings:
         lines += ["**Before you trust these numbers:**", ""] + [f"- {md_escape(w)}" for w in v.warnings] + [""]
     if v.findings:
@@ -65,7 +68,7 @@ def _trace(v: TraceView, top: int) -> list[str]:
     else:
         lines += ["No findings: no detector reported a problem in this trace.", ""]
     answered = [s for s in v.sections if s.status == "ok" and s.prose]
-    if answered:
+    if answered and not brief:
         lines += ["**What the trace shows:**", ""]
         lines += [f"- *{md_escape(s.title)}* {md_escape(s.prose[0])}" for s in answered]
         lines.append("")
@@ -84,10 +87,11 @@ def text(report: ReportView) -> str:
         lines.append("| " + " | ".join(md_escape(c.label) for c in t.columns) + " |")
         lines.append("|" + "|".join("---:" if c.numeric else "---" for c in t.columns) + "|")
         for row in t.rows:
-            lines.append("| " + " | ".join(md_escape(os.path.basename(str(c))) if i == 0 else md_escape(c) for i, c in enumerate(row)) + " |")
+            lines.append("| " + " | ".join(md_escape(c) for c in row) + " |")
         lines.append("")
-    for v in report.traces:
-        lines += _trace(v, TOP_FINDINGS_MANY if many else TOP_FINDINGS)
+    names = rv.distinct_names([v.title for v in report.traces])
+    for name, v in zip(names, report.traces, strict=True):
+        lines += _trace(v, name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
     lines += ["Reproduce:", "", _code_block("\n".join(dict.fromkeys(c for v in report.traces for c in v.reproduce)))]
     return "\n".join(lines).rstrip() + "\n"
 

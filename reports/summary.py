@@ -32,8 +32,6 @@ MAX_SYNC_MARKS = 2000
 # Evidence rows shown under a finding, and the columns of that table (rows are free-form records).
 EVIDENCE_ROWS = 10
 EVIDENCE_COLUMNS = 8
-# How the capture's clock reads (capture.timing: "cuda_event" on a GPU, "perf_counter" on a CPU).
-CLOCKS = {"cuda_event": "CUDA events", "perf_counter": "host clock"}
 # The headline after the two latencies: (metric key in analysis.compare.metrics, label).
 HEADLINE_MORE = (("gpu_utilization", "GPU utilisation"), ("launch_bound_share_decode", "Launch-bound share (decode)"),
                  ("syncs_per_token", "Syncs per token"))
@@ -57,7 +55,7 @@ def latency(doc: dict[str, Any]) -> tuple[list[Metric], str]:
                  Metric("TPOT p50, under the profiler", tpot, source="tpot_p50_us" if tpot_v is not None else None)]
         return cards, ("Latencies come from this trace and were measured under the profiler, which slows the host: the trace "
                        "carries no timings of the same run without it.")
-    clock = CLOCKS.get(str(BY_KEY["unprofiled_clock"].read(doc)), "host clock")
+    clock = words.clock(BY_KEY["unprofiled_clock"].read(doc))
     over_ttft = BY_KEY["profiler_overhead_ttft"].read(doc)
     over_tpot = BY_KEY["profiler_overhead_tpot"].read(doc)
 

@@ -179,8 +179,20 @@ def compare_table(views: list[TraceView]) -> Table:
     """One row per trace; a column no trace has (no capture timings anywhere) is left out."""
     labels = [label for _, label in COMPARE if any(v.compare[label] != fmt.MISSING for v in views)]
     cols = [Column("trace", code=True)] + [Column(label, numeric=True) for label in labels] + [Column("findings", numeric=True)]
-    rows: list[list[Any]] = [[v.title, *(v.compare[label] for label in labels), fmt.number(len(v.findings))] for v in views]
+    names = distinct_names([v.title for v in views])
+    rows: list[list[Any]] = [[n, *(v.compare[label] for label in labels), fmt.number(len(v.findings))] for n, v in zip(names, views, strict=True)]
     return Table("Headline of each trace", cols, rows)
+
+
+def distinct_names(paths: list[str]) -> list[str]:
+    """The paths without the folders they all share: a sweep's runs are all called combined.pt.trace.json.gz."""
+    if len(paths) < 2:
+        return [os.path.basename(p) for p in paths]
+    try:
+        common = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    except ValueError:  # paths on different drives
+        return paths
+    return [os.path.relpath(os.path.abspath(p), common) for p in paths]
 
 
 def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", output: str | os.PathLike[str] | None = None) -> ReportView:

@@ -10,6 +10,13 @@ from collections.abc import Sequence
 
 from tokentrace.reports import format as fmt
 
+# How the capture's clock names (capture.timing: "cuda_event" on a GPU, "perf_counter" on a CPU) read.
+CLOCKS = {"cuda_event": "CUDA events", "perf_counter": "host clock"}
+
+
+def clock(name: object) -> str:
+    return CLOCKS.get(str(name), str(name))
+
 
 def count(n: int | float, noun: str, plural: str | None = None) -> str:
     """'1 decode step', '8 decode steps', '6,118 gaps'."""

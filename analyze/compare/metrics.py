@@ -187,7 +187,7 @@ def _backend(section: str) -> Callable[[Summary], str | None]:
     return read
 
 
-def _unprofiled_timings(doc: Summary) -> dict[str, Any] | None:
+def unprofiled_timings(doc: Summary) -> dict[str, Any] | None:
     """The capture's stage timings when they come from a run without the profiler, else None.
 
     The capture module measures TTFT and every decode step with CUDA events (perf_counter on a CPU)
@@ -204,14 +204,14 @@ def _unprofiled_timings(doc: Summary) -> dict[str, Any] | None:
 
 def _unprofiled(path: str) -> Callable[[Summary], float | None]:
     def read(doc: Summary) -> float | None:
-        timings = _unprofiled_timings(doc)
+        timings = unprofiled_timings(doc)
         return None if timings is None else first_number(timings, path)
 
     return read
 
 
 def _unprofiled_clock(doc: Summary) -> str | None:
-    timings = _unprofiled_timings(doc)
+    timings = unprofiled_timings(doc)
     clock = None if timings is None else timings.get("clock")
     return clock if isinstance(clock, str) else None
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.compare.metrics import BY_KEY, unprofiled_timings
 from tokentrace.analysis.detectors.overview import Overview
 from tokentrace.analysis.detectors.phases import PhasesResult
 from tokentrace.reports import figures, words
@@ -25,8 +26,6 @@ from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec
 PART_CPU = "CPU work on the critical path"
 PART_GPU = "GPU work, host not waiting"
 PART_SYNC = "host blocked in a sync"
-# How the clock of the capture's timings reads in a column header.
-CLOCKS = {"cuda_event": "CUDA events", "perf_counter": "host clock"}
 
 
 def step_chart(steps: pd.DataFrame, phase: str, xlabel: str) -> figures.StepsData | None:
@@ -49,21 +48,15 @@ def step_chart(steps: pd.DataFrame, phase: str, xlabel: str) -> figures.StepsDat
                              xlabel=xlabel)
 
 
-def _clock(timings: dict[str, Any]) -> str:
-    return CLOCKS.get(str(timings["clock"]), str(timings["clock"]))
-
-
-def stage_table(capture: dict[str, Any], ph: PhasesResult) -> Table | None:
+def stage_table(capture: dict[str, Any], doc: dict[str, Any], ph: PhasesResult) -> Table | None:
     """The capture's tokenize / prefill / decode timings beside the same stages as the trace measured them."""
     if "timings" not in capture:  # not a capture of this project: no stage timings to show
         return None
-    from tokentrace.profiling.conventions import TIMINGS_UNPROFILED
-
     runs: list[tuple[str, dict[str, Any]]] = []
-    unprofiled = capture["timings_source"] == TIMINGS_UNPROFILED
-    runs.append((f"{'without the profiler' if unprofiled else 'profiled run'} ({_clock(capture['timings'])})", capture["timings"]))
+    unprofiled = unprofiled_timings(doc) is not None
+    runs.append((f"{'without the profiler' if unprofiled else 'profiled run'} ({words.clock(capture['timings']['clock'])})", capture["timings"]))
     if "timings_profiled" in capture:
-        runs.append((f"profiled run ({_clock(capture['timings_profiled'])})", capture["timings_profiled"]))
+        runs.append((f"profiled run ({words.clock(capture['timings_profiled']['clock'])})", capture["timings_profiled"]))
     tpot = ph.tpot_us
     trace_col = {"tokenize": ph.tokenize_us, "prefill (TTFT)": ph.ttft_us,
                  **{f"decode step {k}": tpot[k] if tpot else None for k in ("p50", "p90", "mean", "max")}, "all tokens": None}
@@ -98,15 +91,13 @@ OTHER_COLS = (tb.num("index", "step", tb.integer), tb.num("step_us", "step time"
               tb.num("launches", "launches", tb.integer), tb.num("sync_blocked_us", "blocked in syncs"), tb.word("bound", "bound by"))
 
 
-def _decode_prose(ph: PhasesResult, d: dict[str, Any], capture: dict[str, Any]) -> list[str]:
+def _decode_prose(d: dict[str, Any], doc: dict[str, Any]) -> list[str]:
     t = d["tpot_us"]
     first = (f"The {words.count(d['steps'], 'decode step')} took {fmt.duration(t['p50'])} per token at the median "
              f"(p90 {fmt.duration(t['p90'])}) under the profiler")
-    timings = capture.get("timings")
-    from tokentrace.profiling.conventions import TIMINGS_UNPROFILED
-
-    if isinstance(timings, dict) and capture["timings_source"] == TIMINGS_UNPROFILED and fmt.is_number(timings["tpot_us"]["p50"]):
-        first += f"; without it the capture measured {fmt.duration(timings['tpot_us']['p50'])} ({_clock(timings)})"
+    unprofiled = BY_KEY["tpot_p50_unprofiled_us"].read(doc)
+    if unprofiled is not None:
+        first += f"; without it the capture measured {fmt.duration(unprofiled)} ({words.clock(BY_KEY['unprofiled_clock'].read(doc))})"
     out = [words.sentence(first)]
     b = d["bound"]
     if b is not None:
@@ -129,7 +120,7 @@ def build(inp: Inputs, s: Section) -> None:
     decode, other, prefill = ph.decode, ph.other_steps, ph.prefill
     if not decode.empty and ph.decode_summary is not None:
         data = step_chart(steps, "decode", "decode step")
-        s.prose = _decode_prose(ph, ph.decode_summary, capture)
+        s.prose = _decode_prose(ph.decode_summary, inp.doc)
     elif not other.empty:
         s.title = "Where does a step's time go?"
         data = step_chart(steps, "step", "step (profiler step or forward pass)")
@@ -151,7 +142,7 @@ def build(inp: Inputs, s: Section) -> None:
             f"prefill of {tb.integer(p['batch'])} x {tb.integer(p['prompt_len'])} tokens took {fmt.duration(p['ttft_us'])} to the "
             f"first token under the profiler, with the GPU busy {fmt.duration(p['gpu_busy_us'])} of it"
             + (f" ({words.count(len(prefill), 'prefill pass', 'prefill passes')} in all)" if len(prefill) > 1 else "")))
-    stages = stage_table(capture, ph)
+    stages = stage_table(capture, inp.doc, ph)
     if stages is not None:
         s.tables.append(stages)
     # A run without GPU work (a CPU capture) has nothing in the GPU columns: they are left out.
