@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 # Findings listed in a ticket comment (the HTML report has all of them, under their questions).
 TOP_FINDINGS = 5
-# Findings per trace when one comment covers several traces.
-TOP_FINDINGS_MANY = 3
+# Findings per trace when one comment covers several traces (titles only: the recommendations repeat).
+TOP_FINDINGS_MANY = 2
 
 # Characters that start emphasis, code, links, images, tables, headings or strike-through. "(" is
 # harmless once "[" is escaped; "-", "+" and digits matter only at a line start, where trace text never is.
@@ -44,9 +44,10 @@ def _code_block(text: str) -> str:
     return f"{fence}\n{text}\n{fence}"
 
 
-def _finding(n: int, f: FindingView) -> list[str]:
+def _finding(n: int, f: FindingView, brief: bool) -> list[str]:
     meta = " · ".join(md_escape(x) for x in (f.category, f.where, f.cost, f.saving) if x)
-    return [f"{n}. **{md_escape(f.severity)}: {md_escape(f.title)}** ({meta})", f"   What to do: {md_escape(f.recommendation)}"]
+    line = f"{n}. **{md_escape(f.severity)}: {md_escape(f.title)}** ({meta})"
+    return [line] if brief else [line, f"   What to do: {md_escape(f.recommendation)}"]
 
 
 def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
@@ -63,7 +64,7 @@ def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
     if v.findings:
         lines += [f"**Top findings** ({len(v.findings)} in all, most expensive first):", ""]
         for i, f in enumerate(v.findings[:top], 1):
-            lines += _finding(i, f)
+            lines += _finding(i, f, brief)
         lines.append("")
     else:
         lines += ["No findings: no detector reported a problem in this trace.", ""]
@@ -92,7 +93,8 @@ def text(report: ReportView) -> str:
     names = rv.distinct_names([v.title for v in report.traces])
     for name, v in zip(names, report.traces, strict=True):
         lines += _trace(v, name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
-    lines += ["Reproduce:", "", _code_block("\n".join(dict.fromkeys(c for v in report.traces for c in v.reproduce)))]
+    commands = [*dict.fromkeys(v.capture_command for v in report.traces if v.capture_command), report.command]
+    lines += ["Reproduce (capture, then this summary):" if len(commands) > 1 else "Reproduce:", "", _code_block("\n".join(commands))]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -118,7 +118,7 @@ class TraceView:
     sections: list[Section]
     other_findings: list[FindingView]  # findings no section claims
     appendix: list[AppendixGroup]
-    reproduce: list[str]
+    capture_command: str | None  # the command that made the trace, when the capture recorded it
     compare: dict[str, str] = field(default_factory=dict)  # the numbers a report over several traces lines up: label -> text
 
     @property
@@ -132,3 +132,4 @@ class ReportView:
     version: str  # tokentrace version
     traces: list[TraceView]
     compare: Table | None  # the headline of every trace, when there are several
+    command: str  # the command that makes this report again

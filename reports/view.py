@@ -146,7 +146,7 @@ def capture_command(inp: Inputs) -> str | None:
 
 
 # ---- assembly -------------------------------------------------------------------------------
-def trace_view(analysis: Analysis, report_command: str) -> TraceView:
+def trace_view(analysis: Analysis) -> TraceView:
     inp = Inputs(analysis, analysis.to_json())
     sections = [section(spec, inp) for spec in SECTIONS]
     findings = [sm.finding(f) for f in analysis.findings]
@@ -162,10 +162,9 @@ def trace_view(analysis: Analysis, report_command: str) -> TraceView:
         if os.environ.get("TOKENTRACE_DEBUG"):
             raise
         timeline, tnote = None, f"The timeline could not be built from the analysis ({type(exc).__name__}: {exc})."
-    cap = capture_command(inp)
     return TraceView(title=analysis.trace.path, facts=sm.facts(inp), latency_note=note, headline=headline,
                      warnings=sm.warnings(inp), findings=findings, timeline=timeline, timeline_note=tnote, sections=sections,
-                     other_findings=other, appendix=appendix(inp), reproduce=[c for c in (cap, report_command) if c],
+                     other_findings=other, appendix=appendix(inp), capture_command=capture_command(inp),
                      compare={label: sm.metric_text(key, inp.doc)[0] for key, label in COMPARE})
 
 
@@ -202,6 +201,6 @@ def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", out
     items = list(analyses) if isinstance(analyses, Sequence) else [analyses]
     if not items:
         raise ValueError("a report needs at least one analysis")
-    cmd = command(items, fmt_flag, None if output is None else os.fspath(output))
-    views = [trace_view(a, cmd) for a in items]
-    return ReportView(version=__version__, traces=views, compare=compare_table(views) if len(views) > 1 else None)
+    views = [trace_view(a) for a in items]
+    return ReportView(version=__version__, traces=views, compare=compare_table(views) if len(views) > 1 else None,
+                      command=command(items, fmt_flag, None if output is None else os.fspath(output)))

@@ -24,7 +24,7 @@ from tokentrace.reports import format as fmt
 from tokentrace.reports import view as rv
 from tokentrace.reports.annotated import PROCESS_NAME, write_annotated
 from tokentrace.reports.html import breakable, render_html
-from tokentrace.reports.markdown import TOP_FINDINGS, render_markdown
+from tokentrace.reports.markdown import TOP_FINDINGS, md_escape, render_markdown
 from tokentrace.reports.sections import SECTIONS
 from tokentrace.reports.sections.idle import CAUSE_LABELS
 from tokentrace.reports.sections.steps import step_chart
@@ -307,7 +307,23 @@ def test_markdown_is_a_ticket_comment(built):
     assert "http" not in md and "](" not in md and "report.html" not in md and "summary.json" not in md and "--json" not in md
     assert "tokentrace analyze" in md and "--markdown summary.md" in md
     for s in rv.build(built).traces[0].sections:
-        assert f"*{s.title}* {s.prose[0]}" in md
+        assert f"*{md_escape(s.title)}* {md_escape(s.prose[0])}" in md
+
+
+def test_markdown_over_several_traces_stays_a_comment(tmp_path):
+    paths = []
+    for i in range(4):
+        (tmp_path / f"run{i}").mkdir()
+        paths.append(llm_trace(tmp_path / f"run{i}", steps=2 + i, timings=True))
+    analyses = [tokentrace.analyze(p) for p in paths]
+    md = render_markdown(analyses)
+    assert len(md.splitlines()) <= MAX_MARKDOWN_LINES and len(md) <= MAX_MARKDOWN_CHARS
+    table = md[md.index("| trace |"): md.index("### ")]
+    # Every run is called generate.pt.trace.json: the table names them by the folders that differ.
+    assert [ln.split(" | ")[0] for ln in table.strip().splitlines()[2:]] == [f"| run{i}/generate.pt.trace.json" for i in range(4)]
+    assert "What to do" not in md  # titles only when one comment covers several traces
+    commands = md[md.index("Reproduce"):].splitlines()
+    assert commands[-2].startswith("tokentrace report ") and commands[3].startswith("tokentrace capture ")
 
 
 def test_terminal_summary(built):
