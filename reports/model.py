@@ -83,6 +83,7 @@ class Section:
     prose: list[str] = field(default_factory=list)  # two or three sentences generated from this trace's numbers
     tables: list[Table] = field(default_factory=list)
     findings: list[FindingView] = field(default_factory=list)
+    template: str | None = None  # a partial of reports/templates/ that draws the body instead of the generic one
 
 
 @dataclass

@@ -83,7 +83,9 @@ def headline(doc: dict[str, Any]) -> tuple[list[Metric], str]:
 
 def facts(inp: Inputs) -> list[Fact]:
     """What the trace is: GPU, model and shape from the capture metadata, duration, how phases were found."""
-    ov = inp.result("trace", Overview)
+    ov = inp.optional("trace", Overview)
+    if ov is None:  # the overview failed: the warnings say why
+        return [Fact("trace span", fmt.duration(inp.analysis.trace.duration_ns / 1e3))]
     cap = ov.capture
     out = [Fact("GPU", ov.device or "none (CPU only)")]
 
@@ -112,11 +114,10 @@ def facts(inp: Inputs) -> list[Fact]:
 
 
 def warnings(inp: Inputs) -> list[str]:
-    """What the trace cannot be trusted for: the loader's repairs and detectors that failed on it."""
-    ov = inp.optional("trace", Overview)
-    out = [str(w) for w in ov.warnings] if ov is not None else []
-    out += [f"The {name} analysis failed on this trace ({err}); its section is empty." for name, err in inp.analysis.errors.items()]
-    return out
+    """What the trace cannot be trusted for, from every provider in reports.sections.WARNINGS."""
+    from tokentrace.reports.sections import WARNINGS
+
+    return [w for provider in WARNINGS for w in provider(inp)]
 
 
 # ---- findings -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from tokentrace.reports import format as fmt
 from tokentrace.reports import summary as sm
 from tokentrace.reports.model import AppendixGroup, Column, Fact, FindingView, ReportView, Section, Table, TraceView
 from tokentrace.reports.sections import SECTIONS
-from tokentrace.reports.sections.spec import Inputs, Lacks
+from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec
 
 if TYPE_CHECKING:
     from tokentrace.analysis.pipeline import Analysis
@@ -32,8 +32,8 @@ MAX_LIST_ITEMS = 12
 RECORDS = "{n} records: see the tables above or the JSON summary"
 
 
-def section(spec: Any, inp: Inputs) -> Section:
-    s = Section(key=spec.key, title=spec.title)
+def section(spec: SectionSpec, inp: Inputs) -> Section:
+    s = Section(key=spec.key, title=spec.title, template=spec.template)
     failed = [k for k in spec.results if k in inp.analysis.errors]
     absent = [k for k in spec.results if k not in inp.analysis.results]
     if failed:

@@ -255,6 +255,58 @@ def test_failed_and_missing_detectors_are_named(built):
     assert "RuntimeError: odd input" in render_terminal(broken)
 
 
+def test_loader_warnings_come_first_in_every_output(tmp_path):
+    path = llm_trace(tmp_path, steps=3)
+    cut = tmp_path / "cut.pt.trace.json"
+    cut.write_bytes(path.read_bytes()[: int(path.stat().st_size * 0.8)])  # an interrupted export
+    analysis = tokentrace.analyze(cut)
+    (warning,) = analysis.trace.warnings
+    assert "truncated" in warning
+    summary = section(render_html(analysis), "t0-summary")
+    assert summary.index(str(escape(warning))) < summary.index("Top findings")
+    assert f"- {md_escape(warning)}" in render_markdown(analysis)
+    assert f"warning   {warning}" in render_terminal(analysis)
+
+
+def test_a_new_detectors_section_is_one_module_and_one_line(built, monkeypatch):
+    """What a new detector's report section takes: a SectionSpec whose build reads its typed result,
+    registered in reports.sections.SECTIONS (here patched in), and a warnings provider."""
+    from dataclasses import dataclass
+
+    import pandas as pd
+
+    from tokentrace.reports import sections
+    from tokentrace.reports import tables as tb
+    from tokentrace.reports.sections.spec import SectionSpec
+
+    @dataclass
+    class Collectives:  # a detector result, as a new detector would return it
+        calls: pd.DataFrame
+        total_us: float
+
+        def to_json(self) -> dict:
+            return {"count": len(self.calls), "total_us": self.total_us}
+
+    def build(inp, s):
+        res = inp.result("collectives", Collectives)
+        s.prose = [f"{len(res.calls)} collectives took {fmt.duration(res.total_us)}."]
+        s.tables = [tb.from_frame("Collectives", res.calls, (tb.code("name", "collective"), tb.num("dur_us", "time")))]
+
+    spec = SectionSpec(key="collectives", title="Which collectives wait?", results=("collectives",), categories=("collectives",), build=build)
+    monkeypatch.setattr(rv, "SECTIONS", (*sections.SECTIONS, spec))
+    monkeypatch.setattr(sections, "WARNINGS", (*sections.WARNINGS, lambda inp: ["clock bases of the ranks disagree"]))
+    calls = pd.DataFrame({"name": ["nccl:all_reduce"], "dur_us": [120.0]})
+    analysis = tokentrace.Analysis(trace=built.trace, options=built.options, results={**built.results, "collectives": Collectives(calls, 120.0)})
+    html = render_html(analysis)
+    body = section(html, "t0-collectives")
+    assert "<h2>Which collectives wait?</h2>" in body and "1 collectives took 120 us." in body and "nccl:all_<wbr>reduce" in body
+    assert "clock bases of the ranks disagree" in section(html, "t0-summary")
+    assert "*Which collectives wait?* 1 collectives took 120 us." in render_markdown(analysis)
+    absent = render_html(built)  # the same registry on an analysis without that result: one line, no error
+    monkeypatch.undo()
+    assert "Not analysed: the collectives detector did not run on this trace." in section(absent, "t0-collectives")
+
+
 def test_key_value_dumps_are_in_the_collapsed_appendix(built, built_html):
     appendix = section(built_html, "t0-appendix")
     assert appendix.count("<details>") >= len(built.results)

@@ -1,15 +1,24 @@
 """The report's sections, one per question, in reading order; and the health warnings shown up front.
 
 Adding a section for a new detector: write `reports/sections/<name>.py` with a `build(inputs,
-section)` that reads the detector's typed result through `inputs.result(key, ResultClass)` and a
-`SECTION = SectionSpec(...)`, then add one line to SECTIONS below. A detector whose findings
-belong in an existing section only needs its category in that section's `categories`.
+section)` that reads the detector's typed result through `inputs.result(key, ResultClass)`, and a
+`SECTION = SectionSpec(...)` naming the question, the results it needs and the finding categories
+it lists; then add one line to SECTIONS below. A section whose body needs its own markup names a
+template partial (`SectionSpec.template`, in reports/templates/). A detector whose findings belong
+under an existing question only needs its category in that section's `categories`; findings no
+section claims are listed under "Other findings", and every result's JSON summary is in the
+appendix without any code here.
+
+A detector that says what a trace cannot be trusted for (trace health) adds a function
+`(inputs) -> list[str]` to WARNINGS: its lines head the report, the Markdown and the terminal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tokentrace.reports.sections import attention, idle, kernels, memory, steps, syncs
-from tokentrace.reports.sections.spec import SectionSpec
+from tokentrace.reports.sections.spec import Inputs, SectionSpec, failed_detectors, loader_warnings
 
 SECTIONS: tuple[SectionSpec, ...] = (
     steps.SECTION,
@@ -18,4 +27,9 @@ SECTIONS: tuple[SectionSpec, ...] = (
     attention.SECTION,
     kernels.SECTION,
     memory.SECTION,
+)
+
+WARNINGS: tuple[Callable[[Inputs], list[str]], ...] = (
+    loader_warnings,
+    failed_detectors,
 )

@@ -75,6 +75,7 @@ class SectionSpec:
     results: tuple[str, ...]  # detector results the section cannot do without (analysis.results keys)
     categories: tuple[str, ...]  # finding categories listed in this section
     build: Callable[[Inputs, Section], None]
+    template: str | None = None  # a partial in reports/templates/ for a body the generic one cannot show
 
 
 class Lacks(Exception):
@@ -88,3 +89,15 @@ def where(phase: Any, step: Any) -> str:
     if missing(phase):
         return "outside any step"
     return str(phase) if missing(step) else f"{phase} {integer(step)}"
+
+
+def loader_warnings(inp: Inputs) -> list[str]:
+    """The loader's repairs of the file (truncated JSON, bad events...): what the numbers rest on."""
+    from tokentrace.analysis.detectors.overview import Overview
+
+    ov = inp.optional("trace", Overview)
+    return [] if ov is None else [str(w) for w in ov.warnings]
+
+
+def failed_detectors(inp: Inputs) -> list[str]:
+    return [f"The {name} analysis failed on this trace ({err}); its section is empty." for name, err in inp.analysis.errors.items()]
