@@ -90,9 +90,8 @@ def text(report: ReportView) -> str:
         for row in t.rows:
             lines.append("| " + " | ".join(md_escape(c) for c in row) + " |")
         lines.append("")
-    names = rv.distinct_names([v.title for v in report.traces])
-    for name, v in zip(names, report.traces, strict=True):
-        lines += _trace(v, name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
+    for v in report.traces:
+        lines += _trace(v, v.name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
     commands = [*dict.fromkeys(v.capture_command for v in report.traces if v.capture_command), report.command]
     lines += ["Reproduce (capture, then this summary):" if len(commands) > 1 else "Reproduce:", "", _code_block("\n".join(commands))]
     return "\n".join(lines).rstrip() + "\n"

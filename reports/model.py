@@ -9,7 +9,6 @@ where they are built. Nothing here reads an Analysis (reports.view and reports.s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -121,11 +120,7 @@ class TraceView:
     appendix: list[AppendixGroup]
     capture_command: str | None  # the command that made the trace, when the capture recorded it
     compare: dict[str, str] = field(default_factory=dict)  # the numbers a report over several traces lines up: label -> text
-
-    @property
-    def name(self) -> str:
-        """The trace's file name (title is its whole path)."""
-        return os.path.basename(self.title) or self.title
+    name: str = ""  # what the report calls the trace: its file name, or the part of its path that tells it from the others
 
 
 @dataclass

@@ -178,8 +178,7 @@ def compare_table(views: list[TraceView]) -> Table:
     """One row per trace; a column no trace has (no capture timings anywhere) is left out."""
     labels = [label for _, label in COMPARE if any(v.compare[label] != fmt.MISSING for v in views)]
     cols = [Column("trace", code=True)] + [Column(label, numeric=True) for label in labels] + [Column("findings", numeric=True)]
-    names = distinct_names([v.title for v in views])
-    rows: list[list[Any]] = [[n, *(v.compare[label] for label in labels), fmt.number(len(v.findings))] for n, v in zip(names, views, strict=True)]
+    rows: list[list[Any]] = [[v.name, *(v.compare[label] for label in labels), fmt.number(len(v.findings))] for v in views]
     return Table("Headline of each trace", cols, rows)
 
 
@@ -202,5 +201,7 @@ def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", out
     if not items:
         raise ValueError("a report needs at least one analysis")
     views = [trace_view(a) for a in items]
+    for v, name in zip(views, distinct_names([v.title for v in views]), strict=True):
+        v.name = name
     return ReportView(version=__version__, traces=views, compare=compare_table(views) if len(views) > 1 else None,
                       command=command(items, fmt_flag, None if output is None else os.fspath(output)))
