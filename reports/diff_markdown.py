@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tokentrace.reports.diff_view import diff_view, environment
 
+if TYPE_CHECKING:
+    from tokentrace.analysis.compare.diff import DiffResult
 
-def render_diff_markdown(result: Any, path: str | os.PathLike | None = None, top: int = 20) -> str:
+
+def render_diff_markdown(result: DiffResult, path: str | os.PathLike | None = None, top: int = 20) -> str:
     """Markdown text of a DiffResult; also written (atomically) to `path` when given ('-' is stdout)."""
     text = environment().get_template("diff.md.j2").render(**diff_view(result, top=top))
     if path is not None:

@@ -6,12 +6,17 @@ owns how a person reads them in a terminal, so all terminal text lives in report
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokentrace.reports import format as fmt
 
+if TYPE_CHECKING:
+    from tokentrace.analysis.compare.check import CheckResult
+    from tokentrace.analysis.compare.ranks import RanksResult
+    from tokentrace.analysis.compare.scaling import Sweep
 
-def check_text(result: Any) -> str:
+
+def check_text(result: CheckResult) -> str:
     """`tokentrace check`: one line per threshold, notes, and the verdict."""
     lines = [f"tokentrace check: {result.trace}" + (f" (baseline {result.baseline})" if result.baseline else "")]
     for i in result.items:
@@ -29,7 +34,7 @@ def _step_label(row: Any) -> str:
     return f"step {int(row['index'])}" if row["phase"] == "step" else f"{row['phase']} step {int(row['index'])}"
 
 
-def ranks_text(result: Any) -> str:
+def ranks_text(result: RanksResult) -> str:
     """`tokentrace ranks`: the per-rank table, then the slowest rank and the skew per step."""
     lines = ["rank  steps  step total   step max     GPU busy    util    file"]
     for r in result.ranks.to_dict("records"):
@@ -52,7 +57,7 @@ def ranks_text(result: Any) -> str:
     return "\n".join(lines)
 
 
-def scaling_text(sweep: Any) -> tuple[str, list[str]]:
+def scaling_text(sweep: Sweep) -> tuple[str, list[str]]:
     """`tokentrace scaling`: the points table and the fits (stdout), and the notes (stderr)."""
     lines: list[str] = []
     t = sweep.traces
