@@ -69,6 +69,9 @@ GROUP_COLS = (tb.word("phase", "phase"), tb.word("backend", "backend"), tb.num("
               tb.num("head_dim", "head dim", tb.integer), tb.num("calls", "calls", tb.integer), tb.num("gpu_mean_us", "per call"),
               tb.num("gpu_total_us", "total"))
 
+# A CPU run: the calls' host time instead of their (absent) GPU time.
+HOST_GROUP_COLS = (*GROUP_COLS[:-2], tb.num("cpu_mean_us", "host per call"))
+
 
 def build(inp: Inputs, s: Section) -> None:
     at = inp.result("attention", Attention)
@@ -77,8 +80,11 @@ def build(inp: Inputs, s: Section) -> None:
     summary = inp.summary("attention")
     backends = words.join([f"{n} {name}" for name, n in at.backends.items()])
     phases = words.join([f"{words.count(v['calls'], 'call')} in {p}" for p, v in summary["by_phase"].items()])
-    s.prose.append(words.sentence(f"{words.count(summary['calls'], 'attention call')} ({backends}) took "
-                                  f"{fmt.duration(summary['gpu_total_us'])} of GPU time: {phases}"))
+    if summary["gpu_total_us"] > 0:
+        cost = f"took {fmt.duration(summary['gpu_total_us'])} of GPU time"
+    else:  # a CPU run: the calls' time is host time, which the scaling below uses
+        cost = "ran on the host (no GPU work in this trace)"
+    s.prose.append(words.sentence(f"{words.count(summary['calls'], 'attention call')} ({backends}) {cost}: {phases}"))
     s.prose += [_fit_sentence(f) for f in at.fits[:2]]
     series = []
     for f in at.fits:
@@ -89,13 +95,13 @@ def build(inp: Inputs, s: Section) -> None:
     if series:
         time = TIME_LABELS[at.fits[0]["time"]]
         s.figure = Figure(figures.scaling, figures.ScalingData(series, "sequence length", f"{time} time per call"),
-                          f"{time} time per attention call (us) against sequence length (tokens: query length in prefill, KV "
+                          f"{time[0].upper()}{time[1:]} time per attention call (us) against sequence length (tokens: query length in prefill, KV "
                           "length in decode); a line is a fitted power law, drawn only where growth is measured. Axes are "
                           "logarithmic when the values span ten times or more.")
     else:
         s.figure_note = "No attention calls with recorded shapes to plot against sequence length."
     groups = at.groups.assign(heads_kv=[f"{tb.integer(h)} ({tb.integer(k)})" for h, k in zip(at.groups["heads"], at.groups["kv_heads"], strict=True)])
-    s.tables.append(tb.from_frame("Attention calls by shape", groups, GROUP_COLS))
+    s.tables.append(tb.from_frame("Attention calls by shape", groups, GROUP_COLS if summary["gpu_total_us"] > 0 else HOST_GROUP_COLS))
     if at.fits:
         s.tables.append(fits_table(at.fits))
 

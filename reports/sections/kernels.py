@@ -24,6 +24,8 @@ NAMED_OPS = 2
 OP_COLS = (tb.code("name", "op"), tb.code("input_dims", "input shapes", tb.dims), tb.num("calls", "calls", tb.integer),
            tb.num("gpu_total_us", "GPU total"), tb.num("gpu_mean_us", "GPU per call"), tb.num("cpu_total_us", "host total"),
            tb.code("top_kernel", "main kernel"))
+HOST_OP_COLS = (tb.code("name", "op"), tb.code("input_dims", "input shapes", tb.dims), tb.num("calls", "calls", tb.integer),
+                tb.num("cpu_total_us", "host total"))
 KERNEL_COLS = (tb.code("name", "kernel"), tb.code("op", "op"), tb.num("calls", "calls", tb.integer), tb.num("gpu_total_us", "GPU total"),
                tb.num("gpu_mean_us", "per call"), tb.num("gpu_max_us", "max"))
 ROOF_COLS = (tb.word("phase", "phase"), tb.num("gpu_us", "GPU time"), tb.num("intensity", "FLOP per byte", fmt.number),
@@ -76,15 +78,22 @@ def build(inp: Inputs, s: Section) -> None:
     roof = inp.optional("roofline", Roofline)
     if sh.ops.empty and sh.kernels.empty:
         raise Lacks("No ops or kernels in this trace.")
-    first = f"the GPU ran {fmt.duration(sh.gpu_total_us)} of kernels, copies and memsets"
-    if sh.unattributed_gpu_count:
-        first += (f"; {fmt.duration(sh.unattributed_gpu_us)} of it ({words.count(sh.unattributed_gpu_count, 'activity', 'activities')}) "
-                  "has no op to attribute it to")
-    busiest = sh.ops.sort_values("gpu_total_us", ascending=False, kind="stable")
-    if len(busiest) and busiest["gpu_total_us"].iloc[0] > 0:
+    if sh.gpu_total_us > 0:
+        first = f"the GPU ran {fmt.duration(sh.gpu_total_us)} of kernels, copies and memsets"
+        if sh.unattributed_gpu_count:
+            first += (f"; {fmt.duration(sh.unattributed_gpu_us)} of it ({words.count(sh.unattributed_gpu_count, 'activity', 'activities')}) "
+                      "has no op to attribute it to")
+        busiest = sh.ops.sort_values("gpu_total_us", ascending=False, kind="stable")
+        key = "gpu_total_us"
+    else:  # a CPU run: what runs is host work, ranked by host time
+        s.title = "What runs on the host?"
+        first = "this trace has no GPU work"
+        busiest = sh.ops.sort_values("cpu_total_us", ascending=False, kind="stable")
+        key = "cpu_total_us"
+    if len(busiest) and busiest[key].iloc[0] > 0:
         r = busiest.iloc[0]
-        first += (f"; the op group with the most GPU time is {r['name']} with inputs {tb.dims(r['input_dims'])} in "
-                  f"{_phase_of(r['phase'])}: {fmt.duration(r['gpu_total_us'])} over {words.count(r['calls'], 'call')}")
+        first += (f"; the op group with the most {'GPU' if key == 'gpu_total_us' else 'host'} time is {r['name']} with inputs "
+                  f"{tb.dims(r['input_dims'])} in {_phase_of(r['phase'])}: {fmt.duration(r[key])} over {words.count(r['calls'], 'call')}")
     s.prose.append(words.sentence(first))
     data = roofline_data(roof) if roof is not None else None
     if roof is not None and roof.phases:
@@ -97,8 +106,9 @@ def build(inp: Inputs, s: Section) -> None:
     else:
         s.figure_note = "No matmul or attention ops with recorded shapes and dtypes (record_shapes=True) to place on a roofline."
     if not sh.ops.empty:
-        _tables_per_phase(s, "Top ops", sh.ops, OP_COLS)
-    if not sh.kernels.empty:
+        cols = OP_COLS if key == "gpu_total_us" else HOST_OP_COLS
+        _tables_per_phase(s, "Top ops", busiest, cols)
+    if not sh.kernels.empty and sh.gpu_total_us > 0:
         _tables_per_phase(s, "Top kernels", sh.kernels, KERNEL_COLS)
     if roof is not None and roof.phases:
         # A phase of a GPU with unknown peaks has no shares of peak (bound None): blank cells.

@@ -48,8 +48,8 @@ def _prose(summary: dict[str, Any], mem: Memory) -> list[str]:
     if kv["reallocating"] and kv["kv_cat_calls"]:
         out.append(words.sentence(
             f"the KV cache is rebuilt by torch.cat every decode step: {words.count(kv['kv_cat_calls'], 'cat call')} copied the cache "
-            f"as it grew from {fmt.number(kv['cache_len_first'])} to {fmt.number(kv['cache_len_last'])} tokens, "
-            f"costing {fmt.duration(kv['kv_cat_gpu_us'])}"))
+            f"as it grew from {fmt.number(kv['cache_len_first'])} to {fmt.number(kv['cache_len_last'])} tokens"
+            + (f", costing {fmt.duration(kv['kv_cat_gpu_us'])} of GPU time" if kv["kv_cat_gpu_us"] else "")))
     elif kv["reallocating"]:
         out.append(words.sentence("allocations inside torch.cat grow with every decode step: the KV cache is copied as it grows"))
     if "net_growth_per_step_bytes" in kv and kv["net_growth_per_step_bytes"] is not None:
