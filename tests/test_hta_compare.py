@@ -51,6 +51,8 @@ def test_idle_and_busy_within_one_percent_of_span(path):
         theirs = hta_temporal_breakdown(path)
     except TokentraceError as exc:
         pytest.skip(f"HTA cannot read this trace: {exc}")
+    if theirs["notes"]:  # its numbers then come from the same function, but after its rounding broke its own check
+        pytest.skip(f"HTA's temporal breakdown fails on this trace: {theirs['notes'][0]}")
     analysis = tokentrace.analyze(path)
     caveats = hta_caveats(analysis.trace)
     if caveats:
