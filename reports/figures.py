@@ -355,9 +355,10 @@ def steps(data: StepsData, salt: str = "steps") -> str:
             ax.bar(x, total, width=1.0, color="#2563eb", label="step time", linewidth=0)
         ax.set_ylim(bottom=0)
         ax.set_xlim(x.min() - 0.6, x.max() + 0.6)
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import FixedLocator, MaxNLocator
 
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # Step numbers are integers: each step labelled when there are few, else a few integer ticks.
+        ax.xaxis.set_major_locator(FixedLocator(x.tolist()) if len(x) <= 12 else MaxNLocator(integer=True))
         return _finish(fig, ax, salt, (data.xlabel, ""), ("time", unit))
 
 

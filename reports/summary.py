@@ -87,7 +87,9 @@ def facts(inp: Inputs) -> list[Fact]:
     if ov is None:  # the overview failed: the warnings say why
         return [Fact("trace span", fmt.duration(inp.analysis.trace.duration_ns / 1e3))]
     cap = ov.capture
-    out = [Fact("GPU", ov.device or "none (CPU only)")]
+    gpu = inp.optional("gpu", GpuUtilization)
+    has_gpu = gpu is not None and not gpu.devices.empty
+    out = [Fact("GPU", ov.device or ("not named in the trace" if has_gpu else "none (CPU only)"))]
 
     def have(key: str) -> bool:  # capture metadata is optional and its producers (capture, profile()) differ
         return cap.get(key) is not None

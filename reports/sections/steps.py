@@ -125,7 +125,7 @@ def build(inp: Inputs, s: Section) -> None:
         s.title = "Where does a step's time go?"
         data = step_chart(steps, "step", "step (profiler step or forward pass)")
         s.prose = [words.sentence(f"the trace holds {words.count(len(other), 'step')} without prefill or decode labels "
-                                  f"(training, or forward passes found by {ph.method})")]
+                                  f"(training, or forward passes found by {ph.method.replace('_', ' ')})")]
     else:
         data = None
         s.figure_note = "No decode steps in this trace: nothing to split per step."
