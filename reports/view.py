@@ -67,7 +67,7 @@ def _value(key: str, v: Any) -> str | None:
             return RECORDS.format(n=len(v))
         if all(isinstance(x, (list, tuple)) for x in v):
             return fmt.shorten(", ".join("[" + ", ".join(str(y) for y in x) + "]" for x in v), 160)
-        shown = ", ".join(str(x) if isinstance(x, str) else fmt.number(x) for x in v[:MAX_LIST_ITEMS])
+        shown = ", ".join(fmt.shorten(x, 120) if isinstance(x, str) else fmt.number(x) for x in v[:MAX_LIST_ITEMS])
         return shown + (f", ... ({len(v)} in all)" if len(v) > MAX_LIST_ITEMS else "")
     if isinstance(v, str):
         return fmt.shorten(v, 240)
