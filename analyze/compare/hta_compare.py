@@ -6,6 +6,17 @@ temporal breakdown merges every GPU row that has a stream (kernels, memcpy, mems
 Kineto's cuda_sync rows) from the first one's start to the last one's end; tokentrace leaves
 cuda_sync rows out because they are waits, not work, so the two can differ by the length of a
 trailing sync row. The test suite holds the difference to 1% of the span on the shared traces.
+
+HTA by default rounds every event of a trace with sub-microsecond timestamps inward to whole
+microseconds (start up, end down: its fix for events that overlap by a few nanoseconds). That
+shortens each kernel by up to 2 us and turns nanosecond gaps into microsecond ones: on SGLang's
+capture trace (two kernels, 1 ns apart by the file's own timestamps, an 11.016 us span) it
+reports 1 us idle in a 10 us span. The cross-check compares like with like, so HTA runs here with
+its own switch for that rounding off (HTA_DISABLE_NS_ROUNDING).
+
+HTA also joins a relative trace file name to its trace_dir and then refuses the file ("Trace files
+validation failed"), so the file goes in as an absolute path; and its breakdown indexes the first
+GPU row, so a trace without GPU activity is answered here in one line instead.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from typing import Any
 from tokentrace.errors import TokentraceError
 
 HINT = "HolisticTraceAnalysis is not installed; pip install 'tokentrace[hta]' (or pip install HolisticTraceAnalysis)"
+# HTA's environment switch that keeps timestamps at the trace's own resolution (see above).
+HTA_NO_ROUNDING_ENV = "HTA_DISABLE_NS_ROUNDING"
 
 
 def _import_hta() -> Any:
@@ -30,55 +43,41 @@ def _import_hta() -> Any:
     return TraceAnalysis
 
 
-def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, Any]:
+def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
     """HTA's idle/busy numbers (us) for one trace file: span_us, busy_us, idle_us, compute_us,
-    non_compute_us, and `notes` on how they were obtained. Raises TokentraceError when HTA is
-    missing or cannot read the file.
-
-    HTA joins a relative trace file name to its trace_dir and then refuses it ("Trace files
-    validation failed"), so the file goes in as an absolute path. Its temporal breakdown asserts
-    that compute plus idle time fit in the span, which fails on some traces after it rounds
-    nanosecond timestamps; span and idle then come from the function that breakdown uses for them
-    (BreakdownAnalysis._get_idle_time_for_kernels) on the trace HTA loaded, and the compute split
-    is left out.
-    """
+    non_compute_us. Raises TokentraceError when HTA is missing or cannot read the file."""
     TraceAnalysis = _import_hta()
-    from hta.analyzers.breakdown_analysis import BreakdownAnalysis
-
     path = os.path.abspath(os.fspath(path))
     quiet = io.StringIO()
     hta_log = logging.getLogger("hta")
     level = hta_log.level
-    notes: list[str] = []
+    rounding = os.environ.get(HTA_NO_ROUNDING_ENV)
     try:
+        os.environ[HTA_NO_ROUNDING_ENV] = "1"
         hta_log.setLevel(logging.ERROR)
         with warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             warnings.simplefilter("ignore")
             # The whole trace: HTA drops the last ProfilerStep unless told otherwise.
-            ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path), include_last_profiler_step=True)
-            try:
-                compute: float | None
-                non_compute: float | None
-                r = ta.get_temporal_breakdown(visualize=False).iloc[0]
-                span, idle = float(r["kernel_time(us)"]), float(r["idle_time(us)"])
-                compute, non_compute = float(r["compute_time(us)"]), float(r["non_compute_time(us)"])
-            except AssertionError:
-                df = ta.t.traces[0]
-                idle_f, span_f = BreakdownAnalysis._get_idle_time_for_kernels(df[df["stream"].ne(-1)])
-                span, idle = float(span_f), float(idle_f)
-                compute = non_compute = None
-                notes.append("HTA's temporal breakdown fails its own check on this trace (compute and idle time exceed the span "
-                             "after it rounds nanosecond timestamps); its span and idle come from the function that breakdown uses")
+            ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(os.path.abspath(path)),
+                               include_last_profiler_step=True)
+            df = ta.get_temporal_breakdown(visualize=False)
     except TokentraceError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - HTA asserts and indexes freely on traces it does not expect
+    except BaseException as exc:  # HTA asserts and indexes freely on traces it does not expect
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise TokentraceError(f"{path}: HTA could not analyse it ({type(exc).__name__}: {str(exc)[:120]})") from None
     finally:
         hta_log.setLevel(level)
-    return {"span_us": span, "busy_us": span - idle, "idle_us": idle, "compute_us": compute, "non_compute_us": non_compute,
-            "notes": notes}
+        if rounding is None:
+            os.environ.pop(HTA_NO_ROUNDING_ENV, None)
+        else:
+            os.environ[HTA_NO_ROUNDING_ENV] = rounding
+    r = df.iloc[0]
+    span = float(r["kernel_time(us)"])
+    idle = float(r["idle_time(us)"])
+    return {"span_us": span, "busy_us": span - idle, "idle_us": idle,
+            "compute_us": float(r["compute_time(us)"]), "non_compute_us": float(r["non_compute_time(us)"])}
 
 
 def hta_caveats(trace: Any) -> list[str]:
@@ -92,19 +91,6 @@ def hta_caveats(trace: Any) -> list[str]:
     return [f"HTA counts {len(host_with_stream)} cpu op(s) that carry a stream arg as GPU work ({', '.join(names)})"]
 
 
-def hta_rounding(trace: Any) -> list[str]:
-    """HTA reads ns-resolution traces by rounding every time down to whole microseconds (its log says
-    so), so each GPU activity can lose up to a microsecond of busy time in its numbers."""
-    gpu = trace.gpu
-    if gpu.empty:
-        return []
-    fractional = int((((gpu["ts"] % 1000) != 0) | ((gpu["end"] % 1000) != 0)).sum())
-    if not fractional:
-        return []
-    return [f"HTA rounds times down to whole microseconds: over {fractional} GPU activities with sub-microsecond times its "
-            f"busy time can be up to {fractional} us lower than ours"]
-
-
 def hta_comparison(analysis: Any) -> dict[str, Any]:
     """Our GPU span/busy/idle beside HTA's temporal breakdown.
 
@@ -115,7 +101,6 @@ def hta_comparison(analysis: Any) -> dict[str, Any]:
     if ours is None:
         return {"error": "tokentrace's gpu section is missing (see the warnings above)"}
     if ours.devices.empty:
-        # HTA's breakdown indexes the first and last GPU row and fails on a trace without one.
         return {"error": "HTA's temporal breakdown measures GPU kernels, and this trace has no GPU activity: nothing to compare"}
     try:
         theirs = hta_temporal_breakdown(analysis.trace.path)
@@ -126,4 +111,4 @@ def hta_comparison(analysis: Any) -> dict[str, Any]:
     rows = [("span", ours.span_us, theirs["span_us"]), ("busy", ours.busy_us, theirs["busy_us"]),
             ("idle", ours.idle_us, theirs["idle_us"])]
     util_b = theirs["busy_us"] / theirs["span_us"] if theirs["span_us"] else None
-    return {"rows": rows, "utilization": (ours.utilization, util_b), "caveats": hta_caveats(analysis.trace) + hta_rounding(analysis.trace) + theirs["notes"]}
+    return {"rows": rows, "utilization": (ours.utilization, util_b), "caveats": hta_caveats(analysis.trace)}
