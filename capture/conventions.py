@@ -37,6 +37,11 @@ KIND_GENERATE = "generate"
 KIND_USER = "user"
 MANUAL_KINDS = (KIND_COMBINED, KIND_PREFILL, KIND_DECODE)
 
+# `timings_source` of the metadata when `timings` were measured in a run without the profiler
+# (CUDA events on a GPU): the latency a report shows first, the trace's own numbers being inflated
+# by the profiler's host overhead.
+TIMINGS_UNPROFILED = "measured run without the profiler, after warm-up"
+
 TRACE_SUFFIX = ".pt.trace.json.gz"
 RUN_JSON = "run.json"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .conventions import SCHEMA_VERSION
+from .conventions import SCHEMA_VERSION, TIMINGS_UNPROFILED
 from .environment import dtype_name, gpu_name, versions
 from .models import ModelSource, config_summary
 
@@ -67,7 +67,7 @@ def run_meta(
         "compile": compile,
         "static_cache": static_cache,
         "timings": timings.to_dict(),
-        "timings_source": "measured run without the profiler, after warm-up",
+        "timings_source": TIMINGS_UNPROFILED,
         "command": command,
     }
     if timings_profiled is not None:

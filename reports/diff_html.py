@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tokentrace.reports.diff_view import diff_view, environment
 
+if TYPE_CHECKING:
+    from tokentrace.analysis.compare.diff import DiffResult
 
-def render_diff_html(result: Any, path: str | os.PathLike | None = None, top: int = 25) -> str:
+
+def render_diff_html(result: DiffResult, path: str | os.PathLike | None = None, top: int = 25) -> str:
     """HTML text of a DiffResult; also written (atomically) to `path` when given.
 
     Kernel and op names come from the trace, so every value goes through Jinja2's autoescape.

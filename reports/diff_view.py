@@ -7,12 +7,15 @@ for its own format.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from tokentrace.analysis.compare.metrics import fmt_value
 from tokentrace.reports import format as fmt
+
+if TYPE_CHECKING:
+    from tokentrace.analysis.compare.diff import DiffResult
 
 PHASE_ORDER = ("prefill", "decode", "all")
 PHASE_TITLES = {"prefill": "Prefill", "decode": "Decode", "all": "Whole trace"}
@@ -83,7 +86,7 @@ def item_rows(df: pd.DataFrame, top: int) -> list[dict[str, Any]]:
     return rows
 
 
-def diff_view(result: Any, top: int = 20) -> dict[str, Any]:
+def diff_view(result: DiffResult, top: int = 20) -> dict[str, Any]:
     """Everything the diff templates show, in display order."""
     has_items = result.base.kernels is not None and result.test.kernels is not None
     kinds = []

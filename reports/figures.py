@@ -1,7 +1,9 @@
 """The report's figures: matplotlib (Agg, no pyplot state) drawn to inline SVG strings.
 
-Owns how each figure looks and how an SVG becomes safe to paste into the HTML. Figures take the
-plain arrays prepared by reports.view and draw them; nothing is measured here.
+Owns how each figure looks and how an SVG becomes safe to paste into the HTML. Each figure takes a
+small typed dataclass that the report sections fill from detector results; nothing is measured
+here. Every axis label names its unit (`_finish` takes (name, unit) pairs), and labels placed
+inside a plot are kept from overlapping each other (`_place_labels`).
 
 SVG choices, deliberately: `svg.fonttype = 'none'` keeps text as <text> elements (a quarter of
 the size of glyph paths, selectable and searchable in the report); matplotlib XML-escapes that
@@ -17,20 +19,20 @@ from __future__ import annotations
 import io
 import re
 import xml.etree.ElementTree as ET
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import LogFormatter, MaxNLocator  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
 
 RC: dict[str, Any] = {
     "svg.fonttype": "none",
     "text.parse_math": False,
     "text.usetex": False,
-    "font.family": "DejaVu Sans",  # the page's CSS adds fallbacks for laptops without it
+    "font.family": "DejaVu Sans",  # the page's CSS asks for the same font, so the browser measures text as matplotlib did
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.spines.top": False,
@@ -42,33 +44,127 @@ RC: dict[str, Any] = {
     "path.simplify": True,
 }
 WIDTH_IN = 9.0
-PHASE_COLORS = {"prefill": "#d97706", "decode": "#2563eb", "step": "#7c3aed", "other": "#9ca3af"}
-# Stacked parts of the step chart, in the order reports.view gives them: CPU, GPU, sync.
+PHASE_COLORS = {"prefill": "#d97706", "decode": "#2563eb", "mixed": "#0d9488", "step": "#7c3aed", "other": "#9ca3af"}
+# Stacked parts of the step chart, in the order the section gives them: CPU, GPU, sync.
 PART_PALETTE = ("#f59e0b", "#10b981", "#ef4444", "#6b7280")
+CAUSE_PALETTE = ("#6366f1", "#ef4444", "#0ea5e9", "#f59e0b", "#9ca3af", "#14b8a6", "#a855f7", "#84cc16")
 BUSY_COLOR = "#10b981"
 SYNC_COLOR = "#dc2626"
 # Fixed margins in inches instead of constrained layout, which costs a third of the drawing time;
 # the right margin holds the legend, whose labels are cut to LABEL_CHARS to fit it.
-MARGIN_IN = {"left": 0.8, "right": 2.4, "bottom": 0.5, "top": 0.3}
+MARGIN_IN = {"left": 0.85, "right": 2.5, "bottom": 0.55, "top": 0.2}
 LABEL_CHARS = 34
+# Phase bands and label boxes: more bands than this are drawn as one collection anyway; more labels
+# inside a plot than this only crowd it.
+MAX_PLOT_LABELS = 6
 
 _FORBIDDEN_TAGS = {"script", "foreignobject", "iframe", "object", "embed", "image", "use-external"}
 _REF_ATTRS = {"href", "src"}
+
+
+def _mpl() -> Any:
+    """matplotlib, imported on the first drawing (about 0.5 s): building a report's data needs none of it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    return matplotlib
 
 
 class UnsafeSVG(ValueError):
     """An SVG that would run or fetch something; never pasted into a report."""
 
 
-def _short(text: Any) -> str:
-    s = str(text)
-    return s if len(s) <= LABEL_CHARS else s[: LABEL_CHARS - 3] + "..."
+# ---- the data each figure draws ---------------------------------------------------------------
+@dataclass
+class Band:
+    """A step on the time axis: phase name and its range in ms from the trace start."""
+
+    phase: str
+    start_ms: float
+    end_ms: float
 
 
+@dataclass
+class TimelineData:
+    edges_ms: np.ndarray  # bin edges, ms from the trace start
+    busy: np.ndarray  # share of each bin in which any GPU stream was busy
+    bands: list[Band]
+    syncs_ms: np.ndarray  # sync points, ms from the trace start
+
+
+@dataclass
+class StepsData:
+    x: np.ndarray  # step numbers
+    total_us: np.ndarray  # each step's wall time
+    parts: dict[str, np.ndarray]  # stacked parts of each step (us), in drawing order
+    xlabel: str  # "decode step"
+
+
+@dataclass
+class CauseBarsData:
+    rows: list[str]  # one bar per row (phases)
+    causes: list[str]  # stacked segments of each bar
+    values_us: np.ndarray  # rows x causes
+    colors: list[str]  # one per cause, the same for a cause in every report
+
+
+@dataclass
+class SyncPointsData:
+    t_ms: np.ndarray
+    blocked_us: np.ndarray
+    kinds: list[str]  # one per point
+    colors: dict[str, str]  # kind -> colour, the same for a kind in every report
+    bands: list[Band] = field(default_factory=list)
+
+
+@dataclass
+class Series:
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    exponent: float | None = None  # fitted power law y = coefficient * x**exponent, drawn when `law`
+    stderr: float | None = None
+    coefficient: float | None = None
+    law: bool = False
+
+
+@dataclass
+class ScalingData:
+    series: list[Series]
+    xlabel: str  # "sequence length" (unit: tokens)
+    ylabel: str = "GPU time per call"  # (unit: us)
+
+
+@dataclass
+class RoofPoint:
+    label: str
+    phase: str
+    intensity: float  # FLOP per byte
+    tflops: float
+    total: bool  # a phase's total (all its ops) rather than one op group
+    name: bool = False  # label it in the plot
+
+
+@dataclass
+class RooflineData:
+    points: list[RoofPoint]
+    peak_tflops: float | None
+    peak_gbps: float | None
+
+
+@dataclass
+class MemoryData:
+    t_ms: np.ndarray
+    allocated_bytes: np.ndarray
+    reserved_bytes: np.ndarray | None
+    bands: list[Band] = field(default_factory=list)
+
+
+# ---- SVG output -----------------------------------------------------------------------------
 def to_svg(fig: Figure, salt: str) -> str:
     """The figure as an <svg> element (no XML prolog, no metadata), checked by sanitize_svg."""
     buf = io.StringIO()
-    with matplotlib.rc_context({**RC, "svg.hashsalt": salt}):
+    with _mpl().rc_context({**RC, "svg.hashsalt": salt}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
@@ -111,178 +207,261 @@ def sanitize_svg(svg: str) -> str:
     return svg
 
 
-def _log(ax: Any, *axes: str) -> None:
-    """Log scale with plain tick labels: the default ones are mathtext, which parse_math=False leaves raw."""
-    for name in axes:
-        axis = ax.xaxis if name == "x" else ax.yaxis
-        (ax.set_xscale if name == "x" else ax.set_yscale)("log")
-        # LogFormatter writes plain text ("20", "1e+04"); minor ticks get labels when the axis spans
-        # under about two decades, so a short range still has numbers on it.
-        axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+# ---- shared pieces ----------------------------------------------------------------------------
+def _short(text: Any, limit: int = LABEL_CHARS) -> str:
+    s = str(text)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _finish(fig: Figure, ax: Any, salt: str, xlabel: str, ylabel: str) -> str:
-    """Axis labels, the legend beside the plot (when anything is labelled), and the SVG."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+def _tick(v: float, _pos: Any = None) -> str:
+    """Plain tick text on log axes ("0.01", "10", "1k", "10M"): matplotlib's default is mathtext."""
+    if v <= 0:
+        return ""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:g}{suffix}"
+    return f"{v:g}"
+
+
+def _scale(ax: Any, axis: str, values: np.ndarray) -> None:
+    """Log scale with decade labels when the values span a decade or more, else a linear axis.
+
+    Over a narrower range a log axis has one labelled tick or none, and labelled minor ticks crowd;
+    a linear axis reads better there and a power law still shows as a smooth curve.
+    """
+    v = values[np.isfinite(values) & (values > 0)]
+    if not len(v) or v.max() / v.min() < 10:
+        return
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    _log_ticks(ax.xaxis if axis == "x" else ax.yaxis)
+
+
+def _log_ticks(a: Any) -> None:
+    """Decade ticks with plain labels and no minor ticks (each tick is an artist: minor ones cost a third of a figure)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    a.set_major_locator(LogLocator(base=10, numticks=12))
+    a.set_major_formatter(FuncFormatter(_tick))
+    a.set_minor_locator(NullLocator())
+
+
+def _duration_ms(ms: float) -> str:
+    return f"{ms:.3g} ms" if ms >= 1 else f"{ms * 1e3:.3g} us"
+
+
+def _label(name: str, unit: str) -> str:
+    return f"{name} ({unit})" if unit else name
+
+
+def _finish(fig: Figure, ax: Any, salt: str, x: tuple[str, str], y: tuple[str, str]) -> str:
+    """Axis labels with units, the legend beside the plot (when anything is labelled), and the SVG."""
+    ax.set_xlabel(_label(*x))
+    ax.set_ylabel(_label(*y))
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return to_svg(fig, salt)
 
 
-def _fig(height: float) -> Figure:
-    with matplotlib.rc_context(RC):
+def _fig(height: float, left_in: float = MARGIN_IN["left"]) -> tuple[Figure, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with _mpl().rc_context(RC):
         fig = Figure(figsize=(WIDTH_IN, height))
+        FigureCanvasAgg(fig)  # a renderer to measure label boxes with
+        ax = fig.add_subplot()
     m = MARGIN_IN
-    fig.subplots_adjust(left=m["left"] / WIDTH_IN, right=1 - m["right"] / WIDTH_IN, bottom=m["bottom"] / height, top=1 - m["top"] / height)
-    return fig
+    fig.subplots_adjust(left=left_in / WIDTH_IN, right=1 - m["right"] / WIDTH_IN, bottom=m["bottom"] / height, top=1 - m["top"] / height)
+    return fig, ax
 
 
-def timeline(data: dict[str, Any], salt: str = "timeline") -> str:
+def _bands(ax: Any, bands: list[Band], y: tuple[float, float] | None = None, legend: bool = True) -> None:
+    """Phase steps on the time axis: full-height light shading, or a strip at `y` (axes coords)."""
+    by_phase: dict[str, list[tuple[float, float]]] = {}
+    for b in bands:
+        by_phase.setdefault(b.phase, []).append((b.start_ms, max(b.end_ms - b.start_ms, 0.0)))
+    for phase, spans in by_phase.items():
+        color = PHASE_COLORS.get(phase, PHASE_COLORS["other"])
+        label = f"{phase} ({len(spans)})" if legend else None
+        if y is None:  # light shading, successive steps alternating
+            ax.broken_barh(spans[0::2], (0, 1), transform=ax.get_xaxis_transform(), facecolors=color, alpha=0.10, label=label)
+            ax.broken_barh(spans[1::2], (0, 1), transform=ax.get_xaxis_transform(), facecolors=color, alpha=0.04)
+            continue
+        # Alternate the shade of consecutive spans of one phase so step boundaries show.
+        ax.broken_barh(spans[0::2], y, transform=ax.get_xaxis_transform(), facecolors=color, alpha=0.9, label=label)
+        if len(spans) > 1:
+            ax.broken_barh(spans[1::2], y, transform=ax.get_xaxis_transform(), facecolors=color, alpha=0.55)
+
+
+# Where a label may go around its point (offset in points, alignment), tried in order.
+_OFFSETS = ((4, 4, "left", "bottom"), (4, -4, "left", "top"), (-4, 4, "right", "bottom"), (-4, -4, "right", "top"),
+            (0, 8, "center", "bottom"), (0, -8, "center", "top"))
+
+
+def _place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str]]) -> None:
+    """Annotate points without any two labels overlapping or leaving the plot; a label with no free place is left out."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    frame = ax.get_window_extent(renderer)
+    taken: list[Bbox] = []
+    for x, y, text in items[:MAX_PLOT_LABELS]:
+        for dx, dy, ha, va in _OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8)
+            box = t.get_window_extent(renderer).padded(2)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in taken):
+                taken.append(box)
+                break
+            t.remove()
+
+
+# ---- the figures ------------------------------------------------------------------------------
+def timeline(data: TimelineData, salt: str = "timeline") -> str:
     """GPU busy share over time, phase bands on top, sync points as red ticks."""
-    with matplotlib.rc_context(RC):
-        fig = _fig(2.6)
-        ax = fig.add_subplot()
-        edges = data["edges_ms"]
-        busy = data["busy"]
-        ax.stairs(busy, edges, fill=True, color=BUSY_COLOR, alpha=0.8, label="GPU busy share")
-        ax.set_ylim(0, 1.18)
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.6)
+        edges = data.edges_ms
+        ax.stairs(data.busy * 100.0, edges, fill=True, color=BUSY_COLOR, alpha=0.8, label="GPU busy")
+        ax.set_ylim(0, 118)
         ax.set_xlim(edges[0], edges[-1])
-        ax.set_yticks([0, 0.5, 1.0], ["0%", "50%", "100%"])
-        by_phase: dict[str, list[tuple[float, float]]] = {}
-        for phase, a, b in data.get("bands") or []:
-            by_phase.setdefault(phase, []).append((a, max(b - a, 0.0)))
-        for phase, spans in by_phase.items():
-            color = PHASE_COLORS.get(phase, PHASE_COLORS["other"])
-            # Alternate the shade of consecutive spans of one phase so step boundaries show.
-            ax.broken_barh(spans[0::2], (1.04, 0.1), facecolors=color, alpha=0.9, label=f"{phase} ({len(spans)})")
-            if len(spans) > 1:
-                ax.broken_barh(spans[1::2], (1.04, 0.1), facecolors=color, alpha=0.55)
-        syncs = data.get("syncs_ms")
-        if syncs is not None and len(syncs):
-            ax.vlines(syncs, 0, 1.0, colors=SYNC_COLOR, linewidth=0.6, alpha=0.7, label=f"sync points ({len(syncs)})")
-        return _finish(fig, ax, salt, "time since trace start (ms)", "GPU busy")
+        ax.set_yticks([0, 50, 100])
+        # Phase strip above the 100% line (axes coordinates: 100/118 of the height and up).
+        _bands(ax, data.bands, y=(104 / 118, 10 / 118))
+        if len(data.syncs_ms):
+            ax.vlines(data.syncs_ms, 0, 100, colors=SYNC_COLOR, linewidth=0.6, alpha=0.7, label=f"sync points ({len(data.syncs_ms)})")
+        return _finish(fig, ax, salt, ("time since trace start", "ms"), ("GPU busy", "% of each slice"))
 
 
-def decode_steps(data: dict[str, Any], salt: str = "decode") -> str:
+def steps(data: StepsData, salt: str = "steps") -> str:
     """Per step: step time, stacked by CPU / GPU / sync where those parts were measured."""
-    with matplotlib.rc_context(RC):
-        fig = _fig(2.6)
-        ax = fig.add_subplot()
-        x = np.asarray(data["x"], float)
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.6)
+        x = np.asarray(data.x, float)
         # Long steps read better in ms than in hundreds of thousands of us.
-        scale, unit = (1e3, "ms") if np.nanmax(np.asarray(data["total"], float), initial=0) >= 5e3 else (1.0, "us")
-        total = np.asarray(data["total"], float) / scale
-        parts = {k: np.asarray(v, float) / scale for k, v in (data.get("parts") or {}).items()}
-        if parts:
+        scale, unit = (1e3, "ms") if np.nanmax(data.total_us, initial=0) >= 5e3 else (1.0, "us")
+        total = np.asarray(data.total_us, float) / scale
+        if data.parts:
             bottom = np.zeros(len(x))
-            steps_in_a_row = len(x) > 1 and bool(np.all(np.diff(x) == 1))
-            for i, (name, vals) in enumerate(parts.items()):
-                color = PART_PALETTE[min(i, 3)]
-                if steps_in_a_row:  # one patch per part instead of one rectangle per step
-                    ax.stairs(bottom + vals, np.r_[x - 0.5, x[-1] + 0.5], baseline=bottom, fill=True, color=color, label=name)
+            in_a_row = len(x) > 1 and bool(np.all(np.diff(x) == 1))
+            for i, (name, vals) in enumerate(data.parts.items()):
+                v = np.nan_to_num(np.asarray(vals, float)) / scale
+                color = PART_PALETTE[min(i, len(PART_PALETTE) - 1)]
+                if in_a_row:  # one patch per part instead of one rectangle per step
+                    ax.stairs(bottom + v, np.r_[x - 0.5, x[-1] + 0.5], baseline=bottom, fill=True, color=color, label=name)
                 else:
-                    ax.bar(x, vals, bottom=bottom, width=1.0, color=color, label=name, linewidth=0)
-                bottom = bottom + vals
-            ax.plot(x, total, color="#111827", linewidth=0.8, label="step time")
+                    ax.bar(x, v, bottom=bottom, width=1.0, color=color, label=name, linewidth=0)
+                bottom = bottom + v
+            ax.plot(x, total, color="#111827", linewidth=0.8, marker="." if len(x) <= 64 else None, label="step time")
         else:
             ax.bar(x, total, width=1.0, color="#2563eb", label="step time", linewidth=0)
         ax.set_ylim(bottom=0)
         ax.set_xlim(x.min() - 0.6, x.max() + 0.6)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        return _finish(fig, ax, salt, str(data.get("title", "decode steps")), f"time ({unit})")
+        from matplotlib.ticker import FixedLocator, MaxNLocator
+
+        # Step numbers are integers: each step labelled when there are few, else a few integer ticks.
+        ax.xaxis.set_major_locator(FixedLocator(x.tolist()) if len(x) <= 12 else MaxNLocator(integer=True))
+        return _finish(fig, ax, salt, (data.xlabel, ""), ("time", unit))
 
 
-def gap_histogram(data: dict[str, Any], salt: str = "gaps") -> str:
-    """How many GPU idle gaps of each length (log-spaced bins)."""
-    d = np.asarray(data["durations_us"], float)
-    d = d[d > 0]
-    with matplotlib.rc_context(RC):
-        fig = _fig(2.4)
-        ax = fig.add_subplot()
-        lo, hi = float(d.min()), float(d.max())
-        bins = np.geomspace(lo, hi * 1.0001, 40) if hi > lo else np.array([lo * 0.9, lo * 1.1])
-        counts, edges = np.histogram(d, bins=bins)
-        ax.stairs(counts, edges, fill=True, color="#6366f1")  # one patch, not one per bin
-        _log(ax, "x")
-        ax.set_title(f"{len(d)} gaps ({data.get('source', 'all gaps')})", loc="left")
-        return _finish(fig, ax, salt, "gap length (us)", "gaps")
+def cause_bars(data: CauseBarsData, salt: str = "causes") -> str:
+    """Horizontal bars, one per phase, split into idle time by cause."""
+    vals = np.asarray(data.values_us, float) / 1e3
+    with _mpl().rc_context(RC):
+        # Room on the left for the longest row label (about 0.075 in per character at 9 pt).
+        fig, ax = _fig(0.9 + 0.45 * len(data.rows), left_in=0.3 + 0.075 * max(len(_short(r, 22)) for r in data.rows))
+        y = np.arange(len(data.rows))
+        left = np.zeros(len(data.rows))
+        for j, cause in enumerate(data.causes):
+            ax.barh(y, vals[:, j], left=left, height=0.6, color=data.colors[j], label=_short(cause))
+            left = left + vals[:, j]
+        ax.set_yticks(y, [_short(r, 22) for r in data.rows])
+        ax.invert_yaxis()
+        ax.grid(axis="y", visible=False)
+        top = max(float(left.max()), 1e-9)
+        # Each bar's total at its end, in the room the x limit leaves (a short bar is otherwise invisible).
+        for yi, total in zip(y, left, strict=True):
+            ax.text(total + top * 0.01, yi, _duration_ms(total), va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.18)
+        return _finish(fig, ax, salt, ("GPU idle in gaps", "ms"), ("", ""))
 
 
-def attention(series: list[dict[str, Any]], salt: str = "attention") -> str:
-    """Attention GPU time per call against sequence length, log-log, with each fitted power law."""
-    with matplotlib.rc_context(RC):
-        fig = _fig(3.2)
-        ax = fig.add_subplot()
-        colors = matplotlib.colormaps["tab10"].colors
-        for i, s in enumerate(series[:10]):
-            x, y = np.asarray(s["x"], float), np.asarray(s["y"], float)
+def sync_points(data: SyncPointsData, salt: str = "syncs") -> str:
+    """Each sync point: when it happened and how long the host was blocked in it."""
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.6)
+        _bands(ax, data.bands)
+        kinds = np.asarray(data.kinds, dtype=object)
+        for kind in dict.fromkeys(data.kinds):
+            m = kinds == kind
+            ax.scatter(data.t_ms[m], data.blocked_us[m], s=14, color=data.colors[kind],
+                       label=f"{_short(kind, 26)} ({int(m.sum())})", zorder=3)
+        _scale(ax, "y", np.asarray(data.blocked_us, float))
+        if ax.get_yscale() != "log":
+            ax.set_ylim(bottom=0)
+        return _finish(fig, ax, salt, ("time since trace start", "ms"), ("host blocked", "us"))
+
+
+def scaling(data: ScalingData, salt: str = "scaling") -> str:
+    """Time per call against sequence length, with each fitted power law that the data supports."""
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(3.0)
+        colors = _mpl().colormaps["tab10"].colors
+        xs_all, ys_all = [], []
+        for i, s in enumerate(data.series[:10]):
+            x, y = np.asarray(s.x, float), np.asarray(s.y, float)
             ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
             x, y = x[ok], y[ok]
             if not len(x):
                 continue
             c = colors[i % len(colors)]
-            k = s.get("exponent")
-            label = _short(s["label"])
-            if isinstance(k, (int, float)):
-                err = s.get("stderr")
-                label += f"\nexponent {k:.2f}" + (f" ± {err:.2f}" if isinstance(err, (int, float)) else "")
-            ax.scatter(x, y, s=12, color=c, label=label)
-            if isinstance(k, (int, float)) and len(x) > 1:
-                xs = np.geomspace(x.min(), x.max(), 50)
-                coef = s.get("coefficient")
-                if isinstance(coef, (int, float)) and coef > 0:
-                    ys = coef * xs**k
-                else:
-                    # Line of the reported slope through the points' geometric centre.
-                    ys = np.exp(np.mean(np.log(y)) + k * (np.log(xs) - np.mean(np.log(x))))
-                ax.plot(xs, ys, color=c, linewidth=1)
-        _log(ax, "x", "y")
-        return _finish(fig, ax, salt, "sequence length (query length in prefill, KV length in decode)", "GPU time per call (us)")
+            ax.scatter(x, y, s=12, color=c, label=_short(s.label))
+            xs_all.append(x)
+            ys_all.append(y)
+            if s.law and s.exponent is not None and s.coefficient and len(x) > 1:
+                xl = np.geomspace(x.min(), x.max(), 50)
+                ax.plot(xl, s.coefficient * xl**s.exponent, color=c, linewidth=1,
+                        label=f"fit: time ~ length^{s.exponent:.2f}" + (f" ± {s.stderr:.2f}" if s.stderr is not None else ""))
+        if xs_all:
+            _scale(ax, "x", np.concatenate(xs_all))
+            _scale(ax, "y", np.concatenate(ys_all))
+        return _finish(fig, ax, salt, (data.xlabel, "tokens"), (data.ylabel, "us"))
 
 
-def roofline(data: dict[str, Any], salt: str = "roofline") -> str:
+def roofline(data: RooflineData, salt: str = "roofline") -> str:
     """Achieved TFLOP/s against arithmetic intensity, under the device's roofs when known."""
-    pts = data["points"]
-    with matplotlib.rc_context(RC):
-        fig = _fig(3.2)
-        ax = fig.add_subplot()
-        ai = np.array([p["intensity"] for p in pts], float)
-        tf = np.array([p["tflops"] for p in pts], float)
-        phases = [str(p.get("phase") or "other") for p in pts]
-        total = np.array([p.get("group") == "phase" for p in pts])
+    pts = data.points
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(3.0)
+        ai = np.array([p.intensity for p in pts], float)
+        tf = np.array([p.tflops for p in pts], float)
+        total = np.array([p.total for p in pts], bool)
+        phases = [p.phase for p in pts]
         for ph in dict.fromkeys(phases):
             m = np.array([q == ph for q in phases])
             color = PHASE_COLORS.get(ph, "#6b7280")
-            ax.scatter(ai[m & ~total], tf[m & ~total], s=14, color=color, label=_short(ph))
+            ax.scatter(ai[m & ~total], tf[m & ~total], s=14, color=color, label=f"{_short(ph, 20)} op groups")
             # A phase's total (all its ops together) as a larger outlined diamond.
-            ax.scatter(ai[m & total], tf[m & total], s=60, marker="D", color=color, edgecolors="#111827")
-        peak_tf, peak_bw = data.get("peak_tflops"), data.get("peak_gbps")
-        if peak_tf and peak_bw:
+            ax.scatter(ai[m & total], tf[m & total], s=60, marker="D", color=color, edgecolors="#111827",
+                       label=f"{_short(ph, 20)} (all ops)" if (m & total).any() else None)
+        if data.peak_tflops and data.peak_gbps:
             xs = np.geomspace(min(ai.min(), 0.1), max(ai.max(), 1e4), 200)
-            ax.plot(xs, np.minimum(peak_tf, peak_bw * xs / 1000.0), color="#111827", linewidth=1.2, label="roofline")
-        # Name the phase totals and the three fastest op groups; more labels only overlap.
-        ops = np.flatnonzero(~total)
-        for i in [*np.flatnonzero(total), *ops[np.argsort(-tf[ops])][:3]]:
-            ax.annotate(_short(pts[i]["label"]), (ai[i], tf[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        _log(ax, "x", "y")
-        return _finish(fig, ax, salt, "arithmetic intensity (FLOP/byte)", "achieved TFLOP/s")
+            ax.plot(xs, np.minimum(data.peak_tflops, data.peak_gbps * xs / 1000.0), color="#111827", linewidth=1.2, label="roofline (peak)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _log_ticks(ax.xaxis)
+        _log_ticks(ax.yaxis)
+        _place_labels(fig, ax, [(p.intensity, p.tflops, _short(p.label, 28)) for p in pts if p.name])
+        return _finish(fig, ax, salt, ("arithmetic intensity", "FLOP/byte"), ("achieved", "TFLOP/s"))
 
 
-def memory(data: dict[str, Any], salt: str = "memory") -> str:
-    """Allocated and reserved device memory over time."""
-    gib = 1024.0**3
-    with matplotlib.rc_context(RC):
-        fig = _fig(2.4)
-        ax = fig.add_subplot()
-        t = np.asarray(data["t_ms"], float)
-        ax.step(t, np.asarray(data["allocated"], float) / gib, where="post", color="#2563eb", label="allocated")
-        if data.get("reserved") is not None:
-            ax.step(t, np.asarray(data["reserved"], float) / gib, where="post", color="#9ca3af", label="reserved")
-        return _finish(fig, ax, salt, "time since trace start (ms)", "GiB")
-
-
-# Figure name (as used by reports.view) -> drawing function.
-DRAW = {"timeline": timeline, "decode_steps": decode_steps, "gap_histogram": gap_histogram, "attention": attention,
-        "roofline": roofline, "memory": memory}
+def memory(data: MemoryData, salt: str = "memory") -> str:
+    """Allocated and reserved device memory over time, phases shaded."""
+    peak = max(np.nanmax(data.allocated_bytes, initial=0), np.nanmax(data.reserved_bytes, initial=0) if data.reserved_bytes is not None else 0)
+    div, unit = (1024.0**3, "GiB") if peak >= 1024**3 else (1024.0**2, "MiB")
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.4)
+        _bands(ax, data.bands)
+        t = np.asarray(data.t_ms, float)
+        ax.step(t, np.asarray(data.allocated_bytes, float) / div, where="post", color="#2563eb", label="allocated")
+        if data.reserved_bytes is not None:
+            ax.step(t, np.asarray(data.reserved_bytes, float) / div, where="post", color="#6b7280", label="reserved")
+        return _finish(fig, ax, salt, ("time since trace start", "ms"), ("device memory", unit))

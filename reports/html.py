@@ -1,38 +1,46 @@
 """The HTML report: one self-contained file (inline CSS, inline SVG, no script, no external URL).
 
-Owns turning report views (reports.view) into a page with the Jinja2 templates in
+Owns turning a report view (reports.view) into a page with the Jinja2 templates in
 reports/templates, autoescape on. The only markup not escaped is the SVG from reports.figures,
-which has been checked element by element (figures.sanitize_svg). A Content-Security-Policy that
-allows nothing but inline styles makes the page inert even if a string slipped through.
+which has been checked element by element (figures.sanitize_svg), and the <wbr> break points put
+between escaped pieces of long identifiers. A Content-Security-Policy that allows nothing but
+inline styles makes the page inert even if a string slipped through.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from tokentrace.reports import format as fmt
 from tokentrace.reports import view as rv
+from tokentrace.reports.model import Figure, ReportView, Stack
+
+if TYPE_CHECKING:
+    from tokentrace.analysis.pipeline import Analysis
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Nothing may load or run: no script, no fetch, no font, no frame. Inline style only (the page's
 # <style> and the style attributes of matplotlib's SVG).
-# Captions under each section's figures (figure names from reports.view).
-CAPTIONS = {
-    "decode_steps": "Wall time of each decode step (line) and its critical path split into CPU work, GPU work while "
-                    "the host was not waiting, and time the host sat blocked in a sync (taken out of the GPU part, "
-                    "where the critical path counts it).",
-    "gap_histogram": "GPU idle gaps by length (log scale): many short gaps point at launch overhead, a few long ones at syncs or host work.",
-    "attention": "GPU time per attention call against sequence length, log-log; lines are the fitted power laws (exponent 2 = quadratic).",
-    "roofline": "Achieved throughput against arithmetic intensity; points under the sloped roof are memory-bound, under the flat roof compute-bound.",
-    "memory": "Device memory allocated and reserved by the caching allocator over the trace.",
-}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+# Identifiers (kernel names, shapes) longer than this are cut in the middle; the cell's title holds more
+# of it, up to TITLE_CHARS (a trace's 300,000-character kernel name must not be copied into every cell).
+CODE_CHARS = 90
+TITLE_CHARS = 2000
+# Where a long identifier may break across lines: after these, never inside a word.
+_BREAK_AFTER = re.compile(r"(?<=::)|(?<=[_,/(\[<.])")
+
+
+def breakable(text: Any, limit: int = CODE_CHARS) -> Markup:
+    """Escaped text with <wbr> break opportunities after _ :: , / ( [ < . (a C++ kernel name has no spaces)."""
+    s = fmt.shorten(str(text), limit)
+    return Markup("<wbr>").join(escape(part) for part in _BREAK_AFTER.split(s))
 
 
 def _env() -> jinja2.Environment:
@@ -43,66 +51,53 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["duration"] = fmt.duration
-    env.filters["share"] = fmt.share
-    env.filters["num"] = fmt.number
+    env.filters["breakable"] = breakable
     env.filters["shorten"] = fmt.shorten
-    env.tests["stack"] = lambda v: isinstance(v, list)
+    env.filters["num"] = fmt.number
+    env.globals["TITLE_CHARS"] = TITLE_CHARS
+    env.tests["stack"] = lambda v: isinstance(v, Stack)
     return env
 
 
-def _figures(v: rv.TraceView, prefix: str) -> tuple[dict[str, Markup], dict[str, str]]:
-    """SVG per figure name ('<section>.<figure>' and 'timeline'), and notes for figures that failed."""
-    from tokentrace.reports import figures  # matplotlib import costs ~0.5 s: only when drawing
+def draw(figure: Figure[Any] | None, salt: str) -> tuple[Markup | None, str]:
+    """The figure's SVG, or a note saying why it could not be drawn (odd data must not lose the report)."""
+    if figure is None:
+        return None, ""
+    from tokentrace.reports import figures
 
-    out: dict[str, Markup] = {}
-    failed: dict[str, str] = {}
-    jobs: list[tuple[str, str, Any]] = []
-    if v.timeline is not None:
-        jobs.append(("timeline", "timeline", v.timeline))
-    for s in v.sections:
-        for name, data in s.figures.items():
-            jobs.append((f"{s.key}.{name}", name, data))
-    for key, name, data in jobs:
-        try:
-            out[key] = Markup(figures.DRAW[name](data, salt=f"{prefix}-{key}"))
-        except figures.UnsafeSVG:
+    try:
+        return Markup(figure.draw(figure.data, salt)), ""
+    except figures.UnsafeSVG:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one figure that cannot be drawn must not lose the report
+        if os.environ.get("TOKENTRACE_DEBUG"):
             raise
-        except Exception as exc:  # noqa: BLE001 - odd data in one figure must not lose the report
-            if os.environ.get("TOKENTRACE_DEBUG"):
-                raise
-            failed[key] = f"The figure could not be drawn from this data ({type(exc).__name__}: {exc})."
-    return out, failed
+        return None, f"The figure could not be drawn from this data ({type(exc).__name__}: {exc})."
 
 
-def _as_list(analysis: Any) -> list[Any]:
-    if isinstance(analysis, (list, tuple)):
-        return list(analysis)
-    return [analysis]
+def page(report: ReportView) -> str:
+    """The HTML text of a report view."""
+    svgs: dict[str, tuple[Markup | None, str]] = {}
+    for i, v in enumerate(report.traces):
+        svgs[f"t{i}-timeline"] = draw(v.timeline, f"t{i}-timeline")
+        for s in v.sections:
+            svgs[f"t{i}-{s.key}"] = draw(s.figure, f"t{i}-{s.key}")
+    first = report.traces[0]
+    title = os.path.basename(first.title) if len(report.traces) == 1 else f"{len(report.traces)} traces"
+    return _env().get_template("report.html.j2").render(report=report, svgs=svgs, csp=CSP, title=title)
 
 
-def render_html(analysis: Any | Sequence[Any], path: str | os.PathLike | None = None) -> str:
-    """The report of one Analysis (or a sequence: one section per trace) as HTML; written atomically to path."""
-    analyses = _as_list(analysis)
-    if not analyses:
-        raise ValueError("a report needs at least one analysis")
-    views = [rv.build(a) for a in analyses]
-    figs = []
-    for i, v in enumerate(views):
-        f, failed = _figures(v, f"t{i}")
-        figs.append({"svg": f, "failed": failed})
-    tool = views[0].doc.get("tool", {}) if views else {}
-    html = _env().get_template("report.html.j2").render(
-        views=views,
-        figs=figs,
-        csp=CSP,
-        captions=CAPTIONS,
-        tool=tool,
-        title=views[0].title if len(views) == 1 else f"{len(views)} traces",
-    )
+def render(analyses: Sequence[Analysis], output: str | None = None) -> str:
+    """The HTML report of analyses (one block per trace); `output` is the file it goes to, for its reproduce line."""
+    return page(rv.build(analyses, "--html", output))
+
+
+def render_html(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:
+    """`render` for one Analysis or several, written atomically to `path` when given."""
+    items = list(analysis) if isinstance(analysis, Sequence) else [analysis]
+    html = render(items, None if path is None else os.fspath(path))
     if path is not None:
         from tokentrace.io import write_output
 
         write_output(path, html)
     return html
-

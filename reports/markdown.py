@@ -1,7 +1,8 @@
-"""The Markdown summary: sized for a ticket comment (headline metrics, top findings, what is missing).
+"""The Markdown summary: sized for a ticket comment (headline, warnings, top findings, one line per question).
 
-Owns the Markdown form of reports.view. Every string from the trace goes through `md_escape`, so a
-kernel name cannot open a link, an image, raw HTML or break a table; there are no links at all.
+Owns the Markdown form of a report view (reports.view). Every string from the trace goes through
+`md_escape`, so a kernel name cannot open a link, an image, raw HTML or break a table; there are
+no links at all, and nothing refers to a file that is not attached.
 """
 
 from __future__ import annotations
@@ -9,13 +10,19 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokentrace.reports import format as fmt
 from tokentrace.reports import view as rv
+from tokentrace.reports.model import FindingView, ReportView, TraceView
 
-# Findings listed in a ticket comment; the HTML report has all of them.
+if TYPE_CHECKING:
+    from tokentrace.analysis.pipeline import Analysis
+
+# Findings listed in a ticket comment (the HTML report has all of them, under their questions).
 TOP_FINDINGS = 5
+# Findings per trace when one comment covers several traces (titles only: the recommendations repeat).
+TOP_FINDINGS_MANY = 2
 
 # Characters that start emphasis, code, links, images, tables, headings or strike-through. "(" is
 # harmless once "[" is escaped; "-", "+" and digits matter only at a line start, where trace text never is.
@@ -38,77 +45,71 @@ def _code_block(text: str) -> str:
     return f"{fence}\n{text}\n{fence}"
 
 
-def _headline_table(views: list[rv.TraceView]) -> list[str]:
-    cols = [m.label for m in views[0].headline]
-    lines = []
-    if len(views) > 1:
-        lines.append("| trace | " + " | ".join(cols) + " |")
-        lines.append("|---" * (len(cols) + 1) + "|")
-        for v in views:
-            lines.append(f"| {md_escape(os.path.basename(v.title))} | " + " | ".join(md_escape(m.text) for m in v.headline) + " |")
-    else:
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|---" * len(cols) + "|")
-        lines.append("| " + " | ".join(md_escape(m.text) for m in views[0].headline) + " |")
-    return lines
+def _finding(n: int, f: FindingView, brief: bool) -> list[str]:
+    meta = " · ".join(md_escape(x) for x in (f.category, f.where, f.cost, f.saving) if x)
+    line = f"{n}. **{md_escape(f.severity)}: {md_escape(f.title)}** ({meta})"
+    return [line] if brief else [line, f"   What to do: {md_escape(f.recommendation)}"]
 
 
-def _finding_line(n: int, f: dict[str, Any]) -> str:
-    where = " · ".join(x for x in (f.get("category"), f.get("phase")) if x)
-    cost = f"costs {fmt.duration(f.get('cost_total_us'))}"
-    if f.get("cost_per_step_us") is not None:
-        cost += f" ({fmt.duration(f['cost_per_step_us'])} per step)"
-    save = f"could save about {fmt.duration(f.get('est_savings_us'))}"
-    line = f"{n}. **[{md_escape(f['severity'])}] {md_escape(f['title'])}** ({md_escape(where)}; {cost}; {save})"
-    if f.get("recommendation"):
-        line += f"\n   What to do: {md_escape(f['recommendation'])}"
-    if f.get("op"):
-        line += f"\n   Op: {md_escape(f['op'])}"
-    return line
-
-
-def _trace_block(v: rv.TraceView, with_headline: bool) -> list[str]:
-    lines = [f"### {md_escape(v.title)}", ""]
-    facts = {k: val for k, val in v.header}
-    lines.append(" · ".join(md_escape(f"{k}: {facts[k]}") for k in ("GPU", "duration", "phases from") if k in facts))
-    lines.append("")
-    if with_headline:
-        lines += _headline_table([v]) + [""]
-    if v.findings:
-        lines.append(f"**Findings** (most expensive first, {len(v.findings)} in all):")
-        lines.append("")
-        lines += [_finding_line(i + 1, f) for i, f in enumerate(v.findings[:TOP_FINDINGS])]
-        if len(v.findings) > TOP_FINDINGS:
-            lines.append(f"\n{len(v.findings) - TOP_FINDINGS} more in the HTML report.")
-    else:
-        lines.append("No findings: no detector reported a problem in this trace.")
-    for status, intro in (("empty", "Not in this trace"), ("absent", "Not analysed"), ("error", "Failed")):
-        # Empty sections are named only (the HTML report says why); failures carry their reason.
-        items = [s.key if status == "empty" else f"{s.key} ({md_escape(s.message)})" for s in v.sections if s.status == status]
-        if items:
-            lines += ["", f"{intro}: " + "; ".join(items)]
+def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
+    """One trace's block; `brief` (a comment over several traces, whose headlines are in the table above) keeps
+    the warnings and top findings only."""
+    lines = [f"### {md_escape(name)}", "", " · ".join(md_escape(f"{f.label}: {f.text}") for f in v.facts), ""]
+    if not brief:
+        lines += ["| headline | value |", "|---|---:|"]
+        for mtr in v.headline:
+            lines.append(f"| {md_escape(mtr.label)} | {md_escape(mtr.text)}" + (f" ({md_escape(mtr.note)})" if mtr.note else "") + " |")
+        lines += ["", md_escape(v.latency_note), ""]
     if v.warnings:
-        lines += ["", "Loader warnings: " + "; ".join(md_escape(w) for w in v.warnings)]
-    lines += ["", "Reproduce:", "", _code_block("\n".join(v.reproduce)), ""]
+        lines += ["**Before you trust these numbers:**", ""] + [f"- {md_escape(w)}" for w in v.warnings] + [""]
+    if v.findings:
+        lines += [f"**Top findings** ({len(v.findings)} in all, most expensive first):", ""]
+        for i, f in enumerate(v.findings[:top], 1):
+            lines += _finding(i, f, brief)
+        lines.append("")
+    else:
+        lines += ["No findings: no detector reported a problem in this trace.", ""]
+    answered = [s for s in v.sections if s.status == "ok" and s.prose]
+    if answered and not brief:
+        lines += ["**What the trace shows:**", ""]
+        lines += [f"- *{md_escape(s.title)}* {md_escape(s.prose[0])}" for s in answered]
+        lines.append("")
+    for status, intro in (("empty", "Not in this trace"), ("absent", "Not analysed"), ("error", "Failed")):
+        items = [f"{md_escape(s.title)} ({md_escape(s.message)})" for s in v.sections if s.status == status]
+        if items:
+            lines += [f"{intro}: " + "; ".join(items), ""]
     return lines
 
 
-def render_markdown(analysis: Any | Sequence[Any], path: str | os.PathLike | None = None) -> str:
-    """Markdown summary of one Analysis (or several: a comparison table, then one block per trace)."""
-    analyses = list(analysis) if isinstance(analysis, (list, tuple)) else [analysis]
-    if not analyses:
-        raise ValueError("a report needs at least one analysis")
-    views = [rv.build(a) for a in analyses]
-    tool = views[0].doc.get("tool", {}) if views else {}
-    lines = [f"## tokentrace report ({md_escape(tool.get('version', ''))})", ""]
-    if len(views) > 1:
-        lines += _headline_table(views) + [""]
-    for v in views:
-        lines += _trace_block(v, with_headline=len(views) == 1)
+def text(report: ReportView) -> str:
+    lines = [f"## tokentrace report ({md_escape(report.version)})", ""]
+    many = len(report.traces) > 1
+    if report.compare is not None:
+        t = report.compare
+        lines.append("| " + " | ".join(md_escape(c.label) for c in t.columns) + " |")
+        lines.append("|" + "|".join("---:" if c.numeric else "---" for c in t.columns) + "|")
+        for row in t.rows:
+            lines.append("| " + " | ".join(md_escape(c) for c in row) + " |")
+        lines.append("")
+    for v in report.traces:
+        lines += _trace(v, v.name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
+    commands = [*dict.fromkeys(v.capture_command for v in report.traces if v.capture_command), report.command]
+    lines += ["Reproduce (capture, then this summary):" if len(commands) > 1 else "Reproduce:", "", _code_block("\n".join(commands))]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render(analyses: Sequence[Analysis], output: str | None = None) -> str:
+    """The Markdown summary of analyses (a comparison table first when several); `output` names its file."""
     # Last, over the whole text: no control or bidi character from a trace (or a file name) survives.
-    text = fmt.visible("\n".join(lines).rstrip() + "\n")
+    return fmt.visible(text(rv.build(analyses, "--markdown", output)))
+
+
+def render_markdown(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:
+    """`render` for one Analysis or several, written atomically to `path` when given ('-' is stdout)."""
+    items = list(analysis) if isinstance(analysis, Sequence) else [analysis]
+    out = render(items, None if path is None else os.fspath(path))
     if path is not None:
         from tokentrace.io import write_output
 
-        write_output(path, text)
-    return text
+        write_output(path, out)
+    return out

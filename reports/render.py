@@ -1,7 +1,9 @@
 """One table from output format to renderer, and the format a file name asks for.
 
 Every command and API function that writes a report picks its renderer here, so a new format is
-one entry in RENDERERS and one module with one entry point.
+one entry in `_renderers()` and one module with one entry point, `render(analyses, output)`
+(pyinstrument's Renderer.render(session) is the model). The renderers are imported when used:
+the HTML one pulls in Jinja2.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from tokentrace.errors import TokentraceError
 
 if TYPE_CHECKING:
     from tokentrace.analysis.pipeline import Analysis
+
+# A renderer: analyses and the name of the file the text goes to (None: returned only) -> the text.
+Renderer = Callable[[Sequence["Analysis"], "str | None"], str]
 
 # File suffix -> format.
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown", ".json": "json"}
@@ -33,19 +38,7 @@ def format_for(output: str | None, fmt: str | None) -> str:
     raise TokentraceError(f"{output}: cannot tell the report format from the name; use .html, .md or .json, or --format")
 
 
-def _html(analyses: Sequence[Analysis]) -> str:
-    from tokentrace.reports.html import render_html
-
-    return render_html(list(analyses))
-
-
-def _markdown(analyses: Sequence[Analysis]) -> str:
-    from tokentrace.reports.markdown import render_markdown
-
-    return render_markdown(list(analyses))
-
-
-def _json(analyses: Sequence[Analysis]) -> str:
+def _json(analyses: Sequence[Analysis], output: str | None = None) -> str:
     from tokentrace.jsonout import dumps
 
     docs = [a.to_json() for a in analyses]
@@ -53,9 +46,13 @@ def _json(analyses: Sequence[Analysis]) -> str:
     return dumps(doc)
 
 
-RENDERERS: dict[str, Callable[[Sequence[Analysis]], str]] = {"html": _html, "markdown": _markdown, "json": _json}
+def _renderers() -> dict[str, Renderer]:
+    from tokentrace.reports import html, markdown
+
+    return {"html": html.render, "markdown": markdown.render, "json": _json}
 
 
-def render(analyses: Sequence[Analysis], fmt: str) -> str:
-    """The report text of analysed traces in one format."""
-    return RENDERERS[fmt](analyses)
+def render(analyses: Sequence[Analysis], fmt: str, output: str | None = None) -> str:
+    """The report text of analysed traces in one format; `output` is the file it will be written to, when known
+    (the report's reproduce line names it)."""
+    return _renderers()[fmt](analyses, output)

@@ -6,17 +6,21 @@ owns how a person reads them in a terminal, so all terminal text lives in report
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokentrace.reports import format as fmt
 
+if TYPE_CHECKING:
+    from tokentrace.analysis.compare.check import CheckResult
+    from tokentrace.analysis.compare.ranks import RanksResult
+    from tokentrace.analysis.compare.scaling import Sweep
 
 def _text(lines: list[str]) -> str:
     """The lines as terminal text: a file name or trace string cannot add a line or send an escape."""
     return "\n".join(fmt.visible(line, one_line=True) for line in lines)
 
 
-def check_text(result: Any) -> str:
+def check_text(result: CheckResult) -> str:
     """`tokentrace check`: one line per threshold, notes, and the verdict."""
     lines = [f"tokentrace check: {result.trace}" + (f" (baseline {result.baseline})" if result.baseline else "")]
     for i in result.items:
@@ -34,7 +38,7 @@ def _step_label(row: Any) -> str:
     return f"step {int(row['index'])}" if row["phase"] == "step" else f"{row['phase']} step {int(row['index'])}"
 
 
-def ranks_text(result: Any) -> str:
+def ranks_text(result: RanksResult) -> str:
     """`tokentrace ranks`: the per-rank table, then the slowest rank and the skew per step."""
     lines = ["rank  steps  step total   step max     GPU busy    util    file"]
     for r in result.ranks.to_dict("records"):
@@ -57,7 +61,7 @@ def ranks_text(result: Any) -> str:
     return _text(lines)
 
 
-def scaling_text(sweep: Any) -> tuple[str, list[str]]:
+def scaling_text(sweep: Sweep) -> tuple[str, list[str]]:
     """`tokentrace scaling`: the points table and the fits (stdout), and the notes (stderr)."""
     lines: list[str] = []
     t = sweep.traces

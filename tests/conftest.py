@@ -15,7 +15,9 @@ os.environ.setdefault("TOKENTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="tokentrac
 
 from tracebuilder import TraceBuilder
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# The real traces: ../shared/traces beside the checkout, or wherever TOKENTRACE_SHARED_TRACES points
+# (a git worktree elsewhere, a CI cache); tests that need them skip when the folder is absent.
+SHARED_TRACES = Path(os.environ.get("TOKENTRACE_SHARED_TRACES") or Path(__file__).resolve().parents[1].parent / "shared" / "traces")
 REAL_TRACES = sorted(SHARED_TRACES.glob("*.json.gz")) if SHARED_TRACES.is_dir() else []
 SAMPLE_TRACES = Path(__file__).resolve().parents[1] / "sample_traces"
 

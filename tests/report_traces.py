@@ -34,12 +34,29 @@ class Names:
     file: str = "generate.pt.trace.json"
 
 
-def llm_trace(tmp_path: Path, *, steps: int = 4, names: Names | None = None, memory: bool = True) -> Path:
-    """Write the trace and return its path."""
+# Stage timings of a run without the profiler, as the capture module writes them (capture.timing.Timings).
+UNPROFILED_TTFT_US = 200.0
+UNPROFILED_STEP_US = 320.0
+
+
+def capture_timings(steps: int, *, tokenize_us: float | None = 1500.0) -> dict[str, object]:
+    """The `timings` of a capture's metadata: TTFT and every decode step measured with CUDA events, no profiler."""
+    decode = [UNPROFILED_STEP_US] * steps
+    return {"ttft_us": UNPROFILED_TTFT_US, "decode_step_us": decode, "tokenize_us": tokenize_us, "clock": "cuda_event",
+            "tpot_us": {"mean": UNPROFILED_STEP_US, "p50": UNPROFILED_STEP_US, "p90": UNPROFILED_STEP_US, "max": UNPROFILED_STEP_US},
+            "e2e_us": UNPROFILED_TTFT_US + sum(decode)}
+
+
+def llm_trace(tmp_path: Path, *, steps: int = 4, names: Names | None = None, memory: bool = True, timings: bool = False) -> Path:
+    """Write the trace and return its path; `timings` adds the capture's unprofiled stage timings to its metadata."""
+    from tokentrace.profiling.conventions import TIMINGS_UNPROFILED
+
     n = names or Names()
     b = TraceBuilder(gpu_name=n.gpu)
     b.top["tokentrace"] = {"model": n.model, "prompt_len": 32, "batch": 1, "dtype": "bfloat16",
                            "command": ["tokentrace", "capture", "--model", n.model, "--prompt-lens", "32"]}
+    if timings:
+        b.top["tokentrace"].update({"timings": capture_timings(steps), "timings_source": TIMINGS_UNPROFILED})
     alloc = 1 << 30
 
     def forward(t: float, q_len: int, kv_len: int, kernel_us: float, label: str, dur: float) -> None:

@@ -185,7 +185,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
         analyses.append(analyze(item, options=options))
-    text = render(analyses, kind)
+    text = render(analyses, kind, None if output is None else os.fspath(output))
     if sweeps:
         text = _with_sweeps(text, sweeps, kind)
     if output is not None:

@@ -13,6 +13,10 @@ shortens each kernel by up to 2 us and turns nanosecond gaps into microsecond on
 capture trace (two kernels, 1 ns apart by the file's own timestamps, an 11.016 us span) it
 reports 1 us idle in a 10 us span. The cross-check compares like with like, so HTA runs here with
 its own switch for that rounding off (HTA_DISABLE_NS_ROUNDING).
+
+HTA also joins a relative trace file name to its trace_dir and then refuses the file ("Trace files
+validation failed"), so the file goes in as an absolute path; and its breakdown indexes the first
+GPU row, so a trace without GPU activity is answered here in one line instead.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def hta_temporal_breakdown(path: str | os.PathLike) -> dict[str, float]:
     """HTA's idle/busy numbers (us) for one trace file: span_us, busy_us, idle_us, compute_us,
     non_compute_us. Raises TokentraceError when HTA is missing or cannot read the file."""
     TraceAnalysis = _import_hta()
-    path = os.fspath(path)
+    path = os.path.abspath(os.fspath(path))
     quiet = io.StringIO()
     hta_log = logging.getLogger("hta")
     level = hta_log.level
@@ -96,6 +100,8 @@ def hta_comparison(analysis: Any) -> dict[str, Any]:
     ours = analysis.results.get("gpu")
     if ours is None:
         return {"error": "tokentrace's gpu section is missing (see the warnings above)"}
+    if ours.devices.empty:
+        return {"error": "HTA's temporal breakdown measures GPU kernels, and this trace has no GPU activity: nothing to compare"}
     try:
         theirs = hta_temporal_breakdown(analysis.trace.path)
     except TokentraceError as exc:

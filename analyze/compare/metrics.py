@@ -186,6 +186,47 @@ def _backend(section: str) -> Callable[[Summary], str | None]:
     return read
 
 
+def unprofiled_timings(doc: Summary) -> dict[str, Any] | None:
+    """The capture's stage timings when they come from a run without the profiler, else None.
+
+    The capture module measures TTFT and every decode step with CUDA events (perf_counter on a CPU)
+    in a warm run without the profiler; traces made by `profile()` time the profiled run itself,
+    which is no better than the trace's own numbers.
+    """
+    from tokentrace.profiling.conventions import TIMINGS_UNPROFILED
+
+    timings = dig(doc, "trace.capture.timings")
+    if not isinstance(timings, dict) or dig(doc, "trace.capture.timings_source") != TIMINGS_UNPROFILED:
+        return None
+    return timings
+
+
+def _unprofiled(path: str) -> Callable[[Summary], float | None]:
+    def read(doc: Summary) -> float | None:
+        timings = unprofiled_timings(doc)
+        return None if timings is None else first_number(timings, path)
+
+    return read
+
+
+def _unprofiled_clock(doc: Summary) -> str | None:
+    timings = unprofiled_timings(doc)
+    clock = None if timings is None else timings.get("clock")
+    return clock if isinstance(clock, str) else None
+
+
+def _overhead(profiled: Callable[[Summary], float | None], unprofiled: Callable[[Summary], float | None]) -> Callable[[Summary], float | None]:
+    """How much longer the trace's number is than the same stage without the profiler (0.5 = +50%)."""
+
+    def read(doc: Summary) -> float | None:
+        p, u = profiled(doc), unprofiled(doc)
+        return None if p is None or not u else p / u - 1.0
+
+    return read
+
+
+_TPOT_P50 = _paths("phases.decode.tpot_us.p50", "phases.tpot_us.p50")
+
 METRICS: tuple[Metric, ...] = (
     Metric("ttft_us", "prefill", "TTFT", "us", "lower", _ttft),
     Metric("prefill_gpu_busy_us", "prefill", "GPU busy", "us", "lower", _prefill_sum("gpu_busy_us")),
@@ -195,7 +236,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("gaps_per_step_prefill_us", "prefill", "idle in gaps per step", "us", "lower",
            _paths("gaps.by_phase.prefill.per_step_us")),
     Metric("attention_backend_prefill", "prefill", "attention backend", "text", "none", _backend("attention.by_phase.prefill")),
-    Metric("tpot_p50_us", "decode", "TPOT p50", "us", "lower", _paths("phases.decode.tpot_us.p50", "phases.tpot_us.p50")),
+    Metric("tpot_p50_us", "decode", "TPOT p50", "us", "lower", _TPOT_P50),
     Metric("tpot_p90_us", "decode", "TPOT p90", "us", "lower", _paths("phases.decode.tpot_us.p90", "phases.tpot_us.p90")),
     Metric("tpot_mean_us", "decode", "TPOT mean", "us", "lower", _paths("phases.decode.tpot_us.mean", "phases.tpot_us.mean")),
     Metric("tpot_max_us", "decode", "TPOT max", "us", "lower", _paths("phases.decode.tpot_us.max", "phases.tpot_us.max")),
@@ -240,6 +281,16 @@ METRICS: tuple[Metric, ...] = (
     Metric("comm_exposed_us", "all", "communication not overlapped", "us", "lower", _paths("communication.exposed_us")),
     Metric("comm_exposed_per_step_decode_us", "decode", "exposed communication per step", "us", "lower",
            _paths("communication.by_phase.decode.exposed_us_per_step")),
+    # The capture's own timings of a run without the profiler, and how much the profiler inflated
+    # the trace's numbers: the latency a report leads with when the trace carries them.
+    Metric("ttft_unprofiled_us", "prefill", "TTFT without the profiler", "us", "lower", _unprofiled("ttft_us")),
+    Metric("tpot_p50_unprofiled_us", "decode", "TPOT p50 without the profiler", "us", "lower", _unprofiled("tpot_us.p50")),
+    Metric("tpot_mean_unprofiled_us", "decode", "TPOT mean without the profiler", "us", "lower", _unprofiled("tpot_us.mean")),
+    Metric("profiler_overhead_ttft", "prefill", "profiler overhead on TTFT", "share", "lower",
+           _overhead(_ttft, _unprofiled("ttft_us"))),
+    Metric("profiler_overhead_tpot", "decode", "profiler overhead on TPOT p50", "share", "lower",
+           _overhead(_TPOT_P50, _unprofiled("tpot_us.p50"))),
+    Metric("unprofiled_clock", "all", "clock of the timings without the profiler", "text", "none", _unprofiled_clock),
 )
 
 BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}

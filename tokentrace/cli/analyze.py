@@ -59,14 +59,25 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
 
         click.echo(hta_text(hta_comparison(analysis)), err=uses_stdout(outs))  # stdout may hold an output
     from tokentrace.reports.annotated import annotated_payload
+    from tokentrace.reports.render import render
 
-    render: dict[str, Render] = {
+    writers: dict[str, Render] = {
         "--json": lambda: dumps(analysis.to_json()),
-        "--html": analysis.to_html,
-        "--markdown": analysis.to_markdown,
+        "--html": lambda: render([analysis], "html", html_out),
+        "--markdown": lambda: render([analysis], "markdown", md_out),
         "--annotated": lambda: annotated_payload(analysis, annotated_out or ""),
     }
-    write_all([(dest, render[option]) for option, dest in outs.items()])
+    write_all([(dest, writers[option]) for option, dest in outs.items()])
+    _say_written(outs)
+
+
+def _say_written(outs: dict[str, Destination]) -> None:
+    """One line on stderr per file written (stdout holds its document, nothing to say)."""
+    from tokentrace.reports.format import visible
+
+    for option, dest in outs.items():
+        if dest.kind != "stdout":
+            click.echo(f"wrote {visible(dest.path, one_line=True)} ({option.removeprefix('--')})", err=True)
 
 
 def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float | None, graph_maps: tuple[str, ...],
@@ -93,7 +104,8 @@ def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float 
         click.echo("\n\n".join(parts))
     writers: dict[str, Render] = {
         "--json": lambda: dumps(result.to_json()),
-        "--markdown": lambda: sweep_markdown(result) + "\n" + render(result.analyses, "markdown"),
-        "--html": lambda: render(result.analyses, "html"),
+        "--markdown": lambda: sweep_markdown(result) + "\n" + render(result.analyses, "markdown", outs["--markdown"].path),
+        "--html": lambda: render(result.analyses, "html", outs["--html"].path),
     }
     write_all([(dest, writers[option]) for option, dest in outs.items()])
+    _say_written(outs)

@@ -1,0 +1,110 @@
+"""Section "How does attention scale?": time per attention call against sequence length, per backend.
+
+Reads the attention result (Attention: calls grouped by shape, and the power-law fits with their
+points). A fitted law is drawn only when its exponent is distinguishable from zero (the 95%
+interval excludes it); otherwise the points are shown and the sentence says the range cannot tell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokentrace.analysis.detectors.attention import Attention
+from tokentrace.reports import figures, words
+from tokentrace.reports import format as fmt
+from tokentrace.reports import tables as tb
+from tokentrace.reports.model import Column, Figure, Section, Table
+from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec
+
+# Two-sided 95% normal quantile: an exponent within Z95 standard errors of zero is no measured growth.
+Z95 = 1.96
+X_LABELS = {"q_len": "query length", "kv_len": "KV length"}
+TIME_LABELS = {"gpu": "GPU", "cpu": "host"}
+
+
+def significant(fit: dict[str, Any]) -> bool:
+    k, err = fit["exponent"], fit["exponent_stderr"]
+    return k is not None and err is not None and abs(k) > Z95 * err
+
+
+def _law(fit: dict[str, Any]) -> str:
+    err = "" if fit["exponent_stderr"] is None else f" ± {fit['exponent_stderr']:.2f}"
+    return f"{fit['exponent']:.2f}{err}"
+
+
+def _range(fit: dict[str, Any]) -> tuple[float, float]:
+    xs = [p[0] for p in fit["points"]]
+    return min(xs), max(xs)
+
+
+def _fit_sentence(fit: dict[str, Any]) -> str:
+    lo, hi = _range(fit)
+    x = X_LABELS[fit["x"]]
+    head = f"in {fit['phase']}, {TIME_LABELS[fit['time']]} time per call ({fit['backend']})"
+    if fit["exponent"] is None:
+        return words.sentence(f"{head} over {x}s {fmt.number(lo)}-{fmt.number(hi)}: the range is too narrow to fit a law")
+    if significant(fit):
+        return words.sentence(f"{head} grows as {x}^{_law(fit)} over {x}s {fmt.number(lo)}-{fmt.number(hi)} (r² {fmt.number(fit['r2'])})")
+    return words.sentence(f"{head} shows no measurable growth over {x}s {fmt.number(lo)}-{fmt.number(hi)} "
+                          f"({fmt.number(hi / lo)}x): the fitted exponent {_law(fit)} cannot be told from zero")
+
+
+def fits_table(fits: list[dict[str, Any]]) -> Table:
+    rows: list[list[str | None]] = []
+    for f in fits:
+        lo, hi = _range(f)
+        rows.append([f["phase"], f["backend"], X_LABELS[f["x"]], f"{fmt.number(lo)}-{fmt.number(hi)}", fmt.number(len(f["points"])),
+                     fmt.number(f["calls"]), _law(f) if f["exponent"] is not None else fmt.MISSING,
+                     fmt.number(f["r2"]), "yes" if significant(f) else "no"])
+    cols = [Column("phase"), Column("backend"), Column("against"), Column("lengths", numeric=True), Column("lengths seen", numeric=True),
+            Column("calls", numeric=True), Column("exponent", numeric=True), Column("r²", numeric=True), Column("growth measured")]
+    return Table("Scaling fits", cols, rows, note=f"Growth is measured when the exponent's 95% interval (± {Z95} standard errors) "
+                 "excludes zero; exponent 1 is linear, 2 quadratic.")
+
+
+GROUP_COLS = (tb.word("phase", "phase"), tb.word("backend", "backend"), tb.num("batch", "batch", tb.integer),
+              tb.num("heads_kv", "heads (KV)", tb.text), tb.num("q_len", "query length", tb.integer), tb.num("kv_len", "KV length", tb.integer),
+              tb.num("head_dim", "head dim", tb.integer), tb.num("calls", "calls", tb.integer), tb.num("gpu_mean_us", "per call"),
+              tb.num("gpu_total_us", "total"))
+
+# A CPU run: the calls' host time instead of their (absent) GPU time.
+HOST_GROUP_COLS = (*GROUP_COLS[:-2], tb.num("cpu_mean_us", "host per call"))
+
+
+def build(inp: Inputs, s: Section) -> None:
+    at = inp.result("attention", Attention)
+    if at.calls.empty:
+        raise Lacks("No attention ops in this trace (none of the known attention ops or kernels ran).")
+    summary = inp.summary("attention")
+    backends = words.join([f"{n} {name}" for name, n in at.backends.items()])
+    phases = words.join([f"{words.count(v['calls'], 'call')} in {p}" for p, v in summary["by_phase"].items()])
+    if summary["gpu_total_us"] > 0:
+        cost = f"took {fmt.duration(summary['gpu_total_us'])} of GPU time"
+    else:  # a CPU run: the calls' time is host time, which the scaling below uses
+        cost = "ran on the host (no GPU work in this trace)"
+    s.prose.append(words.sentence(f"{words.count(summary['calls'], 'attention call')} ({backends}) {cost}: {phases}"))
+    s.prose += [_fit_sentence(f) for f in at.fits[:2]]
+    series = []
+    for f in at.fits:
+        pts = np.asarray(f["points"], float)
+        series.append(figures.Series(label=f"{f['phase']} {f['backend']} vs {X_LABELS[f['x']]}", x=pts[:, 0], y=pts[:, 1],
+                                     exponent=f["exponent"], stderr=f["exponent_stderr"], coefficient=f["coefficient"],
+                                     law=significant(f)))
+    if series:
+        time = TIME_LABELS[at.fits[0]["time"]]
+        s.figure = Figure(figures.scaling, figures.ScalingData(series, "sequence length", f"{time} time per call"),
+                          f"{time[0].upper()}{time[1:]} time per attention call (us) against sequence length (tokens: query length in prefill, KV "
+                          "length in decode); a line is a fitted power law, drawn only where growth is measured. Axes are "
+                          "logarithmic when the values span ten times or more.")
+    else:
+        s.figure_note = "No attention calls with recorded shapes to plot against sequence length."
+    groups = at.groups.assign(heads_kv=[f"{tb.integer(h)} ({tb.integer(k)})" for h, k in zip(at.groups["heads"], at.groups["kv_heads"], strict=True)])
+    s.tables.append(tb.from_frame("Attention calls by shape", groups, GROUP_COLS if summary["gpu_total_us"] > 0 else HOST_GROUP_COLS))
+    if at.fits:
+        s.tables.append(fits_table(at.fits))
+
+
+SECTION = SectionSpec(key="attention", title="How does attention scale?", results=("attention",), categories=("attention",),
+                      build=build)

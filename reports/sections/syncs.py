@@ -1,0 +1,74 @@
+"""Section "Which syncs block the host?": every host-device sync point, when, how long, and in which op.
+
+Reads SyncsResult (the sync-point table, counts by kind, per-token rates) and the phase steps for
+the shading of the figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokentrace.analysis.detectors.syncs import SyncsResult
+from tokentrace.reports import figures, words
+from tokentrace.reports import format as fmt
+from tokentrace.reports import tables as tb
+from tokentrace.reports.model import Figure, Section
+from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, where
+
+# How a sync kind (analysis.detectors.syncs) reads; an unknown kind shows as its name.
+KIND_LABELS = {
+    "device_sync": "device synchronize",
+    "stream_sync": "stream synchronize",
+    "event_sync": "event synchronize",
+    "memcpy_sync": "synchronous copy",
+    "memcpy_pageable": "copy with pageable memory",
+    "memset_sync": "synchronous memset",
+    "op": "op reading a value to the host",
+}
+TOP_SYNCS = 15
+
+
+def kind_label(kind: Any) -> str:
+    k = str(kind)
+    return KIND_LABELS.get(k, k.replace("_", " "))
+
+
+SYNC_COLS = (tb.word("where", "where"), tb.word("kind", "kind", kind_label), tb.code("api", "API"), tb.code("op", "op"),
+             tb.num("blocked_us", "blocked"), tb.num("idle_caused_us", "GPU idle after"), tb.code("waited_for", "waited for"),
+             tb.Col("stack", "stack", tb.stack))
+
+
+def build(inp: Inputs, s: Section) -> None:
+    sy = inp.result("syncs", SyncsResult)
+    if sy.count == 0:
+        raise Lacks("No host-device sync points in this trace.")
+    summary = inp.summary("syncs")
+    items = sy.items
+    s.prose.append(words.sentence(f"{words.count(sy.count, 'sync point')} blocked the host for {fmt.duration(sy.blocked_us)} in all "
+                                  f"and left the GPU idle for {fmt.duration(summary['idle_caused_us'])} right after them"))
+    pt = sy.per_token
+    if pt["decode_steps"]:
+        s.prose.append(words.sentence(f"in decode that is {fmt.number(pt['syncs_per_token'])} per generated token, blocking the host "
+                                      f"{fmt.duration(pt['blocked_us_per_token'])} per token"))
+    longest = items.sort_values("blocked_us", ascending=False, kind="stable")
+    r = longest.iloc[0]
+    s.prose.append(words.sentence(f"the longest, {fmt.duration(r['blocked_us'])}, was a {kind_label(r['kind'])} ({r['api']}"
+                                  + (f" in {r['op']}" if not tb.missing(r["op"]) else "") + f") at {where(r['phase'], r['step'])}"))
+    labels = [kind_label(k) for k in items["kind"]]
+    known = list(KIND_LABELS.values())
+    order = known + [k for k in dict.fromkeys(labels) if k not in known]
+    colors = {k: figures.CAUSE_PALETTE[i % len(figures.CAUSE_PALETTE)] for i, k in enumerate(order)}
+    s.figure = Figure(figures.sync_points,
+                      figures.SyncPointsData(items["start_us"].to_numpy(float) / 1e3, items["blocked_us"].to_numpy(float), labels, colors,
+                                             inp.bands()),
+                      "Each sync point at the time it began (ms from the trace start) and how long it blocked the host (us); "
+                      "shading shows the phase steps.")
+    by_kind = [{"kind": k, **v} for k, v in sorted(sy.by_kind.items(), key=lambda kv: -kv[1]["blocked_us"])]
+    s.tables.append(tb.from_records("Sync points by kind", by_kind,
+                                    (tb.word("kind", "kind", kind_label), tb.num("count", "sync points", fmt.number),
+                                     tb.num("blocked_us", "host blocked"), tb.num("idle_caused_us", "GPU idle after"))))
+    head = longest.head(TOP_SYNCS)
+    head = head.assign(where=[where(p, i) for p, i in zip(head["phase"], head["step"], strict=True)])
+    s.tables.append(tb.from_frame("Sync points, longest first", head, SYNC_COLS, total=len(longest)))
+
+SECTION = SectionSpec(key="syncs", title="Which syncs block the host?", results=("syncs",), categories=("syncs",), build=build)
