@@ -51,6 +51,11 @@ class Options:
     nsys_gap_ms: float = nsys_rules.GAP_MS
     nsys_util_chunks: int = nsys_rules.UTIL_CHUNKS
     nsys_util_threshold: float = nsys_rules.UTIL_THRESHOLD_PCT
+    # Loading a path (analysis.loading.loader.load): the most uncompressed JSON to read (bytes
+    # or text such as "8G"; None: $TOKENTRACE_MAX_TRACE_SIZE, else half of memory) and whether
+    # to use the cache of loaded traces (None: yes, unless $TOKENTRACE_NO_CACHE is set).
+    max_trace_size: int | str | None = None
+    cache: bool | None = None
 
 
 @dataclass
@@ -112,9 +117,9 @@ class Analysis:
 
 def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one); `tokentrace.analyze` is the public face."""
-    if not isinstance(trace, Trace):
-        trace = load(trace)
     opts = options or Options()
+    if not isinstance(trace, Trace):
+        trace = load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
     ctx = Context(options=opts)
     errors: dict[str, str] = {}
     for name, module in DETECTORS:

@@ -69,7 +69,7 @@ class _Template:
         if not self.slots:
             return self.parts[0]
         out = [self.parts[0]]
-        for (key, value), part in zip(self.slots, self.parts[1:]):
+        for (key, value), part in zip(self.slots, self.parts[1:], strict=False):
             out.append(_us_text(int(value) + shift_ns) if key == "ts" else str(int(value) + shift[key]))
             out.append(part)
         return "".join(out)

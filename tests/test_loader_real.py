@@ -48,7 +48,7 @@ def test_counts_match_a_naive_json_load(path):
     ev = t.events
     ph = ev["ph"].astype(object).where(ev["ph"].notna(), None)
     cat = ev["cat"].astype(object).where(ev["cat"].notna(), None)
-    assert Counter(zip(ph, cat)) == Counter((e.get("ph"), e.get("cat")) for e in events)
+    assert Counter(zip(ph, cat, strict=False)) == Counter((e.get("ph"), e.get("cat")) for e in events)
     assert t.category_counts() == dict(Counter(e.get("cat") or f"ph={e.get('ph')}" for e in events))
     assert Counter(ev["name"].astype(object)) == Counter(e.get("name") for e in events)
     plain, _ = naive(path, exact=False)
@@ -74,7 +74,7 @@ def test_links_match_a_naive_reading(path):
             want[(e["name"], ns(e["ts"]), h["name"] if h else None, ns(h["ts"]) if h else None)] += 1
     gpu = ev[ev["kind"].isin(["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"])]
     got = Counter()
-    for name, ts, launch in zip(gpu["name"].astype(object), gpu["ts"], gpu["launch"]):
+    for name, ts, launch in zip(gpu["name"].astype(object), gpu["ts"], gpu["launch"], strict=False):
         got[(name, ts, ev.at[launch, "name"] if launch >= 0 else None, ev.at[launch, "ts"] if launch >= 0 else None)] += 1
     assert got == want
 
@@ -83,7 +83,7 @@ def test_links_match_a_naive_reading(path):
         if e.get("cat") in OP_CATS and e.get("ph") == "X":
             ops[(str(e["pid"]), str(e["tid"]))].append((ns(e["ts"]), ns(e["ts"]) + ns(e.get("dur", 0)), e["name"]))
     calls = [e for e in events if e.get("cat") in HOST_CATS][:: max(1, sum(e.get("cat") in HOST_CATS for e in events) // 200)]
-    by_key = {(n, ts): op for n, ts, op in zip(ev["name"].astype(object), ev["ts"], ev["op"]) if n is not None}
+    by_key = {(n, ts): op for n, ts, op in zip(ev["name"].astype(object), ev["ts"], ev["op"], strict=False) if n is not None}
     for c in calls:
         at = ns(c["ts"])
         around = [o for o in ops[(str(c["pid"]), str(c["tid"]))] if o[0] <= at < o[1] or o[0] == at == o[1]]

@@ -31,21 +31,27 @@ PathLike = str | os.PathLike[str]
 RunLike = Any
 
 
-def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
-    """Load one trace (a .json/.json.gz file, or a folder holding one) into typed columns."""
+def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None, max_trace_size: int | str | None = None,
+         cache: bool | PathLike | None = None) -> Trace:
+    """Load one trace (a .json/.json.gz file, or a folder holding one) into typed columns.
+
+    `max_trace_size` caps the uncompressed JSON read (bytes or "8G"; default half of memory);
+    `cache=False` bypasses the cache of loaded traces, a folder path uses that folder."""
     from tokentrace.analysis.loading.loader import load as _load
 
-    return _load(path, progress=progress)
+    return _load(path, progress=progress, max_trace_size=max_trace_size, cache=cache)
 
 
-def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
+def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int | str | None = None,
+             cache: bool | PathLike | None = None) -> list[Trace]:
     """Load every trace under `paths` (files, or folders of ranks/steps), one Trace per file."""
     from tokentrace.analysis.loading.loader import load_all as _load_all
 
-    return _load_all(*paths, progress=progress)
+    return _load_all(*paths, progress=progress, max_trace_size=max_trace_size, cache=cache)
 
 
-def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options: Options | None = None) -> Analysis:
+def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options: Options | None = None,
+            max_trace_size: int | str | None = None, cache: bool | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
     `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us); `options`
@@ -60,6 +66,10 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, options
     opts = options or _Options()
     if min_gap_us is not None:
         opts = replace(opts, min_gap_us=float(min_gap_us))
+    if max_trace_size is not None:
+        opts = replace(opts, max_trace_size=max_trace_size)
+    if cache is not None:
+        opts = replace(opts, cache=cache)
     return run_pipeline(trace, opts)
 
 

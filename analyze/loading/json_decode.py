@@ -65,7 +65,7 @@ class XArgs(msgspec.Struct, frozen=True, gc=False):
     external_id_legacy: int = msgspec.field(name="external id", default=MISSING)
     stream: int | str = MISSING  # ROCm writes hex text ("0x0") on some runtime calls
     device: int = MISSING
-    bytes: int = MISSING
+    bytes: int | str = MISSING  # ROCm writes numeric text ("13248") on hipMemcpyAsync
     python_id: int = msgspec.field(name="Python id", default=MISSING)
     python_parent_id: int | None = msgspec.field(name="Python parent id", default=MISSING)
     seq: int = msgspec.field(name="Sequence number", default=MISSING)
@@ -164,12 +164,12 @@ def _other(tag: str) -> type:
 
 # Chrome-trace phases Kineto does not write but other tools do; kept as "other" rows.
 _OTHER_PHASES = tuple(_other(t) for t in ("B", "E", "b", "e", "n", "P", "O", "N", "D", "R", "c"))
-EVENT_CLASSES: tuple[type, ...] = (Complete, Instant, InstantGlobal, FlowStart, FlowStep, FlowEnd, Meta, Counter, Other) + _OTHER_PHASES
-EventUnion = Union[EVENT_CLASSES]  # type: ignore[valid-type]
-_TAG_CLASS: dict[str, type] = {c.__struct_config__.tag: c for c in EVENT_CLASSES}  # type: ignore[attr-defined]
+EVENT_CLASSES: tuple[Any, ...] = (Complete, Instant, InstantGlobal, FlowStart, FlowStep, FlowEnd, Meta, Counter, Other) + _OTHER_PHASES
+EventUnion = Union[EVENT_CLASSES]  # type: ignore[valid-type]  # noqa: UP007 - a union built from a tuple
+_TAG_CLASS: dict[str, Any] = {c.__struct_config__.tag: c for c in EVENT_CLASSES}
 _CLASS_CODE: dict[type, int] = {c: i for i, c in enumerate(EVENT_CLASSES)}
 # ph text of each class (the Other class takes it from the event itself).
-_CLASS_PH: tuple[str | None, ...] = tuple(None if c is Other else c.__struct_config__.tag for c in EVENT_CLASSES)  # type: ignore[attr-defined]
+_CLASS_PH: tuple[str | None, ...] = tuple(None if c is Other else c.__struct_config__.tag for c in EVENT_CLASSES)
 
 CHUNK_DECODER = msgspec.json.Decoder(list[EventUnion])
 _ONE_DECODER = msgspec.json.Decoder(EventUnion)
@@ -355,14 +355,14 @@ class Columns:
     def _extract(self, layout: str, members: Any, idx: np.ndarray | None, n: int,
                  out: dict[str, np.ndarray]) -> None:
         extra, arg_cols = _LAYOUTS[layout]
-        cols = list(zip(*map(msgspec.structs.astuple, members)))
+        cols = list(zip(*map(msgspec.structs.astuple, members), strict=False))
         spec = _BASE + extra
-        for (col, kind), values in zip(spec, cols):
+        for (col, kind), values in zip(spec, cols, strict=False):
             self._store(col, kind, values, idx, n, out)
         if arg_cols is not None:
             args = cols[len(spec)]
-            arg_values = list(zip(*map(msgspec.structs.astuple, args)))
-            for (col, kind), values in zip(arg_cols, arg_values):
+            arg_values = list(zip(*map(msgspec.structs.astuple, args), strict=False))
+            for (col, kind), values in zip(arg_cols, arg_values, strict=False):
                 self._store(col, kind, values, idx, n, out)
 
     def _store(self, col: str, kind: str, values: tuple, idx: np.ndarray | None, n: int,
@@ -387,9 +387,9 @@ class Columns:
         elif kind == "text":
             if values.count(None) != len(values):
                 cache = self._text_cache
-                rows = [i for i, v in enumerate(values) if v is not None]
-                texts = [cache.setdefault(_as_text(values[i]), _as_text(values[i])) for i in rows]
-                self._sparse(col, np.array(rows, dtype=np.int64), _objects(texts), idx)
+                at = [i for i, v in enumerate(values) if v is not None]
+                texts = [cache.setdefault(_as_text(values[i]), _as_text(values[i])) for i in at]
+                self._sparse(col, np.array(at, dtype=np.int64), _objects(texts), idx)
 
     def _sparse(self, col: str, rows: np.ndarray, values: np.ndarray, idx: np.ndarray | None) -> None:
         """Record present values of an arg column at rows of the current layout group."""
@@ -420,8 +420,8 @@ class Columns:
         try:
             codes, uniques = pd.factorize(_objects(values), use_na_sentinel=True)
         except TypeError:  # lists or objects (unhashable): their JSON text instead
-            values = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
-            codes, uniques = pd.factorize(values, use_na_sentinel=True)
+            as_text = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
+            codes, uniques = pd.factorize(as_text, use_na_sentinel=True)
         odd = [i for i, u in enumerate(uniques) if not isinstance(u, str) or isinstance(u, _Text)]
         if odd:  # numbers or lists where text belongs: kept as their JSON text
             self.note(f"converted non-text '{col}' values to text in {{events}}", np.isin(codes, odd).sum())
@@ -597,8 +597,59 @@ def _parse_json(text: bytes) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError):
         try:
             return json.loads(text.decode("utf-8", "replace"), strict=False)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
+    except RecursionError:
+        return None
+
+
+# ---- JSON too deep to decode ---------------------------------------------------------------
+
+# Nesting kept when a text is too deep for the decoder (msgspec, like json, recurses per level
+# and stops at Python's recursion limit, ~1000): Kineto's deepest values (shape lists inside
+# args inside an event inside the array) are 5-6 levels down, so 64 keeps every real value.
+MAX_DEPTH = 64
+TOO_DEEP = f"replaced JSON values nested more than {MAX_DEPTH} levels deep (too deep to decode) with null in {{events}}"
+
+
+def flatten_deep(text: Any, limit: int = MAX_DEPTH) -> tuple[bytes, int]:
+    """The JSON text with every value that opens below `limit` levels replaced by null, and the
+    number of top-level items (events, for an events array) that held one. No recursion: string
+    spans and bracket depth come from numpy over the bytes."""
+    b = np.frombuffer(text, np.uint8)
+    quotes = np.flatnonzero(b == ord('"'))
+    backslash = b == ord("\\")
+    if len(quotes) and backslash.any():  # a quote after an odd run of backslashes is escaped
+        pos = np.arange(len(b))
+        last_plain = np.maximum.accumulate(np.where(backslash, -1, pos))
+        before = np.maximum(quotes - 1, 0)
+        run = np.where(quotes > 0, before - last_plain[before], 0)
+        quotes = quotes[run % 2 == 0]
+    toggle = np.zeros(len(b), np.uint8)
+    toggle[quotes] = 1
+    in_string = np.bitwise_xor.accumulate(toggle).view(bool)
+    opens = ((b == ord("{")) | (b == ord("["))) & ~in_string
+    closes = ((b == ord("}")) | (b == ord("]"))) & ~in_string
+    depth = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32))  # depth after each byte
+    starts = np.flatnonzero(opens & (depth == limit + 1))
+    ends = np.flatnonzero(closes & (depth == limit))
+    # Each deep value closes at the first return to `limit` after it opened (none: runs to the end).
+    at = np.searchsorted(ends, starts)
+    stop = np.full(len(starts), len(b) - 1)
+    closed = at < len(ends)
+    stop[closed] = ends[at[closed]]
+    items = np.flatnonzero(opens & (depth == 2))
+    holders = len(np.unique(np.searchsorted(items, starts, side="right")))
+    view = memoryview(text)
+    out: list[Any] = []
+    prev = 0
+    for s, e in zip(starts.tolist(), stop.tolist(), strict=False):
+        if s < prev:  # inside an unclosed deep value already cut
+            continue
+        out += [view[prev:s], b"null"]
+        prev = e + 1
+    out.append(view[prev:])
+    return b"".join(out), holders
 
 
 # ---- the lenient path ----------------------------------------------------------------------
@@ -635,7 +686,7 @@ def _event_from_dict(obj: dict[str, Any]) -> tuple[Any, int]:
     if cls is None:
         cls = Other
         kw["ph_text"] = ph
-    for f, default in zip(cls.__struct_fields__, cls.__struct_defaults__):
+    for f, default in zip(cls.__struct_fields__, cls.__struct_defaults__, strict=False):
         if f in ("args", "ph_text"):
             continue
         v = obj.get(f, default)
@@ -656,15 +707,15 @@ def _as_raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(value))
 
 
-def _layout_root(cls: type) -> type:
+def _layout_root(cls: Any) -> Any:
     for root in (Complete, Other, Instant, Meta):
         if issubclass(cls, root):
             return root
     return cls
 
 
-def _arg_names(cls: type) -> list[tuple[str, str, Any]]:
-    return list(zip(cls.__struct_fields__, cls.__struct_encode_fields__, cls.__struct_defaults__))
+def _arg_names(cls: Any) -> list[tuple[str, str, Any]]:
+    return list(zip(cls.__struct_fields__, cls.__struct_encode_fields__, cls.__struct_defaults__, strict=False))
 
 
 # ---- exact timestamps ----------------------------------------------------------------------

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from tokentrace.cli.loading import load_options
+
 
 @click.command("analyze")
 @click.argument("trace", type=click.Path(exists=False, dir_okay=True))
@@ -17,6 +19,7 @@ import click
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
 @click.option("--hta", "with_hta", is_flag=True, help="Show Holistic Trace Analysis' idle/busy numbers beside ours (needs the hta extra).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the terminal summary.")
+@load_options
 def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: str | None, annotated_out: str | None,
                 min_gap_us: float | None, with_hta: bool, quiet: bool) -> None:
     """Analyse TRACE (a .json/.json.gz file or a trace directory) and print a summary."""

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from tokentrace.cli.loading import load_options
+
 
 @click.command("diff")
 @click.argument("base", type=click.Path(exists=False, dir_okay=True))
@@ -15,6 +17,7 @@ import click
 @click.option("--markdown", "md_out", metavar="FILE|-", help="Write the diff as Markdown to FILE ('-' for stdout).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
+@load_options
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
              min_gap_us: float | None, quiet: bool) -> None:
     """Compare TEST against BASE (each a trace, a capture run folder, or a saved JSON summary)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.loading import load_options
+
 
 @click.command("report")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(exists=False, dir_okay=True))
@@ -16,6 +18,7 @@ import click
 @click.option("--format", "fmt", type=click.Choice(["html", "markdown", "json"]), default=None,
               help="Output format (default: from the file name).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
+@load_options
 def report_cmd(traces: tuple[str, ...], output: str, fmt: str | None, min_gap_us: float | None) -> None:
     """Write one report (HTML, Markdown or JSON) over TRACE... (files or directories of traces)."""
     import sys

@@ -11,10 +11,13 @@ import json
 
 import click
 
+from tokentrace.cli.loading import load_options
+
 
 @click.command("scaling")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=False))
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the sweep's points and fits as JSON to FILE ('-' for stdout).")
+@load_options
 def scaling_cmd(paths: tuple[str, ...], json_out: str | None) -> None:
     """Fit attention GPU time per call against prompt length over PATHS (one point per trace)."""
     import tokentrace
