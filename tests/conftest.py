@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tracebuilder import TraceBuilder  # noqa: E402
+
+# Loads of large traces write the columnar cache: into a folder of this run, not the user's own.
+os.environ.setdefault("TOKENTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="tokentrace-test-cache-"))
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 REAL_TRACES = sorted(SHARED_TRACES.glob("*.json.gz")) if SHARED_TRACES.is_dir() else []

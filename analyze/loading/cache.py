@@ -224,8 +224,10 @@ def _write_entry(folder: Path, trace: Trace, nbytes: int) -> bool:
                 return False
             np.save(folder / f"{stem}.npy", col.cat.codes.to_numpy(), allow_pickle=False)
             columns.append({"name": name, "kind": "category", "file": stem, "categories": categories})
-        elif col.dtype == object:
-            arr = col.to_numpy()
+        elif col.dtype == object or isinstance(col.dtype, pd.StringDtype):
+            # Text columns: pandas infers its str dtype from the object array the loader builds;
+            # the same array (None where absent) is rebuilt on reading, so it infers the same.
+            arr = col.to_numpy(dtype=object, na_value=None)
             present = np.fromiter(map(is_not, arr, repeat(None)), bool, n)
             rows = np.flatnonzero(present)
             values = arr[rows]

@@ -223,7 +223,8 @@ def _read_stream(stream: GzipStream, path: Path, meter: _Progress) -> tuple[dict
 
 class _Progress:
     """The progress line on stderr: bytes read and rate. Shown when asked (progress=True), or on
-    a terminal once a load has taken PROGRESS_AFTER_S; says when the cache served the load."""
+    a terminal once a load has taken PROGRESS_AFTER_S; says when the cache served the load
+    (unless progress=False)."""
 
     def __init__(self, name: str, progress: bool | None) -> None:
         self.name, self.forced = name, progress
@@ -254,7 +255,8 @@ class _Progress:
             print(file=sys.stderr)
 
     def cached(self, root: Path, seconds: float) -> None:
-        if self.enabled:
+        # Said unless progress was turned off: a result from the cache should never be a surprise.
+        if self.forced is not False:
             print(f"tokentrace: {self.name}: loaded from the cache in {seconds:.2f} s ({root}; --no-cache to bypass)",
                   file=sys.stderr)
 
