@@ -218,8 +218,6 @@ _STR_DEFAULT = -1  # categorical code of "absent"
 # A match inside a string or a nested object is possible in principle; such a cut leaves a chunk
 # that does not parse as an array, which the loader detects and then splits exactly instead.
 EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
-# The ts number text of each event, for chunks whose float timestamps lost nanoseconds.
-_TS_TEXT = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 # A ts written with decimals (integer microseconds need no second look).
 _TS_DECIMAL = re.compile(rb'"ts"\s*:\s*-?[0-9]+\.')
 
@@ -731,16 +729,53 @@ def needs_precise_times(ts_us: np.ndarray) -> bool:
 def precise_ts_ns(chunk: bytes | memoryview, ts_us: np.ndarray) -> np.ndarray:
     """ts in integer nanoseconds from the number text of a chunk (a JSON array of events)."""
     finite = np.isfinite(ts_us)
-    texts = _TS_TEXT.findall(chunk)
+    m = ts_text_matrix(chunk)
     out = us_to_ns(ts_us)
-    if len(texts) == int(finite.sum()):
-        ns = text_to_ns(texts)
+    if len(m) == int(finite.sum()):
+        ns = matrix_to_ns(m)
         # The texts line up with the events only if each agrees with its float to within a us
         # (a "ts" key inside args, or an event without ts, would shift them).
         if np.all(np.abs(ns / 1000.0 - ts_us[finite]) <= 1.0):
             out[finite] = ns
             return out
     return precise_ts_ns_each(msgspec.json.decode(chunk, type=list[msgspec.Raw]), ts_us)
+
+
+# Widest number text read for a timestamp, plus one (Kineto writes 20: 16 digits, a point, 3
+# decimals); a longer text is cut, fails the check against its float and is read event by event.
+_TS_WIDTH = 24
+_NUMBER_BYTES = np.zeros(256, bool)
+_NUMBER_BYTES[list(b"0123456789.-+eE")] = True
+_KEY_GAP_BYTES = np.zeros(256, bool)
+_KEY_GAP_BYTES[list(b" \t\r\n:")] = True
+
+
+def ts_text_matrix(chunk: bytes | memoryview) -> np.ndarray:
+    """The number text after every `"ts"` key of a chunk, one zero-padded row of bytes each.
+
+    All numpy over the chunk's bytes (a regex findall made a bytes object per event and cost as
+    much as the rest of the column building on epoch-timestamp traces). An escaped quote
+    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a row,
+    which the caller detects (the count or the values disagree with the decoded floats)."""
+    b = np.frombuffer(chunk, np.uint8)
+    n = len(b)
+    if n < 5:
+        return np.zeros((0, _TS_WIDTH), np.uint8)
+    # The key's four bytes compared as one uint32, at each of the four alignments.
+    key = np.frombuffer(b'"ts"', "<u4")[0]
+    hits = [np.flatnonzero(np.frombuffer(b, "<u4", (n - a) // 4, a) == key) * 4 + a for a in range(4)]
+    pos = np.sort(np.concatenate(hits)) + 4
+    for _ in range(8):  # the colon and the spaces around it
+        gap = _KEY_GAP_BYTES[b[np.minimum(pos, n - 1)]] & (pos < n)
+        if not gap.any():
+            break
+        pos += gap
+    idx = np.minimum(pos[:, None] + np.arange(_TS_WIDTH), n - 1)
+    m = b[idx]
+    numeric = _NUMBER_BYTES[m]
+    numeric[:, -1] = False
+    m[np.arange(_TS_WIDTH) >= numeric.argmin(axis=1)[:, None]] = 0  # from the first other byte on
+    return m
 
 
 def precise_ts_ns_each(raws: Iterable, ts_us: np.ndarray) -> np.ndarray:
@@ -768,13 +803,18 @@ def text_to_ns(texts: list[bytes]) -> np.ndarray:
     the digits parsed as int64, with the fourth decimal rounding. Anything else (exponents, signs
     in odd places, values beyond int64 nanoseconds) goes through float.
     """
-    n = len(texts)
+    if not texts:
+        return np.full(0, NO_TS, dtype=np.int64)
+    arr = np.array(texts, dtype=bytes)
+    return matrix_to_ns(arr.view(np.uint8).reshape(len(texts), arr.dtype.itemsize))
+
+
+def matrix_to_ns(m: np.ndarray) -> np.ndarray:
+    """text_to_ns of texts given as rows of a uint8 matrix, zero-padded on the right."""
+    n = len(m)
     out = np.full(n, NO_TS, dtype=np.int64)
     if not n:
         return out
-    arr = np.array(texts, dtype=bytes)
-    width = arr.dtype.itemsize
-    m = arr.view(np.uint8).reshape(n, width)
     length = (m != 0).sum(axis=1)
     is_dot = m == ord(".")
     dot = np.where(is_dot.any(axis=1), is_dot.argmax(axis=1), length)
@@ -800,7 +840,7 @@ def text_to_ns(texts: list[bytes]) -> np.ndarray:
         out[rows] = value
     for i in np.flatnonzero(~ok).tolist():
         try:
-            out[i] = round(float(texts[i]) * 1000.0)
+            out[i] = round(float(m[i].tobytes().rstrip(b"\x00")) * 1000.0)
         except (ValueError, OverflowError):
             pass
     return out
