@@ -8,8 +8,8 @@ their distinct values as JSON). Nothing in an entry is pickled: numpy files are 
 allow_pickle=False and everything else is JSON.
 
 Size: at most $TOKENTRACE_CACHE_SIZE (default 8 GiB, e.g. "20G"); after each write the least
-recently used entries go until the rest fit. Traces under MIN_JSON_BYTES of JSON are not written
-(they load in well under a second). `cache=False`, `--no-cache` or TOKENTRACE_NO_CACHE=1 bypass
+recently used entries go until the rest fit. Traces under $TOKENTRACE_CACHE_MIN_SIZE of JSON
+(default 16 MiB) are not written: they load in well under a second. `cache=False`, `--no-cache` or TOKENTRACE_NO_CACHE=1 bypass
 it (neither read nor written).
 
 Never stale, never trusted across versions. The key hashes:
@@ -49,6 +49,7 @@ from tokentrace.analysis.loading.trace import Trace
 CACHE_DIR_ENV = "TOKENTRACE_CACHE_DIR"
 CACHE_SIZE_ENV = "TOKENTRACE_CACHE_SIZE"
 NO_CACHE_ENV = "TOKENTRACE_NO_CACHE"
+CACHE_MIN_ENV = "TOKENTRACE_CACHE_MIN_SIZE"
 DEFAULT_SIZE_BYTES = 8 << 30
 # Traces with less JSON than this load in well under a second: not worth the files.
 MIN_JSON_BYTES = 16 << 20
@@ -143,7 +144,11 @@ class Store:
         """Write the entry for this file (when it is large enough and every value round-trips
         exactly); True when written. Never raises for a cache that cannot be written."""
         nbytes = trace.meta.get("_load", {}).get("bytes") or 0
-        if nbytes < MIN_JSON_BYTES:
+        try:
+            least = _size(os.environ.get(CACHE_MIN_ENV))
+        except ValueError:
+            least = None
+        if nbytes < (MIN_JSON_BYTES if least is None else least):
             return False
         key = self.key(path)
         if key is None:

@@ -12,6 +12,7 @@ in place (no copy) and the frame build recycles each consumed buffer for the nex
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import re
 import sys
@@ -309,6 +310,7 @@ def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict
     whole = memoryview(data)
     region = whole[start:]
     spans = dec.chunk_spans(region, CHUNK_BYTES)
+    released = 0
     for i, (a, b) in enumerate(spans):
         try:
             if i < len(spans) - 1 and not whole.readonly:
@@ -324,7 +326,28 @@ def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict
             break
         if meter is not None:
             meter.update(start + b, start + b)
+        released = _release_mapped(data, released, start + b)
     return meta, cols
+
+
+# A mapped file's pages already decoded are handed back every this many bytes.
+RELEASE_BYTES = 64 << 20
+
+
+def _release_mapped(data: Any, released: int, upto: int) -> int:
+    """Drop the pages of a mapped file before `upto` from this process (madvise DONTNEED):
+    they are clean copies of the file (a restored bracket's page is reverted to the file's own
+    bytes, the same text), so reading them again, e.g. for a repair, faults them back in.
+    Without it every page of the file stays in the process's resident memory to the end of the
+    load: the whole file on top of the columns."""
+    if not isinstance(data, mmap.mmap) or upto - released < RELEASE_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
+        return released
+    end = upto // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        data.madvise(mmap.MADV_DONTNEED, released, end - released)
+    except (OSError, ValueError):
+        return upto
+    return end
 
 
 def _decode_in_place(whole: memoryview, a: int, b: int, cols: dec.Columns, path: Path) -> None:
