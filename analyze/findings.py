@@ -48,6 +48,15 @@ class Finding:
         elif self.est_savings_us is not None:
             self.explains = None  # a finding with a saving is read by its saving
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Finding:
+        """A Finding read back from its JSON form (a saved summary)."""
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in doc.items() if k in known}
+        if kw.get("time_range_us") is not None:
+            kw["time_range_us"] = tuple(kw["time_range_us"])
+        return cls(**kw)
+
     @property
     def has_saving(self) -> bool:
         return self.est_savings_us is not None

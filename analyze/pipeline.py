@@ -138,6 +138,11 @@ class Options:
     # Users' own phase annotations: ((role, regex), ...) with role prefill, decode or request; a
     # role given here replaces that role's default patterns (analysis.common.phase_patterns).
     phases: tuple[tuple[str, str], ...] = ()
+    # Loading a path (analysis.loading.loader.load): the most uncompressed JSON to read (bytes
+    # or text such as "8G"; None: $TOKENTRACE_MAX_TRACE_SIZE, else half of memory) and whether
+    # to use the cache of loaded traces (None: yes, unless $TOKENTRACE_NO_CACHE is set).
+    max_trace_size: int | str | None = None
+    cache: bool | None = None
 
 
 @dataclass(eq=False)
@@ -146,6 +151,8 @@ class Analysis:
     options: Options
     results: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)
+    # False: every detector's result is here (a SavedAnalysis, read back from a JSON summary, has none).
+    summary_only = False
 
     def __getattr__(self, name: str) -> Any:
         # analysis.phases, analysis.gaps, ...: the detector results by section name.
@@ -198,9 +205,9 @@ class Analysis:
 
 def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one); `tokentrace.analyze` is the public face."""
-    if not isinstance(trace, Trace):
-        trace = load(trace)
     opts = options or Options()
+    if not isinstance(trace, Trace):
+        trace = load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
     trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
     ctx = Context(trace=trace, options=opts)
     for mod in RUN_ORDER:

@@ -1,27 +1,33 @@
-"""Time and measure memory of loading one trace three ways, in the same run, on the same file.
+"""Load, analyze and repeat-run figures for every benchmark trace shape, beside HTA and json.load.
 
-- tokentrace: `tokentrace.load(path)` (the whole Trace: typed columns, sort, link columns);
-- hta: Holistic Trace Analysis' `TraceAnalysis(trace_dir=...)` on a folder holding only this file
-  (needs the `hta` extra);
-- naive: `json.load` and `pandas.DataFrame(traceEvents)`, what a notebook would do.
+For each file (default: the three shapes of benchmarks/README.md at each size found under
+benchmarks/data/, `{shape}_{size}.json`), each in its own subprocess so that its peak RSS is its
+own (getrusage ru_maxrss, which includes the interpreter and libraries: `base` in the table):
 
-Each runs in its own subprocess, so its peak RSS (getrusage ru_maxrss of that process, which
-includes the interpreter and libraries: reported too, as `baseline`) is its own. The load time
-excludes imports. Results print as a table and, with --json, are written as JSON.
+- load: `tokentrace.load(path, cache=False)`: wall and CPU seconds, MB/s of uncompressed JSON;
+- gz: the same load of `{shape}_{size}.json.gz` (made with gzip -6 when missing and --gz is given);
+- analyze: load + every detector (`tokentrace.analyze`, cache off), with each detector's seconds;
+- repeat: after one run that writes the columnar cache (in a temporary folder), a new process
+  runs `load` and `analyze` again: the repeat-run path of a user who re-analyses a trace;
+- hta: Holistic Trace Analysis' `TraceAnalysis` on a folder holding only this file (hta extra);
+- naive: `json.load` + `pandas.DataFrame(traceEvents)`.
 
-    python3 benchmarks/bench_load.py --file benchmarks/data/large.json
-    python3 benchmarks/bench_load.py --file ../shared/traces/h100_hf_qwen05b_forward_bs16.json.gz --repeat 3
+Nothing here asserts a time. Typical runs:
 
-Long runs: the naive way needs several times the file size in memory (Python dicts), and HTA
-more time; --only limits the run to some of them.
+    python3 benchmarks/bench_load.py --make --gz                       # every shape, 200 MB and 1 GB
+    python3 benchmarks/bench_load.py --sizes 200 --only load analyze   # quicker
+    python3 benchmarks/bench_load.py --file some.json.gz --only load hta naive
+
+HTA and the naive loader need several times the file size in memory and HTA minutes per GB:
+`--hta-max-mb` (default 300) skips them above that size.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,24 +35,49 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("tokentrace", "hta", "naive")
+DATA = ROOT / "benchmarks" / "data"
+SHARED = ROOT.parent / "shared" / "traces"
+# Shape name -> the real trace it repeats (see benchmarks/README.md for why each).
+SHAPES = {
+    "hf": "h100_hf_qwen05b_forward_bs16.json.gz",
+    "train": "v100_cnn_ddp_ns_resolution.pt.trace.json.gz",
+    "serving": "mi300x_vllm_mixed_prefill_decode_piecewise_graph.json.gz",
+}
+METHODS = ("load", "gz", "analyze", "repeat", "hta", "naive")
 
-# Runs inside the subprocess: argv = method, path. Prints one JSON line.
+# Runs inside the subprocess: argv = method, path[, cache folder]. Prints one JSON line.
 _RUNNER = r"""
 import json, os, resource, sys, time
 method, path = sys.argv[1], sys.argv[2]
+cache = sys.argv[3] if len(sys.argv) > 3 else None
 
 def rss_peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
-if method == "tokentrace":
+out = {}
+if method in ("load", "gz", "analyze", "repeat_load", "repeat_analyze", "fill"):
+    import importlib
     import tokentrace
-    import tokentrace.analysis  # the analysis stack (numpy, pandas, msgspec): imports are not timed
+    from tokentrace.analysis import pipeline
+    from tokentrace.analysis.loading import loader
+    mods = [(name, importlib.import_module(mod)) for name, mod in pipeline.DETECTORS]  # imports are not timed
+    use = cache if method in ("repeat_load", "repeat_analyze", "fill") else False
     base = rss_peak()
-    t0 = time.perf_counter()
-    t = tokentrace.load(path, progress=False)
+    t0, c0 = time.perf_counter(), time.process_time()
+    trace = loader.load(path, cache=use, progress=False)
+    load_s = time.perf_counter() - t0
+    out["cache"] = trace.meta["_load"].get("cache")
+    if method in ("analyze", "repeat_analyze"):
+        ctx = pipeline.Context(options=pipeline.Options())
+        detectors = {}
+        for name, mod in mods:
+            d0 = time.perf_counter()
+            ctx.results[name] = mod.run(trace, ctx)
+            detectors[name] = time.perf_counter() - d0
+        out["detectors"] = detectors
     seconds = time.perf_counter() - t0
-    rows = len(t.events)
+    out.update(load_seconds=load_s, cpu_seconds=time.process_time() - c0)
+    rows = len(trace.events)
 elif method == "hta":
     import logging, tempfile
     logging.disable(logging.WARNING)
@@ -56,97 +87,164 @@ elif method == "hta":
     os.symlink(os.path.abspath(path), os.path.join(folder, "rank-0" + suffix))
     base = rss_peak()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     a = TraceAnalysis(trace_dir=folder)
     seconds = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - c0
     rows = int(a.t.get_trace(0).shape[0])
 elif method == "naive":
     import gzip
     import pandas as pd
     base = rss_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:
         doc = json.load(fh)
     df = pd.DataFrame(doc["traceEvents"] if isinstance(doc, dict) else doc)
     seconds = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time() - c0
     rows = len(df)
 else:
     raise SystemExit(f"unknown method {method}")
-print(json.dumps({"method": method, "seconds": seconds, "rows": rows, "peak_rss": rss_peak(), "baseline_rss": base}))
+out.update(method=method, seconds=seconds, rows=rows, peak_rss=rss_peak(), baseline_rss=base)
+print(json.dumps(out))
 """
 
 
-def json_size(path: Path) -> int:
-    """Bytes of uncompressed JSON."""
-    if path.name.endswith(".gz"):
-        n = 0
-        with gzip.open(path, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                n += len(chunk)
-        return n
-    return path.stat().st_size
-
-
-def run_one(method: str, path: Path, timeout: float) -> dict[str, Any]:
+def run_one(method: str, path: Path, timeout: float, cache: Path | None = None) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    args = [sys.executable, "-c", _RUNNER, method, str(path)] + ([str(cache)] if cache else [])
     with tempfile.TemporaryDirectory() as cwd:  # HTA writes logs next to where it runs
-        proc = subprocess.run([sys.executable, "-c", _RUNNER, method, str(path)], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=cwd)
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            return {"method": method, "error": f"timed out after {timeout:.0f} s"}
     if proc.returncode != 0:
         return {"method": method, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--file", type=Path, default=ROOT / "benchmarks" / "data" / "large.json")
-    ap.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS))
-    ap.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest is reported")
-    ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args(argv)
-    args.file = args.file.resolve()
-    size = json_size(args.file)
-    results: dict[str, dict[str, Any]] = {}
-    for method in args.only:
-        runs = [run_one(method, args.file, args.timeout) for _ in range(args.repeat)]
+def measure(path: Path, methods: list[str], *, repeat: int, timeout: float, hta_max_mb: float) -> dict[str, Any]:
+    size = path.stat().st_size
+    res: dict[str, Any] = {"file": path.name, "json_bytes": size}
+
+    def best(method: str, p: Path, cache: Path | None = None) -> dict[str, Any]:
+        runs = [run_one(method, p, timeout, cache) for _ in range(repeat)]
         ok = [r for r in runs if "error" not in r]
-        results[method] = min(ok, key=lambda r: r["seconds"]) if ok else runs[-1]
-        print(f"{method}: {results[method]}", file=sys.stderr)
-    report = summarize(args.file, size, results)
-    print(render(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-    return 0
+        return min(ok, key=lambda r: r["seconds"]) if ok else runs[-1]
+
+    for method in methods:
+        if method in ("hta", "naive") and size > hta_max_mb * 1e6:
+            res[method] = {"skipped": f"above --hta-max-mb {hta_max_mb:.0f}"}
+        elif method == "gz":
+            gz = path.with_name(path.name + ".gz")
+            res[method] = best("gz", gz) if gz.exists() else {"skipped": "no .json.gz (use --gz)"}
+        elif method == "repeat":
+            folder = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+            try:
+                run_one("fill", path, timeout, folder)
+                res["repeat_load"] = best("repeat_load", path, folder)
+                res["repeat_analyze"] = best("repeat_analyze", path, folder)
+                res["cache_bytes"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        else:
+            res[method] = best(method, path)
+        print(f"{path.name} {method}: {json.dumps(res.get(method, res.get('repeat_analyze')))}", file=sys.stderr)
+    return res
 
 
-def summarize(path: Path, size: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    ours = results.get("tokentrace", {}).get("seconds")
-    out: dict[str, Any] = {"file": str(path), "json_bytes": size, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-                           "results": {}}
-    for method, r in results.items():
+def render(results: list[dict[str, Any]]) -> str:
+    """One row per file. Each time is "wall (CPU)" seconds; ratios are of CPU seconds, which a
+    shared machine disturbs far less than wall time (other processes take turns on the cores)."""
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if not r:
+            return "-"
+        if "skipped" in r:
+            return "skip"
         if "error" in r:
-            out["results"][method] = r
-            continue
-        out["results"][method] = {
-            **r,
-            "mb_per_s": size / 1e6 / r["seconds"],
-            "peak_rss_over_json": r["peak_rss"] / size,
-            "times_tokentrace": (r["seconds"] / ours) if ours else None,
-        }
+            return "error"
+        return f"{r['seconds']:.2f} ({r['cpu_seconds']:.2f})"
+
+    def ratio(r: dict[str, Any] | None, base: dict[str, Any] | None, *, inverse: bool = False) -> str:
+        if not r or not base or "cpu_seconds" not in r or "cpu_seconds" not in base:
+            return ""
+        x = base["cpu_seconds"] / r["cpu_seconds"] if inverse else r["cpu_seconds"] / base["cpu_seconds"]
+        return f" {x:.1f}x" if x >= 10 else f" {x:.2f}x"
+
+    lines = [
+        "| file | MB | events | load s | MB/s wall (CPU) | peak RSS / JSON | .gz load s, x plain | analyze s, x load | "
+        "analyze peak RSS / JSON | repeat load s, x faster | repeat analyze s, x faster | HTA s, x ours | json.load + DataFrame s, x ours |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        mb = res["json_bytes"] / 1e6
+        load = res.get("load") or {}
+        ok = "seconds" in load
+        an = res.get("analyze")
+        lines.append("| " + " | ".join([
+            res["file"], f"{mb:.0f}", f"{load.get('rows', 0):,}" if ok else "-", cell(load),
+            f"{mb / load['seconds']:.0f} ({mb / load['cpu_seconds']:.0f})" if ok else "-",
+            f"{load['peak_rss'] / res['json_bytes']:.2f}" if ok else "-",
+            cell(res.get("gz")) + ratio(res.get("gz"), load),
+            cell(an) + ratio(an, load),
+            f"{an['peak_rss'] / res['json_bytes']:.2f}" if an and "peak_rss" in an else "-",
+            cell(res.get("repeat_load")) + ratio(res.get("repeat_load"), load, inverse=True),
+            cell(res.get("repeat_analyze")) + ratio(res.get("repeat_analyze"), an, inverse=True),
+            cell(res.get("hta")) + ratio(res.get("hta"), load),
+            cell(res.get("naive")) + ratio(res.get("naive"), load),
+        ]) + " |")
+    det = [r for r in results if (r.get("analyze") or {}).get("detectors")]
+    if det:
+        names = list(det[0]["analyze"]["detectors"])
+        lines += ["", "Wall seconds per detector (analyze, after the load; the repeat run's in brackets):", "",
+                  "| file | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for r in det:
+            d = r["analyze"]["detectors"]
+            rd = (r.get("repeat_analyze") or {}).get("detectors") or {}
+            lines.append(f"| {r['file']} | " + " | ".join(
+                f"{d.get(n, 0):.2f}" + (f" ({rd[n]:.2f})" if n in rd else "") for n in names) + " |")
+    return "\n".join(lines)
+
+
+def ensure_files(sizes: list[int], shapes: list[str], make: bool, gz: bool) -> list[Path]:
+    out = []
+    for shape in shapes:
+        for size in sizes:
+            path = DATA / f"{shape}_{size}.json"
+            if not path.exists() and make:
+                subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_large_trace.py"), "--source",
+                                str(SHARED / SHAPES[shape]), "--size-mb", str(size), "--out", str(path)], check=True)
+            if path.exists():
+                if gz and not path.with_name(path.name + ".gz").exists():
+                    with open(path.with_name(path.name + ".gz"), "wb") as fh:
+                        subprocess.run(["gzip", "-6", "-c", str(path)], stdout=fh, check=True)
+                out.append(path)
+            else:
+                print(f"missing {path} (use --make)", file=sys.stderr)
     return out
 
 
-def render(report: dict[str, Any]) -> str:
-    lines = [f"file: {report['file']} ({report['json_bytes'] / 1e6:.1f} MB of JSON)",
-             f"{'method':<11} {'seconds':>8} {'MB/s':>7} {'x ours':>7} {'peak RSS MB':>12} {'RSS/JSON':>9} {'baseline MB':>12} {'rows':>10}"]
-    for method, r in report["results"].items():
-        if "error" in r:
-            lines.append(f"{method:<11} error: {r['error']}")
-            continue
-        lines.append(f"{method:<11} {r['seconds']:8.2f} {r['mb_per_s']:7.1f} {r['times_tokentrace']:7.1f} {r['peak_rss'] / 1e6:12.0f} "
-                     f"{r['peak_rss_over_json']:9.2f} {r['baseline_rss'] / 1e6:12.0f} {r['rows']:10d}")
-    return "\n".join(lines)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--file", type=Path, nargs="+", help="measure these files instead of the shapes")
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--sizes", nargs="+", type=int, default=[200, 1000], help="MB of JSON per shape")
+    ap.add_argument("--make", action="store_true", help="generate missing shape files with make_large_trace.py")
+    ap.add_argument("--gz", action="store_true", help="also gzip each file (gzip -6) for the gz column")
+    ap.add_argument("--only", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument("--repeat", type=int, default=1, help="runs per method; the fastest is reported")
+    ap.add_argument("--hta-max-mb", type=float, default=300.0, help="skip HTA and json.load above this size")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    files = [f.resolve() for f in args.file] if args.file else ensure_files(args.sizes, args.shapes, args.make, args.gz)
+    results = [measure(f, args.only, repeat=args.repeat, timeout=args.timeout, hta_max_mb=args.hta_max_mb) for f in files]
+    print(render(results))
+    if args.json:
+        args.json.write_text(json.dumps({"cpu_count": os.cpu_count(), "python": sys.version.split()[0], "results": results}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.loading.files import read_bytes
+from tokentrace.analysis.loading.json_decode import flatten_deep
 from tokentrace.analysis.loading.repair import repair
 from tokentrace.errors import TraceError
 from tokentrace.jsonout import strict
@@ -190,7 +191,8 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
     pid = int(pids.max()) + 1 if len(pids) else 1
     # strict: no NaN, and names from the trace capped the way the JSON summary caps them.
     inner = _encoder.encode(strict(track_events(analysis, max(pid, 1)))).strip()[1:-1]
-    for attempt in (0, 1):
+    flattened = repaired = False
+    while True:
         view = memoryview(data).cast("B")
         try:
             if view[_skip_ws(view):][:1] == b"[":
@@ -205,13 +207,27 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
                 out += _splice(inner, memoryview(v)) if k == "traceEvents" else [memoryview(v)]
             return out + [b"}"]
         except RecursionError:
-            return _splice_at_key(inner, view, path)
+            if flattened:
+                return _splice_at_key(inner, view, path)
+            # Too deep to check as it is: check it with the values nested too deep replaced by null. Valid
+            # that way, the original bytes are copied, deep values and all; else the flattened text goes on
+            # to be repaired, as the loader read it.
+            flat, _ = flatten_deep(view)
+            try:
+                msgspec.json.decode(flat, type=msgspec.Raw)
+                return _splice_at_key(inner, view, path)
+            except (msgspec.DecodeError, RecursionError):
+                data, flattened = flat, True
         except (msgspec.DecodeError, ValueError):
-            if attempt:
+            if repaired:
                 raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
             # The loader repaired this file; the copy is of the repaired JSON (its warnings said what changed).
-            data = repair(bytes(data), str(path), warnings)
-    raise AssertionError("unreachable")
+            try:
+                data = repair(bytes(data), str(path), warnings)
+            except RecursionError:
+                data = repair(flatten_deep(view)[0], str(path), warnings)
+                flattened = True
+            repaired = True
 
 
 def _valid_utf8(chunks: Iterable[Chunk]) -> Iterator[Chunk]:

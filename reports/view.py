@@ -40,6 +40,10 @@ def section(spec: SectionSpec, inp: Inputs) -> Section:
         s.status = "error"
         s.message = "; ".join(f"The {k} analysis failed on this trace: {inp.analysis.errors[k]}" for k in failed)
         return s
+    if absent and inp.analysis.summary_only:
+        s.status, s.message = "absent", ("Built from this trace's JSON summary (analysed on Dask workers): this section needs "
+                                         "the trace itself; run the report without --workers/--scheduler for it.")
+        return s
     if absent:
         s.status, s.message = "absent", f"Not analysed: the {', '.join(absent)} detector did not run on this trace."
         return s
@@ -112,11 +116,21 @@ def option_flags(analysis: Analysis) -> list[str]:
 
     flags = {p.name: p.opts[0] for p in analyze_cmd.params}
     default = Options()
-    out = []
+    out: list[str] = []
+    if analysis.options is None:
+        return out
     for f in dataclasses.fields(Options):
         v = getattr(analysis.options, f.name)
-        if v != getattr(default, f.name):
-            out.append(f"{flags[f.name]} {v:g}" if f.name in flags and isinstance(v, (int, float)) else f"# Options({f.name}={v!r})")
+        if v == getattr(default, f.name):
+            continue
+        if f.name == "phases":  # ((role, regex), ...) -> --phase role=regex
+            out += [f"--phase {shlex.quote(f'{role}={rx}')}" for role, rx in v]
+        elif f.name in flags and isinstance(v, tuple):  # a repeatable option
+            out += [f"{flags[f.name]} {shlex.quote(str(x))}" for x in v]
+        elif f.name in flags and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(f"{flags[f.name]} {v:g}")
+        else:
+            out.append(f"# Options({f.name}={v!r})")
     return out
 
 

@@ -15,6 +15,9 @@ os.environ.setdefault("TOKENTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="tokentrac
 
 from tracebuilder import TraceBuilder
 
+# Loads of large traces write the columnar cache: into a folder of this run, not the user's own.
+os.environ.setdefault("TOKENTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="tokentrace-test-cache-"))
+
 # The real traces: ../shared/traces beside the checkout, or wherever TOKENTRACE_SHARED_TRACES points
 # (a git worktree elsewhere, a CI cache); tests that need them skip when the folder is absent.
 SHARED_TRACES = Path(os.environ.get("TOKENTRACE_SHARED_TRACES") or Path(__file__).resolve().parents[1].parent / "shared" / "traces")

@@ -235,7 +235,6 @@ def test_rank_from_distributed_info_then_file_name_then_zero(tmp_path):
 
 def test_progress_on_stderr(tmp_path, monkeypatch, capsys):
     p = small_trace().write(tmp_path / "t.json")
-    monkeypatch.setattr(loader, "PROGRESS_BYTES", 0)
     monkeypatch.setattr(loader, "CHUNK_BYTES", 500)
     tokentrace.load(p, progress=True)
     assert "loading t.json: 100%" in capsys.readouterr().err

@@ -28,13 +28,15 @@ def test_mapped_in_place_decode_matches_and_leaves_the_file_alone(tmp_path, monk
     b.events.insert(len(b.events) // 3, b.events.pop())  # mid-file, where the cuts are
     p = b.write(tmp_path / "t.json")
     before = p.read_bytes()
-    ref = tokentrace.load(b.write(tmp_path / "t.json.gz"))  # gzip: never mapped
+    ref = tokentrace.load(b.write(tmp_path / "t.json.gz"), cache=False)  # gzip: never mapped
     monkeypatch.setattr(files, "MMAP_BYTES", 0)
-    for chunk in (200, 300, 410, 760, 2000, 1 << 20):  # 200, 410, 760 cut inside the string
-        monkeypatch.setattr(loader, "CHUNK_BYTES", chunk)
-        t = tokentrace.load(p)
-        pd.testing.assert_frame_equal(t.events, ref.events)
-        assert p.read_bytes() == before
+    for release in (1 << 30, 1):  # 1: decoded pages are handed back after every chunk
+        monkeypatch.setattr(loader, "RELEASE_BYTES", release)
+        for chunk in (200, 300, 410, 760, 2000, 1 << 20):  # 200, 410, 760 cut inside the string
+            monkeypatch.setattr(loader, "CHUNK_BYTES", chunk)
+            t = tokentrace.load(p, cache=False)
+            pd.testing.assert_frame_equal(t.events, ref.events)
+            assert p.read_bytes() == before
     assert 'weird"}, {"ph": "X"' in set(ref.events["name"].astype(str))
 
 

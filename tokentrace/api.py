@@ -53,23 +53,28 @@ def _one_run(x: Any) -> Any:
     return run_or_path(x)[0]
 
 
-def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
-    """Load one trace (a .json/.json.gz file, or a folder holding one) into typed columns."""
+def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None, max_trace_size: int | str | None = None,
+         cache: bool | PathLike | None = None) -> Trace:
+    """Load one trace (a .json/.json.gz file, or a folder holding one) into typed columns.
+
+    `max_trace_size` caps the uncompressed JSON read (bytes or "8G"; default half of memory);
+    `cache=False` bypasses the cache of loaded traces, a folder path uses that folder."""
     from tokentrace.analysis.loading.loader import load as _load
 
-    return _load(path, progress=progress)
+    return _load(path, progress=progress, max_trace_size=max_trace_size, cache=cache)
 
 
-def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
+def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int | str | None = None,
+             cache: bool | PathLike | None = None) -> list[Trace]:
     """Load every trace under `paths` (files, or folders of ranks/steps), one Trace per file."""
     from tokentrace.analysis.loading.loader import load_all as _load_all
 
-    return _load_all(*paths, progress=progress)
+    return _load_all(*paths, progress=progress, max_trace_size=max_trace_size, cache=cache)
 
 
 def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, phases: PhasesLike = None,
             graph_maps: Sequence[PathLike] | None = None, find_graph_maps: bool | None = None,
-            options: Options | None = None) -> Analysis:
+            max_trace_size: int | str | None = None, cache: bool | None = None, options: Options | None = None) -> Analysis:
     """Run every detector on a trace (or a path to one) and return the Analysis.
 
     `min_gap_us` is the smallest GPU idle interval reported as a gap (default 3 us). `phases`
@@ -78,19 +83,22 @@ def analyze(trace: Trace | PathLike, *, min_gap_us: float | None = None, phases:
     `tokentrace.analysis.common.phase_patterns`). `graph_maps` are traces of CUDA/HIP graph
     capture that give the kernels of graph replays their ops, shapes and stacks; maps beside the
     trace (a capture_traces/ folder, execution_details.json, the capture run's run.json) are used
-    too unless `find_graph_maps=False`. `options` holds every other setting (see
+    too unless `find_graph_maps=False`. `max_trace_size` and `cache` are `load`'s (for a path).
+    `options` holds every other setting (see
     `tokentrace.analysis.Options`). A keyword argument given here overrides the same field of
     `options`. Raises TokentraceError for a bad pattern.
     """
     from tokentrace.analysis.pipeline import run_pipeline
 
-    opts = settings(options, min_gap_us=min_gap_us, phases=phases, graph_maps=graph_maps, find_graph_maps=find_graph_maps)
+    opts = settings(options, min_gap_us=min_gap_us, phases=phases, graph_maps=graph_maps, find_graph_maps=find_graph_maps,
+                    max_trace_size=max_trace_size, cache=cache)
     # A capture run folder stands for its combined trace; a sweep of several runs is `sweep`'s.
     return run_pipeline(_one_run(trace), opts)
 
 
 def settings(options: Options | None = None, *, min_gap_us: float | None = None, phases: PhasesLike = None,
-             graph_maps: Sequence[PathLike] | PathLike | None = None, find_graph_maps: bool | None = None) -> Options:
+             graph_maps: Sequence[PathLike] | PathLike | None = None, find_graph_maps: bool | None = None,
+             max_trace_size: int | str | None = None, cache: bool | None = None) -> Options:
     """`options` (or the defaults) with the keyword arguments the API functions take laid over it:
     the one place those keywords become Options fields."""
     from dataclasses import replace
@@ -108,6 +116,10 @@ def settings(options: Options | None = None, *, min_gap_us: float | None = None,
         opts = replace(opts, find_graph_maps=bool(find_graph_maps))
     if phases is not None:
         opts = replace(opts, phases=normalize(phases))
+    if max_trace_size is not None:
+        opts = replace(opts, max_trace_size=max_trace_size)
+    if cache is not None:
+        opts = replace(opts, cache=cache)
     return opts
 
 
@@ -217,7 +229,7 @@ def _summaries(items: list[Any], *, options: Options, workers: int | None,
             if isinstance(f, str):
                 doc = docs[f]
                 doc["trace"] = {**doc.get("trace", {}), "path": f}  # a cached summary may be of a copy
-                saved.append(SavedAnalysis(doc))
+                saved.append(SavedAnalysis(doc, options=options))
             else:
                 saved.append(f if isinstance(f, _Analysis) else analyze(f, options=options))
         out.extend(sorted(saved, key=lambda a: (a.to_json().get("trace", {}).get("rank") or 0, a.to_json()["trace"]["path"]))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrace.analysis.compare.summary_cache import SummaryCache, content_hash
+from tokentrace.analysis.findings import Finding
 from tokentrace.errors import TokentraceError
 
 SCHEDULER_ENV = "TOKENTRACE_SCHEDULER"
@@ -157,16 +158,47 @@ def summary_unit(path: str, options: dict[str, Any] | None = None) -> dict[str, 
     return run_pipeline(path, Options(**(options or {}))).to_json()
 
 
+@dataclass(frozen=True)
+class SavedTrace:
+    """What a report needs of a trace that only its summary describes: its path and span."""
+
+    path: str
+    rank: int
+    duration_ns: int
+
+    @property
+    def span_ns(self) -> tuple[int, int]:
+        return (0, self.duration_ns)
+
+
 @dataclass(eq=False)
 class SavedAnalysis:
     """An analysis that travelled as its JSON summary: what the report renderers read from an
-    Analysis (`to_json`, and no results or trace, so figures drawn from per-event tables are left
-    out with a note)."""
+    Analysis. Its headline, warnings and findings are whole; it holds no detector results, so
+    each section says that it needs the trace itself (`summary_only`)."""
 
     doc: dict[str, Any]
     results: dict[str, Any] = field(default_factory=dict)
-    trace: Any = None
     options: Any = None
+    summary_only = True
 
     def to_json(self) -> dict[str, Any]:
         return self.doc
+
+    @property
+    def trace(self) -> SavedTrace:
+        t = self.doc.get("trace") or {}
+        return SavedTrace(str(t.get("path") or "summary"), int(t.get("rank") or 0),
+                          int(round(float(t.get("duration_us") or 0.0) * 1000)))
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {k: str(v["error"]) for k, v in self.doc.items() if isinstance(v, dict) and set(v) == {"error"}}
+
+    @property
+    def warnings(self) -> list[str]:
+        return [str(w) for w in self.doc.get("warnings") or []]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [Finding.from_json(f) for f in self.doc.get("findings") or []]

@@ -65,7 +65,7 @@ class XArgs(msgspec.Struct, frozen=True, gc=False):
     external_id_legacy: int = msgspec.field(name="external id", default=MISSING)
     stream: int | str = MISSING  # ROCm writes hex text ("0x0") on some runtime calls
     device: int = MISSING
-    bytes: int = MISSING
+    bytes: int | str = MISSING  # ROCm writes numeric text ("13248") on hipMemcpyAsync
     python_id: int = msgspec.field(name="Python id", default=MISSING)
     python_parent_id: int | None = msgspec.field(name="Python parent id", default=MISSING)
     seq: int = msgspec.field(name="Sequence number", default=MISSING)
@@ -176,12 +176,12 @@ def _other(tag: str) -> type:
 
 # Chrome-trace phases Kineto does not write but other tools do; kept as "other" rows.
 _OTHER_PHASES = tuple(_other(t) for t in ("B", "E", "b", "e", "n", "P", "O", "N", "D", "R", "c"))
-EVENT_CLASSES: tuple[type, ...] = (Complete, Instant, InstantGlobal, FlowStart, FlowStep, FlowEnd, Meta, Counter, Other) + _OTHER_PHASES
-EventUnion = Union[EVENT_CLASSES]  # type: ignore[valid-type]
-_TAG_CLASS: dict[str, type] = {c.__struct_config__.tag: c for c in EVENT_CLASSES}  # type: ignore[attr-defined]
+EVENT_CLASSES: tuple[Any, ...] = (Complete, Instant, InstantGlobal, FlowStart, FlowStep, FlowEnd, Meta, Counter, Other) + _OTHER_PHASES
+EventUnion = Union[EVENT_CLASSES]  # type: ignore[valid-type]  # noqa: UP007 - a union built from a tuple
+_TAG_CLASS: dict[str, Any] = {c.__struct_config__.tag: c for c in EVENT_CLASSES}
 _CLASS_CODE: dict[type, int] = {c: i for i, c in enumerate(EVENT_CLASSES)}
 # ph text of each class (the Other class takes it from the event itself).
-_CLASS_PH: tuple[str | None, ...] = tuple(None if c is Other else c.__struct_config__.tag for c in EVENT_CLASSES)  # type: ignore[attr-defined]
+_CLASS_PH: tuple[str | None, ...] = tuple(None if c is Other else c.__struct_config__.tag for c in EVENT_CLASSES)
 
 CHUNK_DECODER = msgspec.json.Decoder(list[EventUnion])
 _ONE_DECODER = msgspec.json.Decoder(EventUnion)
@@ -234,8 +234,6 @@ _STR_DEFAULT = -1  # categorical code of "absent"
 # A match inside a string or a nested object is possible in principle; such a cut leaves a chunk
 # that does not parse as an array, which the loader detects and then splits exactly instead.
 EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
-# The ts number text of each event, for chunks whose float timestamps lost nanoseconds.
-_TS_TEXT = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 # A ts written with decimals (integer microseconds need no second look).
 _TS_DECIMAL = re.compile(rb'"ts"\s*:\s*-?[0-9]+\.')
 
@@ -371,14 +369,14 @@ class Columns:
     def _extract(self, layout: str, members: Any, idx: np.ndarray | None, n: int,
                  out: dict[str, np.ndarray]) -> None:
         extra, arg_cols = _LAYOUTS[layout]
-        cols = list(zip(*map(msgspec.structs.astuple, members)))
+        cols = list(zip(*map(msgspec.structs.astuple, members), strict=False))
         spec = _BASE + extra
-        for (col, kind), values in zip(spec, cols):
+        for (col, kind), values in zip(spec, cols, strict=False):
             self._store(col, kind, values, idx, n, out)
         if arg_cols is not None:
             args = cols[len(spec)]
-            arg_values = list(zip(*map(msgspec.structs.astuple, args)))
-            for (col, kind), values in zip(arg_cols, arg_values):
+            arg_values = list(zip(*map(msgspec.structs.astuple, args), strict=False))
+            for (col, kind), values in zip(arg_cols, arg_values, strict=False):
                 self._store(col, kind, values, idx, n, out)
 
     def _store(self, col: str, kind: str, values: tuple, idx: np.ndarray | None, n: int,
@@ -403,9 +401,9 @@ class Columns:
         elif kind == "text":
             if values.count(None) != len(values):
                 cache = self._text_cache
-                rows = [i for i, v in enumerate(values) if v is not None]
-                texts = [cache.setdefault(_as_text(values[i]), _as_text(values[i])) for i in rows]
-                self._sparse(col, np.array(rows, dtype=np.int64), _objects(texts), idx)
+                at = [i for i, v in enumerate(values) if v is not None]
+                texts = [cache.setdefault(_as_text(values[i]), _as_text(values[i])) for i in at]
+                self._sparse(col, np.array(at, dtype=np.int64), _objects(texts), idx)
 
     def _sparse(self, col: str, rows: np.ndarray, values: np.ndarray, idx: np.ndarray | None) -> None:
         """Record present values of an arg column at rows of the current layout group."""
@@ -436,8 +434,8 @@ class Columns:
         try:
             codes, uniques = pd.factorize(_objects(values), use_na_sentinel=True)
         except TypeError:  # lists or objects (unhashable): their JSON text instead
-            values = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
-            codes, uniques = pd.factorize(values, use_na_sentinel=True)
+            as_text = _objects([v if v is None or isinstance(v, str) else _Text(_as_text(v)) for v in values])
+            codes, uniques = pd.factorize(as_text, use_na_sentinel=True)
         odd = [i for i, u in enumerate(uniques) if not isinstance(u, str) or isinstance(u, _Text)]
         if odd:  # numbers or lists where text belongs: kept as their JSON text
             self.note(f"converted non-text '{col}' values to text in {{events}}", np.isin(codes, odd).sum())
@@ -613,8 +611,59 @@ def _parse_json(text: bytes) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError):
         try:
             return json.loads(text.decode("utf-8", "replace"), strict=False)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
+    except RecursionError:
+        return None
+
+
+# ---- JSON too deep to decode ---------------------------------------------------------------
+
+# Nesting kept when a text is too deep for the decoder (msgspec, like json, recurses per level
+# and stops at Python's recursion limit, ~1000): Kineto's deepest values (shape lists inside
+# args inside an event inside the array) are 5-6 levels down, so 64 keeps every real value.
+MAX_DEPTH = 64
+TOO_DEEP = f"replaced JSON values nested more than {MAX_DEPTH} levels deep (too deep to decode) with null in {{events}}"
+
+
+def flatten_deep(text: Any, limit: int = MAX_DEPTH) -> tuple[bytes, int]:
+    """The JSON text with every value that opens below `limit` levels replaced by null, and the
+    number of top-level items (events, for an events array) that held one. No recursion: string
+    spans and bracket depth come from numpy over the bytes."""
+    b = np.frombuffer(text, np.uint8)
+    quotes = np.flatnonzero(b == ord('"'))
+    backslash = b == ord("\\")
+    if len(quotes) and backslash.any():  # a quote after an odd run of backslashes is escaped
+        pos = np.arange(len(b))
+        last_plain = np.maximum.accumulate(np.where(backslash, -1, pos))
+        before = np.maximum(quotes - 1, 0)
+        run = np.where(quotes > 0, before - last_plain[before], 0)
+        quotes = quotes[run % 2 == 0]
+    toggle = np.zeros(len(b), np.uint8)
+    toggle[quotes] = 1
+    in_string = np.bitwise_xor.accumulate(toggle).view(bool)
+    opens = ((b == ord("{")) | (b == ord("["))) & ~in_string
+    closes = ((b == ord("}")) | (b == ord("]"))) & ~in_string
+    depth = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32))  # depth after each byte
+    starts = np.flatnonzero(opens & (depth == limit + 1))
+    ends = np.flatnonzero(closes & (depth == limit))
+    # Each deep value closes at the first return to `limit` after it opened (none: runs to the end).
+    at = np.searchsorted(ends, starts)
+    stop = np.full(len(starts), len(b) - 1)
+    closed = at < len(ends)
+    stop[closed] = ends[at[closed]]
+    items = np.flatnonzero(opens & (depth == 2))
+    holders = len(np.unique(np.searchsorted(items, starts, side="right")))
+    view = memoryview(text)
+    out: list[Any] = []
+    prev = 0
+    for s, e in zip(starts.tolist(), stop.tolist(), strict=False):
+        if s < prev:  # inside an unclosed deep value already cut
+            continue
+        out += [view[prev:s], b"null"]
+        prev = e + 1
+    out.append(view[prev:])
+    return b"".join(out), holders
 
 
 # ---- the lenient path ----------------------------------------------------------------------
@@ -651,7 +700,7 @@ def _event_from_dict(obj: dict[str, Any]) -> tuple[Any, int]:
     if cls is None:
         cls = Other
         kw["ph_text"] = ph
-    for f, default in zip(cls.__struct_fields__, cls.__struct_defaults__):
+    for f, default in zip(cls.__struct_fields__, cls.__struct_defaults__, strict=False):
         if f in ("args", "ph_text"):
             continue
         v = obj.get(f, default)
@@ -672,15 +721,15 @@ def _as_raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(value))
 
 
-def _layout_root(cls: type) -> type:
+def _layout_root(cls: Any) -> Any:
     for root in (Complete, Other, Instant, Meta):
         if issubclass(cls, root):
             return root
     return cls
 
 
-def _arg_names(cls: type) -> list[tuple[str, str, Any]]:
-    return list(zip(cls.__struct_fields__, cls.__struct_encode_fields__, cls.__struct_defaults__))
+def _arg_names(cls: Any) -> list[tuple[str, str, Any]]:
+    return list(zip(cls.__struct_fields__, cls.__struct_encode_fields__, cls.__struct_defaults__, strict=False))
 
 
 # ---- exact timestamps ----------------------------------------------------------------------
@@ -696,16 +745,53 @@ def needs_precise_times(ts_us: np.ndarray) -> bool:
 def precise_ts_ns(chunk: bytes | memoryview, ts_us: np.ndarray) -> np.ndarray:
     """ts in integer nanoseconds from the number text of a chunk (a JSON array of events)."""
     finite = np.isfinite(ts_us)
-    texts = _TS_TEXT.findall(chunk)
+    m = ts_text_matrix(chunk)
     out = us_to_ns(ts_us)
-    if len(texts) == int(finite.sum()):
-        ns = text_to_ns(texts)
+    if len(m) == int(finite.sum()):
+        ns = matrix_to_ns(m)
         # The texts line up with the events only if each agrees with its float to within a us
         # (a "ts" key inside args, or an event without ts, would shift them).
         if np.all(np.abs(ns / 1000.0 - ts_us[finite]) <= 1.0):
             out[finite] = ns
             return out
     return precise_ts_ns_each(msgspec.json.decode(chunk, type=list[msgspec.Raw]), ts_us)
+
+
+# Widest number text read for a timestamp, plus one (Kineto writes 20: 16 digits, a point, 3
+# decimals); a longer text is cut, fails the check against its float and is read event by event.
+_TS_WIDTH = 24
+_NUMBER_BYTES = np.zeros(256, bool)
+_NUMBER_BYTES[list(b"0123456789.-+eE")] = True
+_KEY_GAP_BYTES = np.zeros(256, bool)
+_KEY_GAP_BYTES[list(b" \t\r\n:")] = True
+
+
+def ts_text_matrix(chunk: bytes | memoryview) -> np.ndarray:
+    """The number text after every `"ts"` key of a chunk, one zero-padded row of bytes each.
+
+    All numpy over the chunk's bytes (a regex findall made a bytes object per event and cost as
+    much as the rest of the column building on epoch-timestamp traces). An escaped quote
+    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a row,
+    which the caller detects (the count or the values disagree with the decoded floats)."""
+    b = np.frombuffer(chunk, np.uint8)
+    n = len(b)
+    if n < 5:
+        return np.zeros((0, _TS_WIDTH), np.uint8)
+    # The key's four bytes compared as one uint32, at each of the four alignments.
+    key = np.frombuffer(b'"ts"', "<u4")[0]
+    hits = [np.flatnonzero(np.frombuffer(b, "<u4", (n - a) // 4, a) == key) * 4 + a for a in range(4)]
+    pos = np.sort(np.concatenate(hits)) + 4
+    for _ in range(8):  # the colon and the spaces around it
+        gap = _KEY_GAP_BYTES[b[np.minimum(pos, n - 1)]] & (pos < n)
+        if not gap.any():
+            break
+        pos += gap
+    idx = np.minimum(pos[:, None] + np.arange(_TS_WIDTH), n - 1)
+    m = b[idx]
+    numeric = _NUMBER_BYTES[m]
+    numeric[:, -1] = False
+    m[np.arange(_TS_WIDTH) >= numeric.argmin(axis=1)[:, None]] = 0  # from the first other byte on
+    return m
 
 
 def precise_ts_ns_each(raws: Iterable, ts_us: np.ndarray) -> np.ndarray:
@@ -733,13 +819,18 @@ def text_to_ns(texts: list[bytes]) -> np.ndarray:
     the digits parsed as int64, with the fourth decimal rounding. Anything else (exponents, signs
     in odd places, values beyond int64 nanoseconds) goes through float.
     """
-    n = len(texts)
+    if not texts:
+        return np.full(0, NO_TS, dtype=np.int64)
+    arr = np.array(texts, dtype=bytes)
+    return matrix_to_ns(arr.view(np.uint8).reshape(len(texts), arr.dtype.itemsize))
+
+
+def matrix_to_ns(m: np.ndarray) -> np.ndarray:
+    """text_to_ns of texts given as rows of a uint8 matrix, zero-padded on the right."""
+    n = len(m)
     out = np.full(n, NO_TS, dtype=np.int64)
     if not n:
         return out
-    arr = np.array(texts, dtype=bytes)
-    width = arr.dtype.itemsize
-    m = arr.view(np.uint8).reshape(n, width)
     length = (m != 0).sum(axis=1)
     is_dot = m == ord(".")
     dot = np.where(is_dot.any(axis=1), is_dot.argmax(axis=1), length)
@@ -765,7 +856,7 @@ def text_to_ns(texts: list[bytes]) -> np.ndarray:
         out[rows] = value
     for i in np.flatnonzero(~ok).tolist():
         try:
-            out[i] = round(float(texts[i]) * 1000.0)
+            out[i] = round(float(m[i].tobytes().rstrip(b"\x00")) * 1000.0)
         except (ValueError, OverflowError):
             pass
     return out

@@ -12,6 +12,7 @@ in place (no copy) and the frame build recycles each consumed buffer for the nex
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import re
 import sys
@@ -25,8 +26,18 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.apis import CATEGORY_KIND, LAUNCH_FLOW_CATS, rank_from_filename
+from tokentrace.analysis.loading import cache as trace_cache
 from tokentrace.analysis.loading import json_decode as dec
-from tokentrace.analysis.loading.files import find_trace_files, read_bytes
+from tokentrace.analysis.loading.files import (
+    GzipStream,
+    find_trace_files,
+    first_non_space,
+    is_gzip,
+    max_trace_bytes,
+    read_bytes,
+    regular_file_size,
+    strip_bom,
+)
 from tokentrace.analysis.loading.links import link_columns
 from tokentrace.analysis.loading.repair import repair
 from tokentrace.analysis.loading.trace import Trace
@@ -39,63 +50,236 @@ CHUNK_BYTES = 1 << 20
 # Rows reserved up front per byte of events text: Kineto writes 220-330 bytes per event, so this
 # over-reserves (reserved but untouched memory costs nothing) and columns rarely need to grow.
 BYTES_PER_ROW_RESERVED = 160
-# Files above this size show a progress line on stderr (when it is a terminal).
-PROGRESS_BYTES = 64 << 20
-_FIRST_CHAR = re.compile(rb"\s*(\S)")
+# Kineto's JSON compresses 10-25x with gzip: rows reserved for a .json.gz assume the high end.
+GZIP_RATIO_RESERVED = 25
+# Without --progress, a load shows progress on a terminal once it has taken this long.
+PROGRESS_AFTER_S = 2.0
+# How far into a gzip stream the traceEvents key is looked for before reading the file whole.
+HEAD_SEARCH_BYTES = 64 << 20
 
 
-def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None) -> Trace:
-    """Load one trace (a file, or a directory or list holding exactly one trace)."""
+def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None, max_trace_size: int | str | None = None,
+         cache: bool | PathLike | None = None) -> Trace:
+    """Load one trace (a file, or a directory or list holding exactly one trace).
+
+    `max_trace_size`: the most uncompressed JSON to read (bytes, or text such as "8G"; default
+    $TOKENTRACE_MAX_TRACE_SIZE, else half of this machine's memory). `cache`: False to bypass the
+    columnar cache of loaded traces, a folder to use instead of the default one (see
+    analyze.loading.cache); `progress`: True/False to force the progress line on stderr on/off."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     files = find_trace_files(paths)
     if len(files) > 1:
         raise TraceError(paths[0], f"holds {len(files)} traces; use tokentrace.load_all for several ranks or steps")
-    return load_file(files[0], progress=progress)
+    return load_file(files[0], progress=progress, max_trace_size=max_trace_size, cache=cache)
 
 
-def load_all(*paths: PathLike, progress: bool | None = None) -> list[Trace]:
+def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int | str | None = None,
+             cache: bool | PathLike | None = None) -> list[Trace]:
     """Every trace in the given files and directories, one Trace per file, ordered by rank then name."""
     flat: list[PathLike] = []
     for p in paths:
         flat.extend([p] if isinstance(p, (str, os.PathLike)) else list(p))
-    traces = [load_file(f, progress=progress) for f in find_trace_files(flat)]
+    traces = [load_file(f, progress=progress, max_trace_size=max_trace_size, cache=cache) for f in find_trace_files(flat)]
     return sorted(traces, key=lambda t: (t.rank, t.path))
 
 
-def load_file(path: PathLike, *, progress: bool | None = None) -> Trace:
+def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: int | str | None = None,
+              cache: bool | PathLike | None = None) -> Trace:
     path = Path(path)
-    warnings: list[str] = []
-    show = sys.stderr.isatty() if progress is None else progress
     t0 = time.perf_counter()
-    data = read_bytes(path, warnings)
-    nbytes = len(data)
+    limit = max_trace_bytes(max_trace_size)
+    regular_file_size(path)  # devices, FIFOs and sockets are refused before anything reads them
+    store = trace_cache.open_store(cache)
+    meter = _Progress(path.name, progress)
+    # Fresh columns either way (parsed or read from the cache): see _set_numpy_hugepages. Reading
+    # a 1 GB trace's cache entry took 0.64-0.69 s of CPU with it off, 1.08-1.76 s with it on.
+    hugepages = _set_numpy_hugepages(False)
+    try:
+        cached = store.get(path) if store is not None else None
+        if cached is not None:
+            cached.rank = _rank(cached.meta, path)  # the name may differ (a link to the same file)
+            cached.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": cached.meta.get("_load", {}).get("bytes"),
+                                    "cache": "hit"}
+            meter.cached(store.root if store is not None else Path(), cached.meta["_load"]["seconds"])
+            _print_warnings(path, cached.warnings)
+            return cached
+        trace, nbytes, warnings = _parse(path, limit, meter)
+    finally:
+        _set_numpy_hugepages(hugepages)
+    meter.done(nbytes)
+    trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": nbytes, "cache": "off" if store is None else "miss"}
+    if store is not None and store.put(path, trace):
+        trace.meta["_load"]["cache"] = "written"
+    _print_warnings(path, warnings)
+    return trace
+
+
+def _parse(path: Path, limit: int, meter: _Progress) -> tuple[Trace, int, list[str]]:
+    """The Trace of a file parsed from its JSON, the bytes of JSON, and the warnings."""
+    warnings: list[str] = []
     # Millions of short-lived containers: the cyclic collector would rescan them over and over
     # (nothing built here forms a cycle), so it is paused for the load.
     gc_was_enabled = gc.isenabled()
     gc.disable()
-    hugepages = _set_numpy_hugepages(False)
     try:
-        try:
-            meta, cols = _read_document(data, path, show and nbytes > PROGRESS_BYTES)
-        except msgspec.DecodeError:
-            data = repair(data, str(path), warnings)
-            try:
-                meta, cols = _read_document(data, path, False)
-            except msgspec.DecodeError as exc:
-                raise TraceError(path, f"not a trace after repair ({exc})") from None
-        del data  # the raw JSON is no longer needed: free it before building
+        if is_gzip(path):
+            meta, cols, nbytes = _read_gzip(path, warnings, limit, meter)
+        else:
+            meta, cols, nbytes = _read_plain(path, warnings, limit, meter)
         trace = _build(path, cols, meta, warnings)
     finally:
         if gc_was_enabled:
             gc.enable()
-        _set_numpy_hugepages(hugepages)
-    trace.meta.setdefault("_load", {})["seconds"] = time.perf_counter() - t0
-    trace.meta["_load"]["bytes"] = nbytes
+    return trace, nbytes, warnings
+
+
+def _print_warnings(path: Path, warnings: list[str]) -> None:
+    from tokentrace.reports.format import visible
+
     for w in warnings:
+        print(visible(f"tokentrace: warning: {path}: {w}", one_line=True), file=sys.stderr)
+
+
+def _read_plain(path: Path, warnings: list[str], limit: int, meter: _Progress) -> tuple[dict[str, Any], dec.Columns, int]:
+    data = read_bytes(path, warnings, limit)
+    nbytes = len(data)
+    meter.total = nbytes
+    meta, cols = _read_whole(data, path, warnings, meter)
+    return meta, cols, nbytes
+
+
+def _read_whole(data: Any, path: Path, warnings: list[str], meter: _Progress | None) -> tuple[dict[str, Any], dec.Columns]:
+    """A whole document in memory: decoded in chunks, repaired when it is not valid JSON."""
+    try:
+        return _read_document(data, path, meter)
+    except msgspec.DecodeError:
+        try:
+            data = repair(data, str(path), warnings)
+        except RecursionError:
+            # A damaged file that also nests too deep for the repair's decoders: cut the deep values
+            # first (as a valid file's are), then repair what is left.
+            flat, events = dec.flatten_deep(data)
+            warnings.append(dec.TOO_DEEP.format(events=dec.plural(events, "event")))
+            data = repair(flat, str(path), warnings)
+        try:
+            return _read_document(data, path, None)
+        except msgspec.DecodeError as exc:
+            raise TraceError(path, f"not a trace after repair ({exc})") from None
+
+
+class _Fallback(Exception):
+    """The stream is not laid out the way the streaming reader expects: read it whole instead."""
+
+
+def _read_gzip(path: Path, warnings: list[str], limit: int, meter: _Progress) -> tuple[dict[str, Any], dec.Columns, int]:
+    """A gzip trace decoded while a thread decompresses it. A document the stream cannot take
+    (damaged JSON, a false cut, traceEvents far from the start) is read again whole, the slow
+    path that repairs it: that keeps one set of rules for broken files."""
+    seen: list[str] = []
+    try:
+        with GzipStream(path, seen, limit) as stream:
+            meta, cols = _read_stream(stream, path, meter)
+            nbytes = stream.out_bytes
+    except (msgspec.DecodeError, _Fallback):
+        data = read_bytes(path, warnings, limit)
+        meta, cols = _read_whole(data, path, warnings, None)
+        return meta, cols, len(data)
+    warnings.extend(seen)
+    return meta, cols, nbytes
+
+
+def _read_stream(stream: GzipStream, path: Path, meter: _Progress) -> tuple[dict[str, Any], dec.Columns]:
+    """Events of a document arriving in pieces, decoded a chunk at a time (cut at the last event
+    boundary of the newest piece): memory holds one chunk of text, never the whole JSON."""
+    meter.total = stream.compressed_size
+    pieces = iter(stream)
+    cols = dec.Columns(capacity=stream.compressed_size * GZIP_RATIO_RESERVED // BYTES_PER_ROW_RESERVED)
+    head: Any = b""
+    searched = 0
+    for piece in pieces:
+        head = strip_bom(piece) if not head and not searched else head + piece
+        first = first_non_space(head)
+        if first < 0:  # only whitespace so far: keep none of it (a whitespace bomb costs no memory)
+            searched += len(head)
+            head = b""
+            continue
+        if head[first : first + 1] == b"[":
+            start, opener, meta = first + 1, b"[", {}
+            break
+        if head[first : first + 1] != b"{":
+            raise TraceError(path, "not JSON (does not start with '{' or '[')")
+        m = _EVENTS_KEY.search(head, max(0, searched - 64))
+        if m is not None:
+            found = _head_keys(head, m.start(), cols)
+            if found is None:
+                raise _Fallback
+            start, opener, meta = m.end(), _REST_OF_OBJECT, found
+            break
+        searched = len(head)
+        if searched > HEAD_SEARCH_BYTES:
+            raise _Fallback
+    else:
+        if not head:
+            raise TraceError(path, "gzip file holds no data")
+        raise _Fallback  # no traceEvents key: the whole-document path says what is wrong
+    parts: list[Any] = [memoryview(head)[start:]]
+    size = len(parts[0])
+    for piece in pieces:
+        parts.append(piece)
+        size += len(piece)
+        if size < CHUNK_BYTES:
+            continue
+        cut = dec.EVENT_BOUNDARY.search(piece)
+        if cut is None:
+            continue  # an event longer than a piece: keep reading
+        _decode_chunk(b"".join([b"[", *parts[:-1], memoryview(piece)[: cut.start() + 1], b"]"]), cols, path)
+        parts = [memoryview(piece)[cut.end() :]]
+        size = len(parts[0])
+        meter.update(stream.read_bytes, stream.out_bytes)
+    meta.update(_decode_rest(b"".join([opener, *parts]), path, cols, exact=False))
+    return meta, cols
+
+
+class _Progress:
+    """The progress line on stderr: bytes read and rate. Shown when asked (progress=True), or on
+    a terminal once a load has taken PROGRESS_AFTER_S; says when the cache served the load
+    (unless progress=False)."""
+
+    def __init__(self, name: str, progress: bool | None) -> None:
         from tokentrace.reports.format import visible
 
-        print(visible(f"tokentrace: warning: {path}: {w}", one_line=True), file=sys.stderr)
-    return trace
+        self.name, self.forced = visible(name, one_line=True), progress
+        self.enabled = sys.stderr.isatty() if progress is None else progress
+        self.t0 = time.perf_counter()
+        self.total = 0  # bytes of the file (compressed for gzip), for the percentage
+        self.shown = False
+        self.last = 0.0
+
+    def update(self, position: int, json_bytes: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if (not self.forced and now - self.t0 < PROGRESS_AFTER_S) or now - self.last < 0.2:
+            return
+        self.last = now
+        self._line(position * 100 // max(self.total, 1), json_bytes, now)
+
+    def _line(self, pct: int, json_bytes: int, now: float) -> None:
+        rate = json_bytes / 1e6 / max(now - self.t0, 1e-9)
+        print(f"\rloading {self.name}: {min(pct, 100)}% ({json_bytes / 1e6:,.0f} MB of JSON, {rate:,.0f} MB/s)",
+              end="", file=sys.stderr, flush=True)
+        self.shown = True
+
+    def done(self, json_bytes: int) -> None:
+        if self.shown or (self.enabled and self.forced):
+            self._line(100, json_bytes, time.perf_counter())
+            print(file=sys.stderr)
+
+    def cached(self, root: Path, seconds: float) -> None:
+        # Said unless progress was turned off: a result from the cache should never be a surprise.
+        if self.forced is not False:
+            print(f"tokentrace: {self.name}: loaded from the cache in {seconds:.2f} s ({root}; --no-cache to bypass)",
+                  file=sys.stderr)
 
 
 def _set_numpy_hugepages(on: bool | None) -> bool | None:
@@ -122,7 +306,7 @@ _EVENTS_KEY = re.compile(rb'(?<!\\)"traceEvents"\s*:\s*\[')
 _REST_OF_OBJECT = b'{"traceEvents":['
 
 
-def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any], dec.Columns]:
+def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict[str, Any], dec.Columns]:
     """Top-level keys and the event columns of a trace document. Raises msgspec.DecodeError for
     broken JSON (the caller repairs it).
 
@@ -130,22 +314,23 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
     whole document: the keys before traceEvents are parsed on their own, the last chunk is parsed
     together with the keys after the array, and every chunk that parses proves its cuts right.
     """
-    first = _FIRST_CHAR.match(data)
-    head = first.group(1) if first else b""
+    first = first_non_space(data)
+    head = bytes(data[first : first + 1]) if first >= 0 else b""
+    cols = dec.Columns(capacity=len(data) // BYTES_PER_ROW_RESERVED)
     if head == b"[":
-        start, opener, meta = first.end(), b"[", {}  # type: ignore[union-attr]
+        start, opener, meta = first + 1, b"[", {}
     elif head == b"{":
         m = _EVENTS_KEY.search(data)
-        meta = _head_keys(data, m.start()) if m else None
-        if m is None or meta is None:
+        found = _head_keys(data, m.start(), cols) if m else None
+        if m is None or found is None:
             return _read_scanned(data, path)
-        start, opener = m.end(), _REST_OF_OBJECT
+        start, opener, meta = m.end(), _REST_OF_OBJECT, found
     else:
         raise TraceError(path, "not JSON (does not start with '{' or '[')")
     whole = memoryview(data)
     region = whole[start:]
-    cols = dec.Columns(capacity=len(region) // BYTES_PER_ROW_RESERVED)
     spans = dec.chunk_spans(region, CHUNK_BYTES)
+    released = 0
     for i, (a, b) in enumerate(spans):
         try:
             if i < len(spans) - 1 and not whole.readonly:
@@ -159,13 +344,30 @@ def _read_document(data: bytes, path: Path, show: bool) -> tuple[dict[str, Any],
             # boundary): decode the rest at exact event boundaries (one more pass over it).
             meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=True))
             break
-        if show:
-            from tokentrace.reports.format import visible
-
-            print(f"\rloading {visible(path.name, one_line=True)}: {b * 100 // max(len(region), 1)}%", end="", file=sys.stderr, flush=True)
-    if show:
-        print(file=sys.stderr)
+        if meter is not None:
+            meter.update(start + b, start + b)
+        released = _release_mapped(data, released, start + b)
     return meta, cols
+
+
+# A mapped file's pages already decoded are handed back every this many bytes.
+RELEASE_BYTES = 64 << 20
+
+
+def _release_mapped(data: Any, released: int, upto: int) -> int:
+    """Drop the pages of a mapped file before `upto` from this process (madvise DONTNEED):
+    they are clean copies of the file (a restored bracket's page is reverted to the file's own
+    bytes, the same text), so reading them again, e.g. for a repair, faults them back in.
+    Without it every page of the file stays in the process's resident memory to the end of the
+    load: the whole file on top of the columns."""
+    if not isinstance(data, mmap.mmap) or upto - released < RELEASE_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
+        return released
+    end = upto // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        data.madvise(mmap.MADV_DONTNEED, released, end - released)
+    except (OSError, ValueError):
+        return upto
+    return end
 
 
 def _decode_in_place(whole: memoryview, a: int, b: int, cols: dec.Columns, path: Path) -> None:
@@ -180,14 +382,32 @@ def _decode_in_place(whole: memoryview, a: int, b: int, cols: dec.Columns, path:
         whole[a - 1], whole[b] = before, after
 
 
-def _head_keys(data: bytes, key_at: int) -> dict[str, Any] | None:
+def _head_keys(data: Any, key_at: int, cols: dec.Columns) -> dict[str, Any] | None:
     """The top-level keys written before traceEvents, or None if that text is not their start."""
     try:
-        top = msgspec.json.decode(b"".join((memoryview(data)[:key_at], b'"traceEvents":null}')), type=dict[str, msgspec.Raw])
+        top = _decode_deep(b"".join((memoryview(data)[:key_at], b'"traceEvents":null}')), _TOP_DECODER, cols)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     top.pop("traceEvents", None)
     return {k: _decode_any(v) for k, v in top.items()}
+
+
+_TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAWS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _decode_deep(text: Any, decoder: msgspec.json.Decoder, cols: dec.Columns) -> Any:
+    """decoder.decode(text); JSON nested too deep for the decoder's recursion has its deepest
+    values replaced by null first (counted in the load's warnings)."""
+    try:
+        return decoder.decode(text)
+    except RecursionError:
+        flat, events = dec.flatten_deep(text)
+        cols.note(dec.TOO_DEEP, events)
+        try:
+            return decoder.decode(flat)
+        except RecursionError:  # the stack was already deep when we were called
+            raise msgspec.DecodeError("JSON nested too deeply to decode") from None
 
 
 def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> dict[str, Any]:
@@ -196,7 +416,7 @@ def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> d
         events, meta = doc, {}
     else:
         try:
-            top = msgspec.json.decode(doc, type=dict[str, msgspec.Raw])
+            top = _decode_deep(doc, _TOP_DECODER, cols)
         except msgspec.ValidationError:
             raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
         events = top.pop("traceEvents")
@@ -211,7 +431,7 @@ def _decode_rest(doc: bytes, path: Path, cols: dec.Columns, *, exact: bool) -> d
 def _decode_exact(events: Any, path: Path, cols: dec.Columns) -> None:
     """Decode an events array split at its exact event boundaries (one more pass over it)."""
     try:
-        raws = msgspec.json.decode(events, type=list[msgspec.Raw])
+        raws = _decode_deep(events, _RAWS_DECODER, cols)
     except msgspec.ValidationError:
         raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
     step = max(1, CHUNK_BYTES // 400)
@@ -219,15 +439,15 @@ def _decode_exact(events: Any, path: Path, cols: dec.Columns) -> None:
         _decode_chunk(b"[" + b",".join(raws[start : start + step]) + b"]", cols, path)
 
 
-def _read_scanned(data: bytes, path: Path) -> tuple[dict[str, Any], dec.Columns]:
+def _read_scanned(data: Any, path: Path) -> tuple[dict[str, Any], dec.Columns]:
     """The plain way, for documents whose traceEvents key is not where a scan finds it."""
+    cols = dec.Columns()
     try:
-        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        top = _decode_deep(data, _TOP_DECODER, cols)
     except msgspec.ValidationError:
         raise TraceError(path, "JSON is not a profiler trace (top-level keys are not text)") from None
     if "traceEvents" not in top:
         raise TraceError(path, "JSON is not a profiler trace (no 'traceEvents' key)")
-    cols = dec.Columns()
     _decode_exact(top.pop("traceEvents"), path, cols)
     return {k: _decode_any(v) for k, v in top.items()}, cols
 
@@ -235,17 +455,24 @@ def _read_scanned(data: bytes, path: Path) -> tuple[dict[str, Any], dec.Columns]
 def _decode_any(raw: msgspec.Raw) -> Any:
     try:
         return msgspec.json.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 
-def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path) -> None:
-    """One JSON array of events into the columns (typed; event by event if that fails)."""
+def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path, *, flattened: bool = False) -> None:
+    """One JSON array of events into the columns (typed; event by event if that fails). JSON
+    nested too deep for the decoder has its deepest values replaced by null first."""
     try:
         events = dec.CHUNK_DECODER.decode(chunk)
+    except RecursionError:
+        if flattened:
+            raise msgspec.DecodeError("JSON nested too deeply to decode") from None
+        flat, n = dec.flatten_deep(chunk)
+        cols.note(dec.TOO_DEEP, n)
+        return _decode_chunk(flat, cols, path, flattened=True)
     except msgspec.ValidationError:
         try:
-            raws = msgspec.json.decode(chunk, type=list[msgspec.Raw])
+            raws = _decode_deep(chunk, _RAWS_DECODER, cols)
         except msgspec.ValidationError:
             raise TraceError(path, "JSON is not a profiler trace ('traceEvents' is not a list)") from None
         # Some event does not fit the typed structs: decode this chunk one event at a time.
@@ -456,7 +683,7 @@ def _names(df: pd.DataFrame) -> tuple[dict[int, str], dict[tuple[int, int], str]
     m = df[df["ph"] == "M"]
     procs: dict[int, str] = {}
     threads: dict[tuple[int, int], str] = {}
-    for pid, tid, name, label in zip(m["pid"], m["tid"], m["name"].astype(object), m["label"].astype(object)):
+    for pid, tid, name, label in zip(m["pid"], m["tid"], m["name"].astype(object), m["label"].astype(object), strict=False):
         if not isinstance(label, str):
             continue
         if name == "process_name":

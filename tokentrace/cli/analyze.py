@@ -11,6 +11,7 @@ from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 if TYPE_CHECKING:
     from tokentrace.io import Destination
+from tokentrace.cli.loading import load_options
 
 
 @click.command("analyze")
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 @click.option("--hta", "with_hta", is_flag=True, help="Show Holistic Trace Analysis' idle/busy numbers beside ours (needs the hta extra).")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the terminal summary.")
 @phase_option
+@load_options
 def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: str | None, annotated_out: str | None,
                 min_gap_us: float | None, graph_maps: tuple[str, ...], with_hta: bool, quiet: bool,
                 phase: tuple[str, ...]) -> None:
@@ -77,7 +79,7 @@ def _say_written(outs: dict[str, Destination]) -> None:
 
     for option, dest in outs.items():
         if dest.kind != "stdout":
-            click.echo(f"wrote {visible(dest.path, one_line=True)} ({option.removeprefix('--')})", err=True)
+            click.echo(f"tokentrace: wrote {visible(dest.path, one_line=True)} ({option.removeprefix('--')})", err=True)
 
 
 def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float | None, graph_maps: tuple[str, ...],

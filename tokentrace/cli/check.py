@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.loading import load_options
 from tokentrace.cli.options import phase_option, phases_of
 
 EXIT_CHECK_FAILED = 1
@@ -20,6 +21,7 @@ EXIT_CHECK_FAILED = 1
 @click.option("--max-regression", type=float, default=None, metavar="PCT", help="Largest allowed slowdown of TTFT/TPOT vs the baseline, in percent.")
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the results as JSON to FILE ('-' for stdout).")
 @phase_option
+@load_options
 def check_cmd(trace: str, config: str | None, max_idle_share_decode: float | None, max_syncs_per_token: float | None,
               max_tpot_us: float | None, max_ttft_us: float | None, baseline: str | None, max_regression: float | None,
               json_out: str | None, phase: tuple[str, ...]) -> None:

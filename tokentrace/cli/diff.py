@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from tokentrace.cli.loading import load_options
 from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 
@@ -17,6 +18,7 @@ from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 @graph_map_option
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the summary.")
 @phase_option
+@load_options
 def diff_cmd(base: str, test: str, json_out: str | None, html_out: str | None, md_out: str | None,
              min_gap_us: float | None, graph_maps: tuple[str, ...], quiet: bool,
              phase: tuple[str, ...]) -> None:

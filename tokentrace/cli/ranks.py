@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from tokentrace.cli.distributed import distributed_options
+from tokentrace.cli.loading import load_options
 from tokentrace.cli.options import phase_option, phases_of
 
 
@@ -15,6 +16,7 @@ from tokentrace.cli.options import phase_option, phases_of
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the per-rank and per-step tables as JSON.")
 @distributed_options("default: one per CPU")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval counted as a gap (default 3 us).")
+@load_options
 @phase_option
 def ranks_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, scheduler: str | None, no_cache: bool,
               min_gap_us: float | None, phase: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from tokentrace.cli.distributed import distributed_options
+from tokentrace.cli.loading import load_options
 from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 
 
@@ -19,6 +20,7 @@ from tokentrace.cli.options import graph_map_option, phase_option, phases_of
 @click.option("--format", "fmt", type=click.Choice(["html", "markdown", "json"]), default=None,
               help="Output format (default: from the file name).")
 @click.option("--min-gap-us", type=float, default=None, help="Smallest GPU idle interval reported as a gap (default 3 us).")
+@load_options
 @phase_option
 @graph_map_option
 @distributed_options("default: 1; on Dask only JSON summaries come back, so the report has no GPU timeline")

@@ -10,11 +10,13 @@ from __future__ import annotations
 import click
 
 from tokentrace.cli.distributed import distributed_options
+from tokentrace.cli.loading import load_options
 
 
 @click.command("scaling")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=False))
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the sweep's points and fits as JSON to FILE ('-' for stdout).")
+@load_options
 @distributed_options("default: 1")
 def scaling_cmd(paths: tuple[str, ...], json_out: str | None, workers: int | None, scheduler: str | None, no_cache: bool) -> None:
     """Fit attention GPU time per call against prompt length over PATHS (one point per trace)."""
