@@ -367,7 +367,9 @@ def test_replay_trace_is_analysed_when_kernels_are_renamed_beyond_templates(tmp_
 
 def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     # A compiled decode step whose attention ran as SDPA (torch.compile keeps it as an op) and a
-    # trace of three replays: the attention section sees three decode calls with the graph's shapes.
+    # trace of an eager 60-token prefill and three replays: the attention section sees three
+    # decode calls with the graph's query shapes, and KV lengths from the decode step annotations
+    # and the prompt length (61, 62, 63), not the 64 keys the graph was captured with.
     b = TraceBuilder()
     b.annotation("tokentrace/graph_map", 0, 500)
     b.annotation("## Call CompiledFxGraph fsdpa ##", 10, 400)
@@ -379,6 +381,9 @@ def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     b.launch("sm90_gemm", 130, 140, 4)
     cap = b.write(tmp_path / "map.json")
     r = TraceBuilder()
+    r.annotation("tokentrace/prefill", 100, 300)
+    r.cpu_op("aten::embedding", 110, 20, input_dims=[[1000, 64], [1, 60], [], [], []])
+    r.launch("void at::native::indexSelectLargeIndex<float>", 112, 120, 5)
     for i in range(3):
         t0 = 1000 * (i + 1)
         r.annotation(f"tokentrace/decode_step[{i}]", t0 - 20, 200)
@@ -389,6 +394,11 @@ def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     att = tokentrace.analyze(rep, graph_maps=[cap]).attention
     calls = att.calls[att.calls["source"] == "op"]
     assert len(without.calls[without.calls["source"] == "op"]) == 0
-    assert len(calls) == 3 and set(calls["phase"]) == {"decode"}
-    assert calls[["batch", "heads", "q_len", "kv_len", "head_dim"]].drop_duplicates().values.tolist() == [[1, 4, 1, 64, 16]]
+    assert len(calls) == 3 and set(calls["phase"]) == {"decode"} and calls["in_graph"].all()
+    assert calls[["batch", "heads", "q_len", "head_dim"]].drop_duplicates().values.tolist() == [[1, 4, 1, 16]]
+    assert calls["kv_len"].tolist() == [61, 62, 63]
+    assert calls["kv_source"].tolist() == ["capture_annotations"] * 3
     assert calls["gpu_us"].tolist() == [6.0, 6.0, 6.0]
+    lengths = att.to_json()["lengths"]
+    assert lengths == {"in_graph_calls": 3, "kv_sources": {"capture_annotations": 3}, "in_engine_steps": 0,
+                       "kv_unknown_in_graph": 0}
