@@ -7,7 +7,19 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from graph_traces import ADD, ATTN, GEMM, GEMM_REPLAYED, KERNEL_US, Replay, capture_trace, full_replay, replay_missing_add, replay_trace
+from graph_traces import (
+    ADD,
+    ATTN,
+    GEMM,
+    GEMM_REPLAYED,
+    KERNEL_US,
+    Replay,
+    capture_trace,
+    compiled_decode_pair,
+    full_replay,
+    replay_missing_add,
+    replay_trace,
+)
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -370,26 +382,7 @@ def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     # trace of an eager 60-token prefill and three replays: the attention section sees three
     # decode calls with the graph's query shapes, and KV lengths from the decode step annotations
     # and the prompt length (61, 62, 63), not the 64 keys the graph was captured with.
-    b = TraceBuilder()
-    b.annotation("tokentrace/graph_map", 0, 500)
-    b.annotation("## Call CompiledFxGraph fsdpa ##", 10, 400)
-    q, kv = [1, 4, 1, 16], [1, 4, 64, 16]
-    b.cpu_op("aten::scaled_dot_product_attention", 20, 80, input_dims=[q, kv, kv, [], [], [], [], []])
-    b.cpu_op("aten::_scaled_dot_product_flash_attention", 30, 60, input_dims=[q, kv, kv, [], [], [], [], []])
-    b.launch("flash_fwd_splitkv_kernel", 40, 50, 6)
-    b.cpu_op("aten::mm", 120, 50, input_dims=[[1, 64], [64, 64]])
-    b.launch("sm90_gemm", 130, 140, 4)
-    cap = b.write(tmp_path / "map.json")
-    r = TraceBuilder()
-    r.annotation("tokentrace/prefill", 100, 300)
-    r.cpu_op("aten::embedding", 110, 20, input_dims=[[1000, 64], [1, 60], [], [], []])
-    r.launch("void at::native::indexSelectLargeIndex<float>", 112, 120, 5)
-    for i in range(3):
-        t0 = 1000 * (i + 1)
-        r.annotation(f"tokentrace/decode_step[{i}]", t0 - 20, 200)
-        r.annotation("## Call CompiledFxGraph fsdpa ##", t0 - 5, 60)
-        r.graph_launch(t0, t0 + 10, [("flash_fwd_splitkv_kernel", 6.0), ("sm90_gemm", 4.0)])
-    rep = r.write(tmp_path / "rep.json")
+    cap, rep = compiled_decode_pair(tmp_path, [6.0, 6.0, 6.0])
     without = tokentrace.analyze(rep, find_graph_maps=False).attention
     att = tokentrace.analyze(rep, graph_maps=[cap]).attention
     calls = att.calls[att.calls["source"] == "op"]

@@ -33,6 +33,7 @@ from tokentrace.analysis.common.attention_ops import (
     ATTENTION_MODULE_RE,
     EAGER,
     KERNELS_RE,
+    MATH,
     MATMUL_OPS,
     OPS_RE,
     SHAPE_KEYS,
@@ -56,6 +57,8 @@ from tokentrace.analysis.segments import Segments
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
                 "head_dim", "dtype", "causal", "phase", "seg", "ts", "end", "row", "gpu_us", "gpu_kernels", "cpu_us",
                 "library", "kv_dtype", "in_graph", "kv_source"]
+# Name part of PyTorch's own kernels (at::native elementwise, fill, reduce, copy): not attention.
+PYTORCH_KERNEL = "at::native::"
 # Where a call's kv_len came from: its op's input dims (the detector adds the step annotations' sources).
 KV_FROM_SHAPES = "shapes"
 # Phases a call takes from its segment (other segments' calls fall back to their query length).
@@ -102,6 +105,14 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
         lib = df[df["l"].notna()].drop_duplicates("c")
         klib_of[lib["c"].to_numpy()] = lib["l"].to_numpy()
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
+
+
+def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
+    """Per GPU row: is it one of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
+    cats = gpu["name"].array.categories
+    own = np.array([PYTORCH_KERNEL in str(c) for c in cats] + [False])
+    codes = np.asarray(gpu["name"].array.codes, dtype=np.int64)
+    return own[np.where(codes >= 0, codes, len(cats))].astype(float)
 
 
 def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
@@ -168,7 +179,12 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
-    # engine's attention op ran some fused kernel this vocabulary does not know.
+    # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
+    # was PyTorch's own kernels (vLLM's profiling run only zero-fills the output).
+    ok = call_of_gpu >= 0
+    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu)[ok], minlength=n_calls) if n_calls else np.zeros(0)
+    only_pytorch = (per["count"] > 0) & (own >= per["count"])
+    otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
     names = ev["name"].to_numpy()

@@ -11,7 +11,7 @@ Owns two things the attention calls (analysis.common.attention_calls) cannot kno
   the new one). `kv_source` names where each call's length came from (KV_SOURCES).
 - `step_work`: per serving-engine step (vLLM / SGLang annotations, analysis.common.engine_steps),
   the step's attention GPU time and calls, its query and KV tokens, causal query-key pairs (from
-  the annotation's sums, analysis.common.serving) and, with heads, KV heads and head size from the
+  the annotation's sums: analysis.common.engine_steps.causal_pairs) and, with heads, KV heads and head size from the
   attention ops' shapes (model constants, valid even from a graph capture), its FLOPs and ideal
   bytes. Paged / varlen attention takes packed [tokens, heads, dim] queries with no batch or
   per-sequence length in its dims, so this is the only place their work is known. Per layer:
@@ -27,8 +27,6 @@ Owns two things the attention calls (analysis.common.attention_calls) cannot kno
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -93,60 +91,75 @@ def q_sources(calls: pd.DataFrame) -> np.ndarray:
 
 # ---- attention work of serving steps -------------------------------------------------------------
 
-def _mode_row(df: pd.DataFrame, cols: list[str]) -> dict[str, Any] | None:
-    """The most common combination of `cols` among rows where all are known (None: no such row)."""
+def _top_per_seg(df: pd.DataFrame, cols: list[str], weight: str | None = None) -> pd.DataFrame:
+    """Per segment, the most common combination of `cols` (by row count, or by the sum of
+    `weight`) among rows where all of them are known; index seg."""
     known = df.dropna(subset=cols)
     if known.empty:
-        return None
-    top = known.groupby(cols, sort=False).size().idxmax()
-    return dict(zip(cols, top if isinstance(top, tuple) else (top,), strict=True))
+        return pd.DataFrame(columns=cols)
+    g = known.groupby(["seg", *cols], sort=False)
+    w = (g.size() if weight is None else g[weight].sum()).rename("w").reset_index()
+    top = w.sort_values(["seg", "w"], ascending=[True, False], kind="stable").drop_duplicates("seg")
+    return top.set_index("seg")[cols]
 
 
-def _top(df: pd.DataFrame, col: str, weight: str) -> Any:
-    w = df.groupby(col, dropna=True, sort=False)[weight].sum()
-    return w.idxmax() if len(w) else None
+def _group_sums(t: pd.DataFrame, group: str) -> dict[str, np.ndarray]:
+    """A request group's (prefill or decode) sums per step: zero where the step has no such
+    request (an SGLang DECODE step says nothing of prompts it does not run), -1 where unknown."""
+    n = t[f"{group}_requests"].to_numpy(np.int64)
+    out = {}
+    for k in ("tokens", "kv_tokens", "sqsq", "sqsk"):
+        v = t[f"{group}_{k}"].to_numpy(np.int64) if f"{group}_{k}" in t else np.full(len(t), -1, np.int64)
+        out[k] = np.where(n == 0, 0, v)
+    return out
 
 
-def step_work(calls: pd.DataFrame, segments: Segments, serving: pd.DataFrame | None, time_col: str = "gpu_us") -> pd.DataFrame:
+def step_work(calls: pd.DataFrame, segments: Segments, time_col: str = "gpu_us") -> pd.DataFrame:
     """One row per serving-engine step that ran attention calls (STEP_COLUMNS, in step order)."""
     t = segments.table
-    if calls.empty or serving is None or serving.empty or "engine" not in t.columns:
+    if calls.empty or "engine" not in t.columns or "decode_requests" not in t.columns:
         return pd.DataFrame(columns=STEP_COLUMNS)
-    engine = t.set_index("seg")["engine"].reindex(serving["seg"].to_numpy()).to_numpy(object)
-    sv = serving[np.isin(engine, _SERVING_ENGINES) & serving["kind"].isin(("prefill", "decode", "mixed")).to_numpy()]
-    c = calls[calls["seg"].isin(sv["seg"])]
+    t = t[t["engine"].isin(_SERVING_ENGINES).to_numpy() & t["phase"].isin(("prefill", "decode", "mixed")).to_numpy()]
+    c = calls[calls["seg"].isin(t["seg"])]
     if c.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     per = c.groupby("seg", sort=True).agg(calls=("call", "size"), gpu_us=("gpu_us", "sum"), cpu_us=("cpu_us", "sum"))
-    sv = sv.set_index("seg").loc[per.index]
+    t = t.set_index("seg").loc[per.index]
+    pre, dec = _group_sums(t, "prefill"), _group_sums(t, "decode")
+    q_tok = np.where((pre["tokens"] >= 0) & (dec["tokens"] >= 0), pre["tokens"] + dec["tokens"], -1)
+    kv_tok = np.where((pre["kv_tokens"] >= 0) & (dec["kv_tokens"] >= 0), pre["kv_tokens"] + dec["kv_tokens"], -1)
+    known = np.ones(len(t), bool)
+    pairs = np.zeros(len(t))
+    for g in (pre, dec):
+        known &= (g["tokens"] >= 0) & (g["sqsq"] >= 0) & (g["sqsk"] >= 0)
+        pairs += es.causal_pairs(np.maximum(g["tokens"], 0), np.maximum(g["sqsq"], 0), np.maximum(g["sqsk"], 0))
+    # Heads, KV heads, head size and dtypes: the step's own attention ops' (most calls), else the
+    # trace's (model constants: the same in every step).
     geo_cols = ["heads", "kv_heads", "head_dim", "dtype", "kv_dtype"]
-    shaped = c[c["heads"].notna() & c["head_dim"].notna()]
-    trace_geo = _mode_row(shaped.astype({"kv_heads": object, "kv_dtype": object}).fillna({"kv_heads": -1, "kv_dtype": ""}),
-                          geo_cols)
-    rows = []
-    for seg, p in per.iterrows():  # once per step (hundreds at most), not per event
-        s = sv.loc[seg]
-        g = c[c["seg"] == seg]
-        mine = shaped[shaped["seg"] == seg]
-        geo = _mode_row(mine.astype({"kv_heads": object, "kv_dtype": object}).fillna({"kv_heads": -1, "kv_dtype": ""}), geo_cols)
-        source = GEOMETRY_STEP if geo is not None else GEOMETRY_TRACE if trace_geo is not None else None
-        geo = geo or trace_geo or dict.fromkeys(geo_cols)
-        q_parts = [int(s["prefill_tokens"]), int(s["decode_tokens"])]
-        k_parts = [int(s["prefill_kv_tokens"]), int(s["decode_kv_tokens"])]
-        rows.append({
-            "seg": int(seg), "index": int(s["index"]), "phase": str(s["kind"]), "calls": int(p["calls"]),
-            "gpu_us": float(p["gpu_us"]), "cpu_us": float(p["cpu_us"]),
-            "op": _top(g, "op", time_col), "backend": _top(g, "backend", time_col), "library": _top(g, "library", time_col),
-            "requests": int(s["requests"]) if s["requests"] >= 0 else None,
-            "q_tokens": sum(q_parts) if min(q_parts) >= 0 else None,
-            "kv_tokens": sum(k_parts) if min(k_parts) >= 0 else None,
-            "prefill_tokens": q_parts[0] if q_parts[0] >= 0 else None,
-            "decode_kv_tokens": k_parts[1] if k_parts[1] >= 0 else None,
-            "pairs": float(s["attention_pairs"]) if pd.notna(s["attention_pairs"]) else None,
-            **{k: (None if v in (-1, "") or (isinstance(v, float) and np.isnan(v)) else v) for k, v in geo.items()},
-            "geometry": source,
-        })
-    out = pd.DataFrame(rows, columns=[c for c in STEP_COLUMNS if c not in ("flops", "bytes")])
+    shaped = c[c["heads"].notna() & c["head_dim"].notna()].astype({"kv_heads": object, "kv_dtype": object}).fillna(
+        {"kv_heads": -1, "kv_dtype": ""})
+    geo = _top_per_seg(shaped, geo_cols).reindex(per.index)
+    own = geo["heads"].notna().to_numpy()
+    trace_geo = _top_per_seg(shaped.assign(seg=0), geo_cols)
+    if len(trace_geo):
+        geo = geo.fillna(trace_geo.iloc[0])
+    source = np.where(own, GEOMETRY_STEP, np.array(GEOMETRY_TRACE if len(trace_geo) else None, dtype=object))
+    names = {col: _top_per_seg(c, [col], time_col).reindex(per.index)[col].to_numpy(object) for col in ("op", "backend", "library")}
+    req = t["requests"].to_numpy(np.int64) if "requests" in t else np.full(len(t), -1, np.int64)
+
+    def known_or_none(v: np.ndarray) -> list[int | None]:
+        return [int(x) if x >= 0 else None for x in v]
+
+    out = pd.DataFrame({
+        "seg": per.index.to_numpy(np.int64), "index": t["index"].to_numpy(np.int64), "phase": t["phase"].astype(str).to_numpy(),
+        "calls": per["calls"].to_numpy(np.int64), "gpu_us": per["gpu_us"].to_numpy(float), "cpu_us": per["cpu_us"].to_numpy(float),
+        **names, "requests": known_or_none(req), "q_tokens": known_or_none(q_tok), "kv_tokens": known_or_none(kv_tok),
+        "prefill_tokens": known_or_none(pre["tokens"]), "decode_kv_tokens": known_or_none(dec["kv_tokens"]),
+        "pairs": np.where(known, pairs, np.nan),
+        **{k: [None if v in (-1, "") or (isinstance(v, float) and np.isnan(v)) else v for v in geo[k].to_numpy(object)]
+           for k in geo_cols},
+        "geometry": source,
+    })
     out["flops"], out["bytes"] = _work(out)
     return out[STEP_COLUMNS]
 

@@ -62,10 +62,11 @@ GROUP_KEYS = ["phase", "source", "op", "backend", "kernel", "batch", "heads", "k
 
 def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
     if calls.empty:
-        return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module"])
+        return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module", "library"])
     g = calls.groupby(GROUP_KEYS, dropna=False, sort=False)
     out = g.agg(calls=("call", "size"), gpu_total_us=("gpu_us", "sum"), gpu_mean_us=("gpu_us", "mean"),
-                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first")).reset_index()
+                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first"),
+                library=("library", "first")).reset_index()
     return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
@@ -274,8 +275,17 @@ class Attention:
         }
 
     def summary_lines(self) -> list[str]:
-        """Terminal lines: each scaling fit with its interval, or why there is none."""
-        return ["attention " + _fit_line(f) for f in [*self.fits, *self.too_narrow]]
+        """Terminal lines: the serving steps' attention work, each scaling fit with its interval, or
+        why there is none."""
+        lines = []
+        st = self.steps
+        flops = pd.to_numeric(st["flops"], errors="coerce")
+        if len(st) and flops.notna().any():
+            nbytes = pd.to_numeric(st["bytes"], errors="coerce")
+            lines.append(f"attention {len(st)} engine step{'s' if len(st) != 1 else ''}: {flops.sum() / 1e12:.3g} TFLOP"
+                         + (f", {nbytes.sum() / 1e9:.3g} GB" if nbytes.notna().any() else "")
+                         + f" in {st['gpu_us'].sum() / 1000:.2f} ms of attention (FLOPs from the step annotations' query/KV sums)")
+        return lines + ["attention " + _fit_line(f) for f in [*self.fits, *self.too_narrow]]
 
 
 def _lengths_json(calls: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
@@ -317,7 +327,7 @@ def run(trace: Trace, ctx: Context) -> Attention:
     calls = fill_lengths(calls, segments, getattr(phases, "steps", None))
     groups = group_calls(calls)
     time_col = time_column(trace)
-    steps = step_work(calls, segments, getattr(phases, "serving", None), time_col)
+    steps = step_work(calls, segments, time_col)
     records = fit_calls(calls, time_col) + fit_steps(steps, time_col)
     fits = [f for f in records if f.get("status") != TOO_NARROW]
     name, spec = spec_for_trace(trace)
