@@ -91,3 +91,30 @@ def full_replay(t: float) -> Replay:
 def replay_missing_add(t: float) -> Replay:
     names = [GEMM, ATTN, GEMM]
     return Replay(t, list(zip(names, (KERNEL_US[0], KERNEL_US[1], KERNEL_US[3]), strict=True)))
+
+
+def compiled_decode_pair(tmp_path, kernel_us: list[float], *, prompt: int = 60, captured_kv: int = 64):
+    """tokentrace's own reduce-overhead capture, built: an eager-pass graph map of a compiled decode
+    step whose SDPA was recorded with a `captured_kv`-key cache, and a trace of an eager prefill of
+    `prompt` tokens and one replayed decode step per entry of kernel_us (its attention kernel's
+    time; each replay also runs a 4 us GEMM). Returns (map path, replay trace path)."""
+    b = TraceBuilder()
+    b.annotation("tokentrace/graph_map", 0, 500)
+    b.annotation("## Call CompiledFxGraph fsdpa ##", 10, 400)
+    q, kv = [1, 4, 1, 16], [1, 4, captured_kv, 16]
+    b.cpu_op("aten::scaled_dot_product_attention", 20, 80, input_dims=[q, kv, kv, [], [], [], [], []])
+    b.cpu_op("aten::_scaled_dot_product_flash_attention", 30, 60, input_dims=[q, kv, kv, [], [], [], []])
+    b.launch("flash_fwd_splitkv_kernel", 40, 50, 6)
+    b.cpu_op("aten::mm", 120, 50, input_dims=[[1, 64], [64, 64]])
+    b.launch("sm90_gemm", 130, 140, 4)
+    cap = b.write(tmp_path / "map.json")
+    r = TraceBuilder()
+    r.annotation("tokentrace/prefill", 100, 300)
+    r.cpu_op("aten::embedding", 110, 20, input_dims=[[1000, 64], [1, prompt], [], [], []])
+    r.launch("void at::native::indexSelectLargeIndex<float>", 112, 120, 5)
+    for i, us in enumerate(kernel_us):
+        t0 = 1000 * (i + 1)
+        r.annotation(f"tokentrace/decode_step[{i}]", t0 - 20, 200)
+        r.annotation("## Call CompiledFxGraph fsdpa ##", t0 - 5, 60)
+        r.graph_launch(t0, t0 + 10, [("flash_fwd_splitkv_kernel", us), ("sm90_gemm", 4.0)])
+    return cap, r.write(tmp_path / "rep.json")

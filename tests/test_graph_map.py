@@ -7,7 +7,19 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from graph_traces import ADD, ATTN, GEMM, GEMM_REPLAYED, KERNEL_US, Replay, capture_trace, full_replay, replay_missing_add, replay_trace
+from graph_traces import (
+    ADD,
+    ATTN,
+    GEMM,
+    GEMM_REPLAYED,
+    KERNEL_US,
+    Replay,
+    capture_trace,
+    compiled_decode_pair,
+    full_replay,
+    replay_missing_add,
+    replay_trace,
+)
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -367,28 +379,19 @@ def test_replay_trace_is_analysed_when_kernels_are_renamed_beyond_templates(tmp_
 
 def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     # A compiled decode step whose attention ran as SDPA (torch.compile keeps it as an op) and a
-    # trace of three replays: the attention section sees three decode calls with the graph's shapes.
-    b = TraceBuilder()
-    b.annotation("tokentrace/graph_map", 0, 500)
-    b.annotation("## Call CompiledFxGraph fsdpa ##", 10, 400)
-    q, kv = [1, 4, 1, 16], [1, 4, 64, 16]
-    b.cpu_op("aten::scaled_dot_product_attention", 20, 80, input_dims=[q, kv, kv, [], [], [], [], []])
-    b.cpu_op("aten::_scaled_dot_product_flash_attention", 30, 60, input_dims=[q, kv, kv, [], [], [], [], []])
-    b.launch("flash_fwd_splitkv_kernel", 40, 50, 6)
-    b.cpu_op("aten::mm", 120, 50, input_dims=[[1, 64], [64, 64]])
-    b.launch("sm90_gemm", 130, 140, 4)
-    cap = b.write(tmp_path / "map.json")
-    r = TraceBuilder()
-    for i in range(3):
-        t0 = 1000 * (i + 1)
-        r.annotation(f"tokentrace/decode_step[{i}]", t0 - 20, 200)
-        r.annotation("## Call CompiledFxGraph fsdpa ##", t0 - 5, 60)
-        r.graph_launch(t0, t0 + 10, [("flash_fwd_splitkv_kernel", 6.0), ("sm90_gemm", 4.0)])
-    rep = r.write(tmp_path / "rep.json")
+    # trace of an eager 60-token prefill and three replays: the attention section sees three
+    # decode calls with the graph's query shapes, and KV lengths from the decode step annotations
+    # and the prompt length (61, 62, 63), not the 64 keys the graph was captured with.
+    cap, rep = compiled_decode_pair(tmp_path, [6.0, 6.0, 6.0])
     without = tokentrace.analyze(rep, find_graph_maps=False).attention
     att = tokentrace.analyze(rep, graph_maps=[cap]).attention
     calls = att.calls[att.calls["source"] == "op"]
     assert len(without.calls[without.calls["source"] == "op"]) == 0
-    assert len(calls) == 3 and set(calls["phase"]) == {"decode"}
-    assert calls[["batch", "heads", "q_len", "kv_len", "head_dim"]].drop_duplicates().values.tolist() == [[1, 4, 1, 64, 16]]
+    assert len(calls) == 3 and set(calls["phase"]) == {"decode"} and calls["in_graph"].all()
+    assert calls[["batch", "heads", "q_len", "head_dim"]].drop_duplicates().values.tolist() == [[1, 4, 1, 16]]
+    assert calls["kv_len"].tolist() == [61, 62, 63]
+    assert calls["kv_source"].tolist() == ["capture_annotations"] * 3
     assert calls["gpu_us"].tolist() == [6.0, 6.0, 6.0]
+    lengths = att.to_json()["lengths"]
+    assert lengths == {"in_graph_calls": 3, "kv_sources": {"capture_annotations": 3}, "in_engine_steps": 0,
+                       "kv_unknown_in_graph": 0}

@@ -1,14 +1,22 @@
 """Attention calls: every attention call in a trace, however it ran, with its shapes, backend
 kernel, phase and GPU time (one row each, columns CALL_COLUMNS).
 
-- ops: ATTENTION_OPS (SDPA and its variants, flash_attn, xformers, vLLM, FlashInfer); nested ones
-  form one call, named by the outermost op;
+- ops: ATTENTION_OPS (SDPA and its variants, flash_attn, xformers, the custom ops of vLLM, SGLang,
+  FlashInfer and AITER); nested ones form one call, named by the outermost op. The backend is the
+  one its kernels name, else the innermost op that names one, else what the innermost op implies
+  when neither does (SDPA: its math path; an engine's attention op: fused);
 - kernels by name (ATTENTION_KERNELS) where no host op encloses them (CUDA-graph replay, vLLM /
   SGLang / FlashInfer kernels, host events cropped from the trace): consecutive attention kernels
   on one stream form one call;
 - eager attention: matmul -> softmax -> matmul on one thread with consistent shapes, or inside an
   attention module (python_function `nn.Module: LlamaAttention_0`, `eager_attention_forward`, or
   the op's recorded stack).
+
+Calls inside a CUDA/HIP graph replay (`in_graph`: the op was copied from a graph map, or the
+kernel came from a graph launch) keep the query shape of their capture, but their key length says
+nothing about the replay: the graph was recorded once, for one length. Their `kv_len` is left
+unknown here (`kv_source` None); the attention detector fills it from the step annotations where
+they say it. `kv_source` is "shapes" where the op's own dims gave it.
 
 Read by the attention detector and by `tokentrace scaling` (analysis.compare.scaling).
 """
@@ -20,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, GRAPH_MAP_CATEGORY
 from tokentrace.analysis.common.attention_ops import (
     ATTENTION_MODULE_RE,
     EAGER,
@@ -27,12 +36,14 @@ from tokentrace.analysis.common.attention_ops import (
     MATH,
     MATMUL_OPS,
     OPS_RE,
+    SHAPE_KEYS,
     SOFTMAX_OPS,
+    TORCH,
     UNKNOWN,
     attention_op_spec,
     int_or_none,
     match_categories,
-    parse_shapes,
+    op_shapes,
 )
 from tokentrace.analysis.common.attribution import climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
@@ -44,7 +55,14 @@ from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
-                "head_dim", "dtype", "causal", "phase", "seg", "ts", "end", "row", "gpu_us", "gpu_kernels", "cpu_us"]
+                "head_dim", "dtype", "causal", "phase", "seg", "ts", "end", "row", "gpu_us", "gpu_kernels", "cpu_us",
+                "library", "kv_dtype", "in_graph", "kv_source"]
+# Name part of PyTorch's own kernels (at::native elementwise, fill, reduce, copy): not attention.
+PYTORCH_KERNEL = "at::native::"
+# Where a call's kv_len came from: its op's input dims (the detector adds the step annotations' sources).
+KV_FROM_SHAPES = "shapes"
+# Phases a call takes from its segment (other segments' calls fall back to their query length).
+SEGMENT_PHASES = ("prefill", "decode", "mixed")
 
 
 def _causal(concrete: Any, index: int | None) -> bool | None:
@@ -60,19 +78,22 @@ def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in CALL_COLUMNS})
 
 
-def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray) -> dict[str, np.ndarray]:
-    """GPU ns, kernel count, top kernel and kernel-named backend for each call id 0..n_calls-1."""
+def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray,
+                  klib: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """GPU ns, kernel count, top kernel, kernel-named backend and library for each call id 0..n_calls-1."""
     ok = call_of_gpu >= 0
     c = call_of_gpu[ok]
     dur = gpu["dur"].to_numpy()[ok]
     names = gpu["name"].to_numpy(dtype=object)[ok]
     kb = kclass[ok]
+    kl = klib[ok] if klib is not None else np.full(len(kb), None, dtype=object)
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
     count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
     top = np.full(n_calls, None, dtype=object)
     kback = np.full(n_calls, None, dtype=object)
+    klib_of = np.full(n_calls, None, dtype=object)
     if len(c):
-        df = pd.DataFrame({"c": c, "k": names, "d": dur, "b": kb})
+        df = pd.DataFrame({"c": c, "k": names, "d": dur, "b": kb, "l": kl})
         by = df.groupby(["c", "k"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
         first = by.drop_duplicates("c")
         top[first["c"].to_numpy()] = first["k"].to_numpy()
@@ -81,10 +102,20 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
             bb = named.groupby(["c", "b"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
             bfirst = bb.drop_duplicates("c")
             kback[bfirst["c"].to_numpy()] = bfirst["b"].to_numpy()
-    return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback}
+        lib = df[df["l"].notna()].drop_duplicates("c")
+        klib_of[lib["c"].to_numpy()] = lib["l"].to_numpy()
+    return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
 
 
-def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
+    """Per GPU row: is it one of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
+    cats = gpu["name"].array.categories
+    own = np.array([PYTORCH_KERNEL in str(c) for c in cats] + [False])
+    codes = np.asarray(gpu["name"].array.codes, dtype=np.int64)
+    return own[np.where(codes >= 0, codes, len(cats))].astype(float)
+
+
+def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """Calls from attention ops; also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     n = len(ev)
@@ -101,36 +132,43 @@ def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.Da
     call_of_row = np.full(n, -1, dtype=np.int64)
     call_of_row[att_rows] = call_idx
 
-    # Rows of each call, outer first (start order, longer first): the backend comes from the
-    # innermost op that names one (the variant that ran), the shapes from the outermost op whose
-    # dims parse, causality from the first op that records it.
+    # Rows of each call, outer first (start order, longer first): the backend, library and the
+    # fallback backend come from the innermost op that names one (the variant that ran), the
+    # shapes from the outermost op whose dims parse, causality from the first op that records it.
     order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
     spec_o = spec[order]
-    table = [s for _, s in OPS_RE]
-    op_backend_o = np.array([table[i][0] for i in spec_o], dtype=object)
-    per_row = pd.DataFrame({"call": call_of_row[order], "row": order, "backend": op_backend_o})
-    named = per_row[per_row["backend"].notna()].drop_duplicates("call", keep="last")
-    op_backend = np.full(n_calls, None, dtype=object)
-    op_backend[named["call"].to_numpy()] = named["backend"].to_numpy()
+    kinds = [k for _, k in OPS_RE]
+    per_row = pd.DataFrame({"call": call_of_row[order], "row": order,
+                            "backend": np.array([kinds[i].backend for i in spec_o], dtype=object),
+                            "library": np.array([kinds[i].library for i in spec_o], dtype=object),
+                            "otherwise": np.array([kinds[i].otherwise for i in spec_o], dtype=object)})
+
+    def innermost(col: str) -> np.ndarray:
+        named = per_row[per_row[col].notna()].drop_duplicates("call", keep="last")
+        out = np.full(n_calls, None, dtype=object)
+        out[named["call"].to_numpy()] = named[col].to_numpy()
+        return out
+
+    op_backend, op_library, otherwise = innermost("backend"), innermost("library"), innermost("otherwise")
 
     dims = ev["input_dims"].to_numpy()
-    codes = value_codes(dims[order])
-    parsed: dict[tuple[int, int], dict[str, int | None]] = {}
-    for code, sp, r in zip(codes, spec_o, order, strict=True):  # once per distinct (shapes, op kind)
-        key = (int(code), int(sp))
+    types = ev["input_type"].to_numpy()
+    dcodes, tcodes = value_codes(dims[order]), value_codes(types[order])
+    parsed: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for dc, tc, sp, r in zip(dcodes, tcodes, spec_o, order, strict=True):  # once per distinct (shapes, types, op kind)
+        key = (int(dc), int(tc), int(sp))
         if key not in parsed:
-            parsed[key] = parse_shapes(dims[r], table[sp][1])
-    shapes_o = [parsed[(int(c), int(sp))] for c, sp in zip(codes, spec_o, strict=True)]
+            parsed[key] = op_shapes(dims[r], types[r], kinds[sp])
+    shapes_o = [parsed[(int(dc), int(tc), int(sp))] for dc, tc, sp in zip(dcodes, tcodes, spec_o, strict=True)]
     per_row["ok"] = [p["q_len"] is not None for p in shapes_o]
     per_row["i"] = np.arange(len(order))
     concrete = ev["concrete_inputs"].to_numpy()
-    per_row["causal"] = [_causal(concrete[r], table[sp][2]) for r, sp in zip(order, spec_o, strict=True)]
-    shape_cols: dict[str, list] = {k: [None] * n_calls for k in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal")}
-    types = ev["input_type"].to_numpy()
-    for c, i, r in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i", "row"]].itertuples(index=False):
-        for k, v in shapes_o[i].items():
-            shape_cols[k][c] = v
-        shape_cols["dtype"][c] = dtype_name(types[r])
+    per_row["causal"] = [_causal(concrete[r], kinds[sp].causal) for r, sp in zip(order, spec_o, strict=True)]
+    cols = (*SHAPE_KEYS, "dtype", "kv_dtype", "causal")
+    shape_cols: dict[str, list] = {k: [None] * n_calls for k in cols}
+    for c, i in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i"]].itertuples(index=False):
+        for k in (*SHAPE_KEYS, "dtype", "kv_dtype"):
+            shape_cols[k][c] = shapes_o[i][k]
     causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
     for c, v in zip(causal["call"], causal["causal"], strict=True):
         shape_cols["causal"][c] = bool(v)
@@ -138,22 +176,31 @@ def _op_calls(trace: Trace, kclass: np.ndarray, spec: np.ndarray) -> tuple[pd.Da
     g_op = gpu["op"].to_numpy()
     nearest = climb_to(parent, g_op, is_att)
     call_of_gpu = np.where(nearest >= 0, call_of_row[np.maximum(nearest, 0)], -1)
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
-    # SDPA with no fused kernel and no named variant ran decomposed: the math path.
-    backend = np.where((backend == None) & (per["count"] > 0), MATH, backend)  # noqa: E711
+    # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
+    # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
+    # was PyTorch's own kernels (vLLM's profiling run only zero-fills the output).
+    ok = call_of_gpu >= 0
+    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu)[ok], minlength=n_calls) if n_calls else np.zeros(0)
+    only_pytorch = (per["count"] > 0) & (own >= per["count"])
+    otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
+    backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
     names = ev["name"].to_numpy()
+    cat = ev["cat"].to_numpy(dtype=object)[call_rows]
     calls = pd.DataFrame({
         "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
         **shape_cols,
         "ts": ev["ts"].to_numpy()[call_rows], "end": ev["end"].to_numpy()[call_rows], "row": call_rows,
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": ev["dur"].to_numpy()[call_rows] / US,
+        "library": np.where(op_library != None, op_library, per["klib"]),  # noqa: E711
+        "in_graph": cat == GRAPH_MAP_CATEGORY,
     })
     return calls, is_att, call_of_gpu
 
 
-def _kernel_calls(trace: Trace, kclass: np.ndarray, taken: np.ndarray) -> pd.DataFrame:
+def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame:
     """Calls from attention kernels no attention op encloses: consecutive ones on a stream form one call."""
     gpu = trace.gpu
     free = (kclass != None) & ~taken  # noqa: E711
@@ -170,15 +217,18 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, taken: np.ndarray) -> pd.Dat
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     call_of_gpu[order[f]] = call_sorted[f]
     n_calls = int(starts.sum())
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     rows = gpu.index.to_numpy(np.int64)
     first = pd.Series(np.arange(len(gpu))[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).min().to_numpy()
     last_end = pd.Series(gpu["end"].to_numpy()[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).max().to_numpy()
+    launch = gpu["launch"].to_numpy(np.int64)[first]
+    in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
         "batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None, "dtype": None,
         "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
+        "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
     })
 
 
@@ -287,9 +337,10 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
         shp = _eager_shapes(dims[r1], dims[rs], dims[r2])
         if shp is None and module is None:
             continue
-        shp = shp or {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
+        shp = shp or dict.fromkeys(SHAPE_KEYS)
         used_until = int(i) + 2
         recs.append({"source": "eager", "op": f"{nm[i]} -> {nm[i + 1]} -> {nm[i + 2]}", "backend": EAGER, "module": module,
+                     "library": TORCH, "kv_dtype": None, "in_graph": bool(ev["cat"].iat[r1] == GRAPH_MAP_CATEGORY),
                      **shp, "dtype": dtype_name(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
                      "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
     if not recs:
@@ -331,12 +382,14 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
         op_spec = attention_op_spec(trace)
     gpu = trace.gpu
     kclass = np.full(len(gpu), None, dtype=object)
+    klib = np.full(len(gpu), None, dtype=object)
     if len(gpu):
         kidx = match_categories(gpu["name"].array, KERNELS_RE)
-        kb = np.array([s[0] for _, s in KERNELS_RE], dtype=object)
-        kclass = np.where(kidx >= 0, kb[np.maximum(kidx, 0)], np.array(None))
-    op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, op_spec)
-    parts = [op_calls, _kernel_calls(trace, kclass, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
+        kb = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
+        kl = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
+        kclass, klib = kb[kidx], kl[kidx]  # -1 (no match) picks the trailing None
+    op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, klib, op_spec)
+    parts = [op_calls, _kernel_calls(trace, kclass, klib, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
     parts = [p for p in parts if len(p)]
     if not parts:
         return _empty_calls()
@@ -344,18 +397,24 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     calls["call"] = np.arange(len(calls))
     rows = calls["row"].to_numpy(np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
-    q = pd.to_numeric(calls["q_len"], errors="coerce").to_numpy(float)
-    by_len = np.where(q > 1, "prefill", np.where(q == 1, "decode", np.array(None)))
-    from_seg = np.isin(seg_phase, ("prefill", "decode"))
+    for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
+        calls[c] = pd.array(pd.to_numeric(calls[c], errors="coerce"), dtype="Int64")
+    # A graph replay ran with the key length it was captured for only in its shapes, not its work.
+    in_graph = calls["in_graph"].fillna(False).to_numpy(bool)
+    calls["in_graph"] = in_graph
+    calls.loc[in_graph, "kv_len"] = pd.NA
+    calls["kv_source"] = np.where(calls["kv_len"].notna().to_numpy(), KV_FROM_SHAPES, np.array(None))
+    # Query length tells prefill (> 1) from decode (1) only per sequence: where the batch is known.
+    q = calls["q_len"].astype("Float64").to_numpy(float, na_value=np.nan)
+    per_seq = calls["batch"].notna().to_numpy()
+    by_len = np.where(per_seq & (q > 1), "prefill", np.where(per_seq & (q == 1), "decode", np.array(None)))
+    from_seg = np.isin(seg_phase, SEGMENT_PHASES)
     phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
     calls["phase"] = [str(p) for p in phase]
     calls["seg"] = seg
     calls["causal"] = pd.Series([v if v is None else bool(v) for v in calls["causal"].astype(object).where(calls["causal"].notna(), None)],
                                 dtype=object)
-    for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
-        calls[c] = pd.array(pd.to_numeric(calls[c], errors="coerce"), dtype="Int64")
     return calls[CALL_COLUMNS]
-
 
 
 def time_column(trace: Trace) -> str:

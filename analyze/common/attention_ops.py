@@ -1,7 +1,39 @@
-"""The vocabulary of attention: the host ops and GPU kernels that are attention, the backend each
-implies, the query/key layouts of their Input Dims, and the eager (matmul -> softmax -> matmul)
-ops and module names. Read by the phases detector (forward passes, prompt lengths), the
-attention detector (calls, backends) and the roofline detector (GEMMs inside attention ops).
+"""The vocabulary of attention: the host ops and GPU kernels that are attention, the backend and the
+library each implies, where their query and key sit among the op's Input Dims, and the eager
+(matmul -> softmax -> matmul) ops and module names. Read by the phases detector (forward passes,
+prompt lengths), the attention detector (calls, backends) and the roofline detector (GEMMs inside
+attention ops).
+
+Serving engines call their fused attention through custom ops whose names are listed here from
+their sources (none of them is a math fallback, whatever kernel they run):
+
+- vLLM: `vllm::unified_attention[_with_output]` (vllm/attention/layer.py; the backend chosen at
+  start-up runs inside: FlashAttention, FlashInfer, Triton `kernel_unified_attention_2d/3d`
+  (vllm/attention/ops/triton_unified_attention.py), ROCm AITER or ROCm custom paged attention),
+  `vllm::unified_mla_attention[_with_output]`, `vllm::rocm_aiter_*` (ROCm AITER wrappers),
+  vllm-flash-attn `_vllm_fa2_C::varlen_fwd` / `_vllm_fa3_C::fwd`, the paged kernels
+  `_C::paged_attention_v1/v2` and `_rocm_C::paged_attention` (csrc/torch_bindings.cpp).
+- SGLang: `sglang::unified_attention_with_output` (RadixAttention's piecewise-graph path),
+  sgl-kernel's FlashAttention-3 `sgl_kernel::fwd` and `sgl_kernel::*mla*` / `*attn*` ops, and the
+  ops of SGLang's kernel shape profiler (python/sglang/srt/utils/kernel_shape_profiler.py), which
+  registers each wrapped kernel entry point as `sglang_profiler::<last module part>_<function>_<n>`:
+  `attention_paged_attention_ragged_100` is aiter.ops.attention.paged_attention_ragged,
+  `decode_attention_decode_attention_fwd_3` the Triton decode kernels of
+  sglang/srt/layers/attention/triton_ops/decode_attention.py, `extend_attention_...` and
+  `prefill_attention_context_attention_fwd_...` their extend and prefill siblings,
+  `flash_attn_flash_attn_with_kvcache_...` sgl_kernel.flash_attn, `decode_single_decode_with_kv_cache_...`
+  FlashInfer's functions.
+- FlashInfer: `flashinfer::<uri>_run` / `_paged_run` / `_ragged_run` (flashinfer/decode.py,
+  prefill.py: `register_custom_op(f"flashinfer::{uri}_run")`, uri naming the batch decode or
+  prefill module); its `_plan` ops and its norm, sampling and activation ops are not attention.
+- AITER (ROCm): `aiter::mha_*`, `aiter::fmha_*`, `aiter::paged_attention_*`, `aiter::pa_*`,
+  `aiter::mla_*` (aiter/ops/mha.py, attention.py, mla.py).
+
+Kernels by name: FlashAttention (`flash_fwd*`), FlashInfer (`flashinfer::Batch...Kernel`), CK
+(`ck_tile::Fmha...`), AITER assembly (`_ZN5aiter<n>fmha_... / pa_... / mla_...`), paged attention
+(`paged_attention_v1_kernel`, ROCm `paged_attention_ll4mi_*`), the Triton kernels of vLLM
+(`kernel_unified_attention_2d`, `kernel_paged_attention_2d`) and SGLang (`_fwd_kernel_stage1`,
+`_fwd_grouped_kernel_stage1`, `_fwd_kernel`).
 
 `attention_op_spec` is a pure function of the trace: the pipeline computes it once per run
 (`ctx.shared(attention_op_spec)`).
@@ -10,15 +42,17 @@ attention detector (calls, backends) and the roofline detector (GEMMs inside att
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common.dtypes import DTYPE_NAMES
 from tokentrace.analysis.loading.trace import Trace
 
 FLASH, EFFICIENT, CUDNN, MATH, EAGER = "flash", "efficient", "cudnn", "math", "eager"
 FLASHINFER, PAGED, CK, TRITON, FUSED, UNKNOWN = "flashinfer", "paged", "ck", "triton", "fused", "unknown"
+AITER = "aiter"
 # Backends that materialise the S x S score matrix in GPU memory: what a fused kernel avoids.
 UNFUSED_BACKENDS = (MATH, EAGER)
 
@@ -27,44 +61,94 @@ UNFUSED_BACKENDS = (MATH, EAGER)
 # dim] (varlen / paged kernels: batch and per-sequence lengths are not in the dims).
 BHSD, BSHD, THD = "BHSD", "BSHD", "THD"
 
-# (pattern on the cpu_op name, backend it implies or None when its children decide, layout,
-# position of is_causal among the op's arguments or None). First match wins.
-ATTENTION_OPS: tuple[tuple[str, str | None, str | None, int | None], ...] = (
-    (r"^aten::_scaled_dot_product_flash_attention(_for_cpu)?$", FLASH, BHSD, 4),
-    (r"^aten::_flash_attention_forward$", FLASH, BSHD, 8),
-    (r"^aten::_scaled_dot_product_efficient_attention$", EFFICIENT, BHSD, 6),
-    (r"^aten::_efficient_attention_forward$", EFFICIENT, BSHD, None),
-    (r"^aten::_scaled_dot_product_cudnn_attention$", CUDNN, BHSD, 6),
-    (r"^aten::_cudnn_attention_forward$", CUDNN, BHSD, None),
-    (r"^aten::_scaled_dot_product_attention_math(_for_mps)?$", MATH, BHSD, 5),
-    (r"^aten::_scaled_dot_product_fused_attention_overrideable$", FUSED, BHSD, 5),
-    (r"^aten::scaled_dot_product_attention$", None, BHSD, 5),
-    (r"^flash_attn[\w.]*::\w*varlen\w*", FLASH, THD, None),
-    (r"^flash_attn[\w.]*::", FLASH, BSHD, None),
-    (r"^FlashAttn\w*Func$", FLASH, BSHD, None),
-    (r"^FlashAttnVarlen\w*Func$", FLASH, THD, None),
-    (r"^xformers(_flash\d?)?::\w*flash\w*", FLASH, BSHD, None),
-    (r"^xformers::\w*_ck\b|^xformers::\w*ck_", CK, BSHD, None),
-    (r"^xformers::\w*(efficient_attention|cutlass)\w*", EFFICIENT, BSHD, None),
-    (r"^_vllm_fa\d_C::", FLASH, THD, None),
-    (r"^_C::paged_attention", PAGED, None, None),
-    (r"^vllm::\w*attention\w*", None, None, None),
-    (r"^flashinfer::", FLASHINFER, None, None),
-    (r"^sgl_kernel::\w*(attn|attention)\w*", None, None, None),
+# Libraries an op or kernel comes from (the `library` column of attention calls).
+TORCH, FLASH_ATTN, XFORMERS, VLLM, SGLANG = "torch", "flash_attn", "xformers", "vllm", "sglang"
+
+
+class OpKind(NamedTuple):
+    """What an attention op's name says. The first three fields keep their positions (backend,
+    layout, causal) for readers that index them."""
+
+    backend: str | None  # backend the op implies; None: the kernels it runs decide
+    layout: str | None  # BHSD, BSHD, THD, or None when its dims are not read
+    causal: int | None = None  # position of is_causal among the op's arguments
+    library: str | None = None
+    # Backend when neither the op nor its kernels name one: SDPA without a fused variant ran its
+    # math path; an engine's attention op is fused whatever kernel it ran.
+    otherwise: str = UNKNOWN
+    # THD ops: a 3-D key holds every sequence's keys (varlen, cu_seqlens), so its length is the
+    # step's key tokens; False where the key is this step's new tokens or a KV-cache pool.
+    packed: bool = False
+    query: int | None = None  # THD: argument index of the query (None: the first 3-D input)
+    kv_heads_at: tuple[int, int] | None = None  # THD: (argument, dim) holding the KV heads, when fixed
+
+
+# (pattern on the cpu_op name, what it says). First match wins.
+ATTENTION_OPS: tuple[tuple[str, OpKind], ...] = (
+    (r"^aten::_scaled_dot_product_flash_attention(_for_cpu)?$", OpKind(FLASH, BHSD, 4, TORCH)),
+    (r"^aten::_flash_attention_forward$", OpKind(FLASH, BSHD, 8, TORCH)),
+    (r"^aten::_scaled_dot_product_efficient_attention$", OpKind(EFFICIENT, BHSD, 6, TORCH)),
+    (r"^aten::_efficient_attention_forward$", OpKind(EFFICIENT, BSHD, None, TORCH)),
+    (r"^aten::_scaled_dot_product_cudnn_attention$", OpKind(CUDNN, BHSD, 6, TORCH)),
+    (r"^aten::_cudnn_attention_forward$", OpKind(CUDNN, BHSD, None, TORCH)),
+    (r"^aten::_scaled_dot_product_attention_math(_for_mps)?$", OpKind(MATH, BHSD, 5, TORCH)),
+    (r"^aten::_scaled_dot_product_fused_attention_overrideable$", OpKind(FUSED, BHSD, 5, TORCH)),
+    (r"^aten::scaled_dot_product_attention$", OpKind(None, BHSD, 5, TORCH, otherwise=MATH)),
+    (r"^flash_attn[\w.]*::\w*varlen\w*", OpKind(FLASH, THD, None, FLASH_ATTN, packed=True)),
+    (r"^flash_attn[\w.]*::", OpKind(FLASH, BSHD, None, FLASH_ATTN)),
+    (r"^FlashAttnVarlen\w*Func$", OpKind(FLASH, THD, None, FLASH_ATTN, packed=True)),
+    (r"^FlashAttn\w*Func$", OpKind(FLASH, BSHD, None, FLASH_ATTN)),
+    (r"^xformers(_flash\d?)?::\w*flash\w*", OpKind(FLASH, BSHD, None, XFORMERS)),
+    (r"^xformers::\w*_ck\b|^xformers::\w*ck_", OpKind(CK, BSHD, None, XFORMERS)),
+    (r"^xformers::\w*(efficient_attention|cutlass)\w*", OpKind(EFFICIENT, BSHD, None, XFORMERS)),
+    # vLLM
+    (r"^_vllm_fa\d_C::", OpKind(FLASH, THD, None, VLLM, packed=True)),
+    (r"^_C::paged_attention_v1$", OpKind(PAGED, THD, None, VLLM, query=1, kv_heads_at=(2, 1))),
+    (r"^_C::paged_attention_v2$", OpKind(PAGED, THD, None, VLLM, query=4, kv_heads_at=(5, 1))),
+    (r"^_rocm_C::paged_attention\w*$", OpKind(PAGED, THD, None, VLLM, query=4, kv_heads_at=(5, 1))),
+    (r"^vllm::\w*mla\w*", OpKind(None, None, None, VLLM, otherwise=FUSED)),  # MLA: latent dims, not heads x head_dim
+    (r"^vllm::rocm_aiter_\w*(attention|attn|mha|fmha|paged|pa_fwd)\w*", OpKind(AITER, THD, None, VLLM)),
+    (r"^vllm::\w*(attention|attn)\w*", OpKind(None, THD, None, VLLM, otherwise=FUSED)),
+    # SGLang
+    (r"^sglang::\w*(attention|attn)\w*", OpKind(None, THD, None, SGLANG, otherwise=FUSED)),
+    (r"^sgl_kernel::fwd$", OpKind(FLASH, THD, None, SGLANG, packed=True)),  # sgl-kernel's FlashAttention-3
+    (r"^sgl_kernel::\w*mla\w*", OpKind(None, None, None, SGLANG, otherwise=FUSED)),
+    (r"^sgl_kernel::\w*(attn|attention)\w*", OpKind(None, THD, None, SGLANG, otherwise=FUSED)),
+    (r"^sglang_profiler::attention_(paged_attention\w*|pa_\w*)_\d+$", OpKind(AITER, THD, None, AITER)),
+    (r"^sglang_profiler::mla_\w*_\d+$", OpKind(AITER, None, None, AITER)),
+    (r"^sglang_profiler::mha_\w*(mha|fmha|flash_attn)\w*_\d+$", OpKind(AITER, THD, None, AITER, packed=True)),
+    (r"^sglang_profiler::(decode|extend)_attention_\w*_\d+$", OpKind(TRITON, THD, None, SGLANG)),
+    (r"^sglang_profiler::prefill_attention_\w*_\d+$", OpKind(TRITON, THD, None, SGLANG, packed=True)),
+    (r"^sglang_profiler::flash_attn_\w*_\d+$", OpKind(FLASH, THD, None, SGLANG, packed=True)),
+    (r"^sglang_profiler::(decode|prefill)_\w*with\w*kv_cache\w*_\d+$", OpKind(FLASHINFER, THD, None, FLASHINFER)),
+    (r"^sglang_profiler::(?!\w*(metadata|plan|indices|indptr))\w*(attention|attn)\w*_\d+$",
+     OpKind(None, THD, None, SGLANG, otherwise=FUSED)),
+    # FlashInfer and AITER called directly
+    (r"^flashinfer::(?!\w*_plan$)\w*(decode|prefill|attention|attn|mla|fmha|xqa)\w*", OpKind(FLASHINFER, THD, None, FLASHINFER)),
+    (r"^aiter::(?!\w*(metadata|_plan$))(mha\w*|fmha\w*|\w*paged_attention\w*|pa_\w*|mla_\w*|\w*attention\w*)$",
+     OpKind(AITER, THD, None, AITER)),
 )
 
-# (pattern on a GPU kernel name, backend). First match wins; names are mangled C++ or Triton.
-ATTENTION_KERNELS: tuple[tuple[str, str], ...] = (
+# (pattern on a GPU kernel name, backend, library or None). First match wins; names are mangled
+# C++ or Triton function names.
+ATTENTION_KERNELS: tuple[tuple[str, str, str | None], ...] = (
     # FlashInfer's attention kernels (not its helpers such as create_flashinfer_kv_indices_triton).
-    (r"flashinfer::\w*(Decode|Prefill|Attention|MLA)\w*Kernel|BatchDecodeWith\w*KVCache|BatchPrefillWith\w*KVCache|"
-     r"Single(Prefill|Decode)WithKVCache", FLASHINFER),
-    (r"paged_attention", PAGED),
-    (r"ck_fmha|ck_tile::Fmha|FmhaFwd|fmha_fwd_d\d+", CK),
-    (r"cudnn\w*(sdpa|fmha|flash)|sdpa\w*cudnn", CUDNN),
-    (r"flash_fwd|flash_bwd|pytorch_flash::|flash::|FlashAttn|flash_attn|fmha\w*flash", FLASH),
-    (r"fmha_cutlass|efficient_attention|mem_eff|AttentionKernel|attention_kernel_batched", EFFICIENT),
-    (r"_attn_fwd|attn_fwd_kernel|_fwd_grouped_kernel_stage\d|_fwd_kernel_stage\d|decode_att\w*kernel|prefill_attention", TRITON),
-    (r"fmha|fused_multihead_attention|fused_attention", FUSED),
+    (r"flashinfer::(\w+::)?\w*(Decode|Prefill|Attention|MLA)\w*Kernel|BatchDecodeWith\w*KVCache|BatchPrefillWith\w*KVCache|"
+     r"Single(Prefill|Decode)WithKVCache", FLASHINFER, FLASHINFER),
+    # AITER's assembly kernels: _ZN5aiter<length><name>E.
+    (r"_ZN5aiter\d+(fmha|pa_|mla_)", AITER, AITER),
+    # vLLM's Triton attention (before the paged pattern: kernel_paged_attention_2d is Triton).
+    (r"kernel_unified_attention|kernel_paged_attention_\dd", TRITON, VLLM),
+    (r"paged_attention", PAGED, None),
+    (r"ck_fmha|ck_tile::Fmha|FmhaFwd|fmha_fwd_d\d+", CK, None),
+    (r"cudnn\w*(sdpa|fmha|flash)|sdpa\w*cudnn", CUDNN, None),
+    (r"flash_fwd|flash_bwd|pytorch_flash::|flash::|FlashAttn|flash_attn|fmha\w*flash", FLASH, None),
+    (r"fmha_cutlass|efficient_attention|mem_eff|AttentionKernel|attention_kernel_batched", EFFICIENT, None),
+    # Triton attention of SGLang (decode_attention.py stage kernels, extend/prefill `_fwd_kernel`),
+    # vLLM (triton_decode_attention, prefix_prefill `_fwd_kernel`) and the Triton tutorials.
+    (r"_attn_fwd|attn_fwd_kernel|_fwd_grouped_kernel_stage\d|_fwd_kernel_stage\d|decode_att\w*kernel|prefill_attention|"
+     r"^_fwd_kernel(_\d\w*)?$", TRITON, None),
+    (r"fmha|fused_multihead_attention|fused_attention", FUSED, None),
 )
 
 # Eager attention: the ops of `softmax(q @ k^T) @ v` when written out in Python.
@@ -78,7 +162,7 @@ def compile_table(table: tuple) -> list[tuple[re.Pattern[str], tuple]]:
     return [(re.compile(t[0]), t[1:]) for t in table]
 
 
-OPS_RE = compile_table(ATTENTION_OPS)
+OPS_RE: list[tuple[re.Pattern[str], OpKind]] = [(re.compile(p), kind) for p, kind in ATTENTION_OPS]
 KERNELS_RE = compile_table(ATTENTION_KERNELS)
 
 
@@ -111,9 +195,14 @@ def attention_op_mask(trace: Trace) -> np.ndarray:
     return attention_op_spec(trace) >= 0
 
 
+def op_kind(name: str) -> OpKind | None:
+    """What ATTENTION_OPS says of an op name (None: not an attention op)."""
+    return next((kind for pat, kind in OPS_RE if pat.search(name)), None)
+
+
 def kernel_backend(name: str) -> str | None:
     """The backend a GPU kernel's name implies (ATTENTION_KERNELS), None for other kernels."""
-    for pat, (backend,) in KERNELS_RE:
+    for pat, (backend, _) in KERNELS_RE:
         if pat.search(name):
             return backend
     return None
@@ -122,20 +211,26 @@ def kernel_backend(name: str) -> str | None:
 # ---- shapes ------------------------------------------------------------------------------------
 
 
+SHAPE_KEYS = ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim")
+
+
 def int_or_none(v: Any) -> int | None:
     return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else None
 
 
+def _ints(d: Any) -> list[int | None] | None:
+    return [int_or_none(x) for x in d] if isinstance(d, list) and d else None
+
+
 def parse_shapes(dims: Any, layout: str | None) -> dict[str, int | None]:
-    """batch, heads, kv_heads, q_len, kv_len, head_dim from an op's Input Dims in a given layout."""
-    out: dict[str, int | None] = {"batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None}
+    """batch, heads, kv_heads, q_len, kv_len, head_dim from an op's Input Dims in a given layout,
+    query first and key second."""
+    out: dict[str, int | None] = dict.fromkeys(SHAPE_KEYS)
     if not isinstance(dims, list) or len(dims) < 2 or layout is None:
         return out
-    q, k = dims[0], dims[1]
-    if not (isinstance(q, list) and isinstance(k, list)) or not q or not k:
+    q, k = _ints(dims[0]), _ints(dims[1])
+    if q is None or k is None:
         return out
-    q = [int_or_none(x) for x in q]
-    k = [int_or_none(x) for x in k]
     if layout == BHSD and len(q) == 4 and len(k) == 4:
         out.update(batch=q[0], heads=q[1], q_len=q[2], head_dim=q[3], kv_heads=k[1], kv_len=k[2])
     elif layout == BHSD and len(q) == 3 and len(k) == 3:  # (N, L, E): one head
@@ -148,3 +243,58 @@ def parse_shapes(dims: Any, layout: str | None) -> dict[str, int | None]:
             out.update(kv_len=k[0], kv_heads=k[1])
     return out
 
+
+def _packed_shapes(dims: list, kind: OpKind) -> tuple[dict[str, int | None], int | None, int | None]:
+    """Shapes of a packed (THD) op whose query may sit anywhere among its inputs (engine ops put
+    the output or a workspace first), with the argument indices of its query and key."""
+    out: dict[str, int | None] = dict.fromkeys(SHAPE_KEYS)
+    lists = [_ints(d) for d in dims]
+    qi = kind.query if kind.query is not None else next((i for i, d in enumerate(lists) if d is not None and len(d) == 3), None)
+    q = lists[qi] if qi is not None and qi < len(lists) else None
+    if qi is None or q is None or len(q) != 3 or None in q:
+        return out, None, None
+    out.update(q_len=q[0], heads=q[1], head_dim=q[2])
+    ki = None
+    if kind.kv_heads_at is not None:
+        ki, axis = kind.kv_heads_at
+        k = lists[ki] if ki < len(lists) else None
+        if k is not None and len(k) > axis:
+            out["kv_heads"] = k[axis]
+    else:
+        # The key: the first later input of rank 3 ([tokens, kv_heads, dim]) or 4 (a paged cache
+        # [blocks, block_size, kv_heads, dim]) ending in the head size, other than the output (the
+        # query's own shape).
+        ki = next((i for i in range(qi + 1, len(lists)) if lists[i] is not None and len(lists[i]) in (3, 4)  # type: ignore[arg-type]
+                   and lists[i][-1] == q[2] and lists[i] != q), None)  # type: ignore[index]
+        if ki is not None:
+            k = lists[ki]
+            out["kv_heads"] = k[-2]  # type: ignore[index]
+            if kind.packed and len(k) == 3:  # type: ignore[arg-type]
+                out["kv_len"] = k[0]  # type: ignore[index]
+    return out, qi, ki
+
+
+def op_shapes(dims: Any, types: Any, kind: OpKind) -> dict[str, Any]:
+    """Shapes (SHAPE_KEYS), dtype of the query and of the key (the KV cache's where the op takes
+    it) of one attention op, from its Input Dims and Input type as `kind` reads them."""
+    qi: int | None = 0
+    ki: int | None = 1
+    if kind.layout == THD and isinstance(dims, list) and (kind.query is not None or kind.kv_heads_at is not None
+                                                          or not _plain_thd(dims)):
+        shapes, qi, ki = _packed_shapes(dims, kind)
+    else:
+        shapes = parse_shapes(dims, kind.layout)
+        if kind.layout == THD and not kind.packed:
+            shapes["kv_len"] = None  # the key is this step's new tokens, not what the query attends to
+    tl = types if isinstance(types, list) else []
+
+    def dtype_at(i: int | None) -> str | None:
+        return DTYPE_NAMES.get(tl[i]) if i is not None and i < len(tl) and isinstance(tl[i], str) else None
+
+    return {**shapes, "dtype": dtype_at(qi), "kv_dtype": dtype_at(ki)}
+
+
+def _plain_thd(dims: list) -> bool:
+    """Query [tokens, heads, dim] first and key [tokens, kv_heads, dim] second (varlen style)."""
+    q, k = (_ints(dims[0]), _ints(dims[1])) if len(dims) >= 2 else (None, None)
+    return q is not None and k is not None and len(q) == 3 and len(k) == 3 and q[-1] == k[-1]

@@ -2,11 +2,19 @@
 its GPU time scales with sequence length.
 
 Calls are found by analysis.common.attention_calls (attention ops, attention kernels without an
-op, eager matmul -> softmax -> matmul) from the vocabulary in analysis.common.attention_ops.
-This module groups them, fits GPU time per call vs query length (prefill) and vs KV length
-(decode), per op, backend and head shape, using the phase segments when the trace has them, else
-query length > 1 vs == 1, and states the findings (math fallback, eager attention, quadratic
-prefill).
+op, eager matmul -> softmax -> matmul) from the vocabulary in analysis.common.attention_ops, which
+knows the serving engines' fused attention ops (vLLM, SGLang, FlashInfer, AITER): only SDPA
+without a fused kernel is a math fallback. This module groups the calls, fits GPU time per call vs
+query length (prefill) and vs KV length (decode), per op, backend and head shape, using the phase
+segments when the trace has them, else query length > 1 vs == 1, and states the findings (math
+fallback, eager attention, quadratic prefill).
+
+Serving-engine steps (analysis.common.attention_steps): paged / varlen attention has no batch or
+per-sequence length in its dims, so each engine step's attention work comes from its annotation's
+query/KV sums (`steps`, read by the roofline detector), and its attention time per step is fitted
+against the step's KV tokens (decode) and query tokens (prefill). Decode calls inside graph
+replays take their KV length from the step annotations, not from the captured shapes. Every fit
+record names the source of its x values (`x_source`, and `point_sources` per point).
 """
 
 from __future__ import annotations
@@ -14,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common.attention_calls import find_calls, time_column
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import EAGER, MATH, UNFUSED_BACKENDS, UNKNOWN, attention_op_spec
+from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_lengths, q_sources, step_points, step_work
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
@@ -52,14 +62,30 @@ GROUP_KEYS = ["phase", "source", "op", "backend", "kernel", "batch", "heads", "k
 
 def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
     if calls.empty:
-        return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module"])
+        return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module", "library"])
     g = calls.groupby(GROUP_KEYS, dropna=False, sort=False)
     out = g.agg(calls=("call", "size"), gpu_total_us=("gpu_us", "sum"), gpu_mean_us=("gpu_us", "mean"),
-                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first")).reset_index()
+                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first"),
+                library=("library", "first")).reset_index()
     return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)
 
 
 FIT_KEYS = ["op", "backend", "batch", "heads", "kv_heads", "head_dim"]
+# Steps listed one by one in the JSON summary (the `steps` DataFrame has them all).
+JSON_STEPS = 200
+
+
+def _sources(x: np.ndarray, source: np.ndarray, points: list) -> tuple[str, list[str]]:
+    """The source of the fit's x values overall ("a+b" when several) and of each point (distinct x)."""
+    by_x = pd.Series(source.astype(object)).fillna("unknown").groupby(x).agg(lambda v: "+".join(sorted(set(v))))
+    per_point = [str(by_x.get(float(p[0]), "unknown")) for p in points]
+    return "+".join(sorted(set("+".join(per_point).split("+")))), per_point
+
+
+def _record(fit: Any, xs: np.ndarray, source: np.ndarray, **labels: Any) -> dict[str, Any]:
+    rec = fit.record(**labels)
+    rec["x_source"], rec["point_sources"] = _sources(xs, source, fit.points)
+    return rec
 
 
 def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, Any]]:
@@ -69,27 +95,48 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
     fits: list[dict[str, Any]] = []
     if calls.empty:
         return fits
-    for phase, xcol in (("prefill", "q_len"), ("decode", "kv_len")):
+    calls = calls.assign(q_source=q_sources(calls))
+    for phase, xcol, scol in (("prefill", "q_len", "q_source"), ("decode", "kv_len", "kv_source")):
         sub = calls[(calls["phase"] == phase) & calls[xcol].notna() & (calls[time_col] > 0)]
         if phase == "prefill":
             sub = sub[sub["q_len"] > 1]
         if sub.empty:
             continue
         for key, g in sub.groupby(FIT_KEYS, dropna=False, sort=True):
-            fit = power_law(g[xcol].to_numpy(float), g[time_col].to_numpy(float))
+            x = g[xcol].to_numpy(float)
+            fit = power_law(x, g[time_col].to_numpy(float))
             if fit is None:
                 continue
             labels = dict(zip(FIT_KEYS, key, strict=True))
             shape = {k: (None if pd.isna(labels[k]) else int(labels[k])) for k in ("batch", "heads", "kv_heads", "head_dim")}
-            fits.append(fit.record(phase=phase, op=labels["op"], backend=labels["backend"], x=xcol, shape=shape,
-                                   time=time_col.removesuffix("_us"), calls=int(len(g)),
-                                   total_us=round(float(g[time_col].sum()), 3)))
+            fits.append(_record(fit, x, g[scol].to_numpy(object), phase=phase, op=labels["op"], backend=labels["backend"],
+                                x=xcol, shape=shape, time=time_col.removesuffix("_us"), calls=int(len(g)),
+                                total_us=round(float(g[time_col].sum()), 3), per="call"))
+    return fits
+
+
+def fit_steps(steps: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, Any]]:
+    """Power-law fits of serving-engine steps: attention time per step vs the step's KV tokens
+    (decode) and query tokens (prefill), the lengths the step annotations give; "range too narrow
+    to fit" with the mean where they do not spread enough."""
+    fits: list[dict[str, Any]] = []
+    for phase, pts in step_points(steps, time_col).items():
+        x = pts["x"].to_numpy(float)
+        fit = power_law(x, pts["y"].to_numpy(float))
+        if fit is None:
+            continue
+        op = pts["op"].mode().iat[0] if pts["op"].notna().any() else None
+        backend = pts["backend"].mode().iat[0] if pts["backend"].notna().any() else None
+        fits.append(_record(fit, x, pts["source"].to_numpy(object), phase=phase, op=op, backend=backend,
+                            x="kv_tokens" if phase == "decode" else "q_tokens", shape=None, time=time_col.removesuffix("_us"),
+                            calls=int(pts["calls"].sum()), total_us=round(float(pts["y"].sum()), 3), per="step",
+                            steps=int(len(pts))))
     return fits
 
 
 def _fit_line(f: dict[str, Any]) -> str:
     """One terminal line per fit record: the exponent with its interval, or the mean when too narrow."""
-    what = f"{f['phase']} {f['op']} ({f['backend']}) {f['time'].upper()} time per call vs {f['x']}"
+    what = f"{f['phase']} {f['op']} ({f['backend']}) {f['time'].upper()} time per {f.get('per', 'call')} vs {f['x']}"
     if f.get("status") == TOO_NARROW:
         return f"{what}: {TOO_NARROW} ({f['x']} {range_text(f['x_min'], f['x_max'])}); mean {f['mean']:.1f} us"
     ci = f.get("exponent_ci95")
@@ -159,7 +206,8 @@ def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spe
             detail=f"{cost:.0f} us of {time_col[:3].upper()} time in {len(sel)} calls; {how}.", evidence=_evidence(group_calls(sel)),
         ))
     for f in fits:
-        if f["phase"] != "prefill" or f["exponent"] < QUADRATIC_EXPONENT or f["backend"] not in UNFUSED_BACKENDS + (UNKNOWN,):
+        if (f["phase"] != "prefill" or f.get("per") != "call" or f["exponent"] < QUADRATIC_EXPONENT
+                or f["backend"] not in UNFUSED_BACKENDS + (UNKNOWN,)):
             continue
         ci = f.get("exponent_ci95")
         if not ci or ci[0] is None or ci[0] <= 1.0:
@@ -195,6 +243,8 @@ class Attention:
     findings: list[Finding] = field(default_factory=list)
     # Groups whose lengths are too few or too close to fit: the mean time per call, no exponent.
     too_narrow: list[dict[str, Any]] = field(default_factory=list)
+    # Serving-engine steps' attention work (analysis.common.attention_steps.STEP_COLUMNS).
+    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
 
     @property
     def backends(self) -> dict[str, int]:
@@ -219,22 +269,70 @@ class Attention:
             "groups_total": int(len(self.groups)),
             "fits": self.fits,
             "too_narrow": self.too_narrow,
+            "libraries": {str(k): int(v) for k, v in calls["library"].value_counts().items()} if len(calls) else {},
+            "lengths": _lengths_json(calls, self.steps),
+            "steps": _steps_json(self.steps),
         }
 
     def summary_lines(self) -> list[str]:
-        """Terminal lines: each scaling fit with its interval, or why there is none."""
-        return ["attention " + _fit_line(f) for f in [*self.fits, *self.too_narrow]]
+        """Terminal lines: the serving steps' attention work, each scaling fit with its interval, or
+        why there is none."""
+        lines = []
+        st = self.steps
+        flops = pd.to_numeric(st["flops"], errors="coerce")
+        if len(st) and flops.notna().any():
+            nbytes = pd.to_numeric(st["bytes"], errors="coerce")
+            lines.append(f"attention {len(st)} engine step{'s' if len(st) != 1 else ''}: {flops.sum() / 1e12:.3g} TFLOP"
+                         + (f", {nbytes.sum() / 1e9:.3g} GB" if nbytes.notna().any() else "")
+                         + f" in {st['gpu_us'].sum() / 1000:.2f} ms of attention (FLOPs from the step annotations' query/KV sums)")
+        return lines + ["attention " + _fit_line(f) for f in [*self.fits, *self.too_narrow]]
+
+
+def _lengths_json(calls: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
+    """Where the calls' KV lengths came from: per call (`kv_sources`), or per serving step from its
+    annotation (`in_engine_steps`: calls whose step's KV tokens the `steps` section holds); and
+    the decode calls inside graph replays whose KV length nothing gives."""
+    if calls.empty:
+        return {"in_graph_calls": 0, "kv_sources": {}, "in_engine_steps": 0, "kv_unknown_in_graph": 0}
+    in_graph = calls["in_graph"].to_numpy(bool)
+    stepped = calls["seg"].isin(steps.loc[steps["kv_tokens"].notna(), "seg"]).to_numpy() if len(steps) else np.zeros(len(calls), bool)
+    unknown = in_graph & calls["kv_len"].isna().to_numpy() & (calls["phase"] == "decode").to_numpy() & ~stepped
+    return {
+        "in_graph_calls": int(in_graph.sum()),
+        "kv_sources": {str(k): int(v) for k, v in calls["kv_source"].value_counts().items()},
+        "in_engine_steps": int(stepped.sum()),
+        "kv_unknown_in_graph": int(unknown.sum()),
+    }
+
+
+def _steps_json(steps: pd.DataFrame) -> dict[str, Any]:
+    """Serving-engine steps' attention work: totals and the first JSON_STEPS steps."""
+    flops = pd.to_numeric(steps["flops"], errors="coerce")
+    nbytes = pd.to_numeric(steps["bytes"], errors="coerce")
+    return {
+        "count": int(len(steps)),
+        "with_flops": int(flops.notna().sum()),
+        "gpu_us": round(float(steps["gpu_us"].sum()), 3) if len(steps) else 0.0,
+        "flops": float(flops.sum()) if flops.notna().any() else None,
+        "bytes": float(nbytes.sum()) if nbytes.notna().any() else None,
+        "length_source": "engine_annotation" if len(steps) else None,
+        "per_step": records(steps.head(JSON_STEPS)),
+    }
 
 
 def run(trace: Trace, ctx: Context) -> Attention:
-    calls = find_calls(trace, ctx.segments, ctx.shared(attention_op_spec))
+    segments = ctx.segments
+    phases = ctx.result("phases")
+    calls = find_calls(trace, segments, ctx.shared(attention_op_spec))
+    calls = fill_lengths(calls, segments, getattr(phases, "steps", None))
     groups = group_calls(calls)
     time_col = time_column(trace)
-    records = fit_calls(calls, time_col)
+    steps = step_work(calls, segments, time_col)
+    records = fit_calls(calls, time_col) + fit_steps(steps, time_col)
     fits = [f for f in records if f.get("status") != TOO_NARROW]
     name, spec = spec_for_trace(trace)
     res = Attention(calls=calls, groups=groups, fits=fits, gpu=name,
-                    too_narrow=[f for f in records if f.get("status") == TOO_NARROW])
+                    too_narrow=[f for f in records if f.get("status") == TOO_NARROW], steps=steps)
     res.findings = _findings(trace, calls, fits, spec, time_col)
     return res
 

@@ -538,24 +538,38 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
     return steps
 
 
-def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
+def _slope_basis(d: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, method: str) -> tuple[np.ndarray, str, str]:
+    """(x, basis, source) for TPOT growth of decode steps `d`: the KV tokens each request attends,
+    from the engine step annotation's KV sum over its decode requests where every step has one,
+    else tokentrace's annotations (prompt length + decode step index + 1), else the attention key
+    length of the shapes when it varies (graph replays keep their capture shapes: constant), else
+    prompt + step from segments found otherwise, else the step number within the request."""
+    t = table.set_index("seg").reindex(d["seg"].to_numpy())
+    if {"decode_kv_tokens", "decode_requests"} <= set(t.columns):
+        kv_sum = pd.to_numeric(t["decode_kv_tokens"], errors="coerce").fillna(-1).to_numpy(float)
+        n = pd.to_numeric(t["decode_requests"], errors="coerce").fillna(-1).to_numpy(float)
+        if len(d) and ((kv_sum >= 0) & (n > 0)).all():
+            return kv_sum / n, "kv_token", "engine_annotation"
+    prompt_of = steps[steps["phase"] == "prefill"].set_index("request")["prompt_len"]
+    p = d["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
+    by_prompt = (p + d["step"].to_numpy(np.int64) + 1).astype(float)
+    if method == "annotations" and (p > 0).all():
+        return by_prompt, "kv_token", "capture_annotations"
+    kv = d["kv_len"].to_numpy(np.int64)
+    if (kv > 0).all() and np.ptp(kv) > 0:
+        return kv.astype(float), "kv_token", "shapes"
+    if (p > 0).all():
+        return by_prompt, "kv_token", "prompt_and_step"
+    return d["step"].to_numpy(float) + 1.0, "step", "step_index"  # steps counted from 1: a positive x, as fits need
+
+
+def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, method: str = "none") -> dict[str, Any] | None:
     d = steps[steps["phase"] == "decode"]
     if d.empty:
         return None
     tpot = d["tpot_us"].to_numpy(float)
-    # Growth per token of context: against the attention key length when it varies, else the
-    # context length prompt + steps so far, else the step number within the request.
-    kv = d["kv_len"].to_numpy(np.int64)
-    basis = "kv_token"
-    x = kv.astype(float)
-    if (kv <= 0).any() or np.ptp(kv) == 0:
-        prompt_of = steps[steps["phase"] == "prefill"].set_index("request")["prompt_len"]
-        p = d["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
-        if (p > 0).all():
-            x = (p + d["step"].to_numpy(np.int64) + 1).astype(float)
-        else:
-            x = d["step"].to_numpy(float) + 1.0  # steps counted from 1: a positive x, as fits need
-            basis = "step"
+    # Growth per token of context (see _slope_basis for where the context length comes from).
+    x, basis, x_source = _slope_basis(d, steps, table if table is not None else pd.DataFrame({"seg": []}), method)
     paths = steps.attrs.get("paths")
     bound = None
     if paths is not None and not paths.empty:
@@ -569,6 +583,7 @@ def _decode_summary(steps: pd.DataFrame) -> dict[str, Any] | None:
         "tpot_intervals": int(d["tpot_is_interval"].sum()),
         "tpot_slope_us_per_token": round(fit.slope, 4) if isinstance(fit, fits.LineFit) else None,
         "tpot_slope_basis": basis,
+        "tpot_slope_x_source": x_source,
         "tpot_slope": None if fit is None else fit.record(x=basis),
         "gpu_busy_us": lat.percentiles(d["gpu_busy_us"].to_numpy(float)),
         "bound": bound,
@@ -594,7 +609,7 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
         notes.append(f"step {q['name']} waited {q['queued_us'] / 1000:.2f} ms with its work queued behind work or an event "
                      "the trace does not show (before the steady state): its times start when its work started")
     tok = steps[steps["name"] == TOKENIZE_ANNOTATION]
-    decode = _decode_summary(steps)
+    decode = _decode_summary(steps, segs.table, segs.method)
     if decode and decode["tpot_intervals"] < decode["steps"]:
         notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
                      "their TPOT is the step's own time from first op to token")

@@ -4,9 +4,12 @@ achieved, and per phase whether the work is compute- or memory-bound.
 Owns the cost model: FLOPs and ideal bytes (each input read once, the output written once) from
 Input Dims and Input type for aten::mm / addmm / bmm / baddbmm / matmul / linear, and for the
 attention calls the attention detector found (SDPA and flash ops: 4*B*H*Sq*Skv*D FLOPs, causal
-masking counted as skipped work). Only the outermost of nested ops counts (aten::linear, not the
-aten::mm inside it; SDPA, not the bmm of its math path), with the GPU time of every kernel
-launched under it. Achieved TFLOP/s and GB/s are compared with the GPU's peaks
+masking counted as skipped work). Paged / varlen attention of a serving engine carries no batch or
+per-sequence length in its dims: its FLOPs and bytes come per engine step from the step
+annotation's query/KV sums (phases.serving), as the attention detector's `steps` table holds them
+(analysis.common.attention_steps), and replace that step's calls here. Only the outermost of
+nested ops counts (aten::linear, not the aten::mm inside it; SDPA, not the bmm of its math path),
+with the GPU time of every kernel launched under it. Achieved TFLOP/s and GB/s are compared with the GPU's peaks
 (analysis.common.gpu_specs); an unknown GPU gets the numbers without a verdict. The attention
 cost model is analysis.common.attention_cost, shared with the attention detector.
 """
@@ -184,12 +187,43 @@ def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | N
     return cph[np.maximum(i, 0)]
 
 
-def _attention_rows(calls: pd.DataFrame) -> pd.DataFrame:
+def _attention_rows(calls: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Attention rows: serving-engine steps whose work the annotations give (one row per op,
+    backend, dtype and phase over those steps), and the other calls by their shapes."""
     if calls.empty:
         return pd.DataFrame()
-    calls = calls[(calls["source"] == "op") & calls["q_len"].notna()]
-    if calls.empty:
-        return pd.DataFrame()
+    parts = []
+    if steps is not None and len(steps):
+        known = steps[pd.to_numeric(steps["flops"], errors="coerce").notna() & pd.to_numeric(steps["bytes"], errors="coerce").notna()]
+        if len(known):
+            calls = calls[~calls["seg"].isin(known["seg"])]
+            parts.append(_step_rows(known))
+    # Packed (THD) calls without step sums have no per-sequence lengths: no cost model applies.
+    calls = calls[(calls["source"] == "op") & calls["q_len"].notna() & calls["batch"].notna()]
+    if len(calls):
+        parts.append(_call_rows(calls))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    keys = ["op", "backend", "dtype", "phase"]
+    g = steps.groupby(keys, dropna=False, sort=False).agg(
+        calls=("calls", "sum"), gpu_us=("gpu_us", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
+        steps=("seg", "size"), heads=("heads", "first"), kv_heads=("kv_heads", "first"), head_dim=("head_dim", "first")).reset_index()
+    # Per call, as _table multiplies by calls.
+    g["flops"] = g["flops"] / g["calls"]
+    g["bytes"] = g["bytes"] / g["calls"]
+    g["input_dims"] = None
+    g["detail"] = [f"{r.backend}, {r.steps} engine step{'s' if r.steps != 1 else ''}: FLOPs and bytes from the step "
+                   f"annotations' query/KV sums ({r.heads} heads, {r.kv_heads} KV heads, head size {r.head_dim})"
+                   for r in g.itertuples()]
+    g["gpu_ns"] = g["gpu_us"] * US
+    g["name"] = g["op"]
+    g["kind"] = "attention"
+    return g
+
+
+def _call_rows(calls: pd.DataFrame) -> pd.DataFrame:
     keys = ["op", "backend", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal", "phase"]
     g = calls.groupby(keys, dropna=False, sort=False).agg(calls=("call", "size"), gpu_us=("gpu_us", "sum")).reset_index()
     g["flops"] = [attention_flops(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim, r.causal) for r in g.itertuples()]
@@ -301,8 +335,9 @@ def _findings(trace: Trace, phases: dict[str, dict[str, Any]]) -> list[Finding]:
 
 def run(trace: Trace, ctx: Context) -> Roofline:
     name, spec = spec_for_trace(trace)
-    calls = ctx.result("attention").calls
-    df = _table([_gemm_rows(trace, ctx, calls), _attention_rows(calls)], spec)
+    att = ctx.result("attention")
+    calls = att.calls
+    df = _table([_gemm_rows(trace, ctx, calls), _attention_rows(calls, getattr(att, "steps", None))], spec)
     phases = _phase_summary(df, spec, name)
     res = Roofline(ops=df, phases=phases, gpu=name, spec=spec)
     res.findings = _findings(trace, phases)
