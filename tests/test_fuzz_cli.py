@@ -10,8 +10,10 @@ values of the wrong type) and the command runs in a subprocess with --json, --ht
 - exit 2, with one `tokentrace: error:` line naming the file (warnings before it are fine), and
   no output written;
 
-and never more than MEMORY_BOUND of resident memory in the child (its peak, from wait4's rusage:
-the per-child form of getrusage(RUSAGE_CHILDREN), so other tests' children do not count).
+and never more than MEMORY_BOUND of resident memory in the child: its own peak (VmHWM of the
+program it runs, written at exit by a two-line launcher). Not wait4's ru_maxrss: Linux carries the
+parent's high-water mark across fork and exec into the child's, so after other tests have grown
+pytest to 650 MB every child would report that much.
 """
 
 from __future__ import annotations
@@ -161,11 +163,26 @@ def _unsafe(text: str) -> set[str]:
     return {c for c in text if c not in "\n\t" and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")}
 
 
+# Runs the CLI and, at exit, writes the process's own peak resident memory (VmHWM belongs to the
+# address space exec made, so none of pytest's memory is in it) to the file named first.
+LAUNCHER = """
+import atexit, runpy, sys
+def _peak(path=sys.argv.pop(1)):
+    with open("/proc/self/status") as f, open(path, "w") as out:
+        out.write(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
+atexit.register(_peak)
+sys.argv[0] = "tokentrace"
+runpy.run_module("tokentrace", run_name="__main__", alter_sys=True)
+"""
+
+
 def _run(args: list[str], folder: Path) -> tuple[int, str, int]:
     """(exit code, stderr, peak resident bytes) of the CLI run in a child process."""
-    out, err = folder / "stdout.txt", folder / "stderr.txt"
+    out, err, peak_file = folder / "stdout.txt", folder / "stderr.txt", folder / "peak.txt"
+    own_peak = Path("/proc/self/status").exists()
+    command = [sys.executable, "-c", LAUNCHER, str(peak_file), *args] if own_peak else [sys.executable, "-m", "tokentrace", *args]
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "tokentrace", *args], stdout=o, stderr=e, cwd=folder)
+        proc = subprocess.Popen(command, stdout=o, stderr=e, cwd=folder)
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -177,7 +194,12 @@ def _run(args: list[str], folder: Path) -> tuple[int, str, int]:
                 pytest.fail(f"tokentrace analyze ran over {RUN_TIMEOUT_S} s")
             time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
-    peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # kilobytes on Linux
+    if own_peak:
+        assert peak_file.exists(), f"the launcher wrote no peak memory (exit {proc.returncode})"
+        peak = int(peak_file.read_text()) * 1024  # kB
+        peak_file.unlink()
+    else:  # macOS has no /proc: ru_maxrss (bytes there) is the best there is
+        peak = usage.ru_maxrss
     return proc.returncode, err.read_text(errors="replace"), peak
 
 
