@@ -59,6 +59,14 @@ def no_markup(html: str) -> None:
     assert dom.tags.get("script", 0) == 0 and dom.tags.get("img", 0) == 0 and dom.handlers == []
 
 
+def assert_shown_as_text(a, sid: str, escaped: str) -> None:
+    """The name with markup is in the section, escaped; no markup runs in the HTML or reaches the Markdown."""
+    html = render_html(a)
+    no_markup(html)
+    assert escaped in section(html, sid).replace("<wbr>", "")
+    assert SCRIPT not in render_markdown(a)
+
+
 # ---- serving steps ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -186,16 +194,7 @@ def test_graphs_section_without_a_map_says_what_per_op_views_miss(tmp_path):
 def test_hostile_kernel_name_stays_text_in_the_graphs_section(tmp_path):
     attn = f"attn_{SCRIPT}_kernel"
     cap, rep = _graph_pair(tmp_path, attn=attn)
-    a = tokentrace.analyze(rep, graph_maps=[cap])
-    html = render_html(a)
-    no_markup(html)
-    body = section(html, "t0-graphs").replace("<wbr>", "")
-    assert "attn_&lt;script&gt;alert(1)&lt;/script&gt;_kernel" in body
-    assert SCRIPT not in render_markdown(a)
-
-
-def test_no_graphs_section_without_graph_launches(tmp_path):
-    assert 'id="t0-graphs"' not in render_html(tokentrace.analyze(llm_trace(tmp_path, steps=4)))
+    assert_shown_as_text(tokentrace.analyze(rep, graph_maps=[cap]), "t0-graphs", "attn_&lt;script&gt;alert(1)&lt;/script&gt;_kernel")
 
 
 # ---- communication ------------------------------------------------------------------------------
@@ -227,16 +226,13 @@ def test_hostile_collective_kernel_name_stays_text(tmp_path):
     for e in b.events:
         if e.get("cat") == "kernel" and e["name"].startswith("nccl"):
             e["name"] = f"ncclDevKernel_AllReduce_Sum_bf16_RING_LL{SCRIPT}"
-    a = tokentrace.analyze(b.write(tmp_path / "tp.pt.trace.json"))
-    html = render_html(a)
-    no_markup(html)
-    body = section(html, "t0-communication").replace("<wbr>", "")
-    assert "LL&lt;script&gt;alert(1)&lt;/script&gt;" in body
-    assert SCRIPT not in render_markdown(a)
+    assert_shown_as_text(tokentrace.analyze(b.write(tmp_path / "tp.pt.trace.json")), "t0-communication",
+                         "LL&lt;script&gt;alert(1)&lt;/script&gt;")
 
 
-def test_no_communication_section_without_collectives(tmp_path):
-    assert 'id="t0-communication"' not in render_html(tokentrace.analyze(llm_trace(tmp_path, steps=4)))
+def test_no_graphs_or_communication_section_without_them(tmp_path):
+    html = render_html(tokentrace.analyze(llm_trace(tmp_path, steps=4)))
+    assert 'id="t0-graphs"' not in html and 'id="t0-communication"' not in html
 
 
 # ---- health -------------------------------------------------------------------------------------
@@ -381,3 +377,12 @@ def test_every_new_section_builds_on_its_traces(vllm):
     report = rv.build([vllm[0]])
     broken = [(s.key, s.message) for s in report.traces[0].sections if s.status == "error"]
     assert not broken
+
+
+def test_a_graph_capture_trace_is_not_shown_as_serving_steps(tmp_path):
+    cap, _ = _graph_pair(tmp_path)
+    a = tokentrace.analyze(cap)
+    body = section(render_html(a), "t0-serving")
+    assert [r[1] for r in table(body, "Graph captures")] == ["capture_4_DECODE"]
+    assert "records the capture of 1 CUDA/HIP graph (capture_4_DECODE) and no serving step" in body
+    assert "tokens/s" not in body and "Steady state" not in body and "inter-token" not in body

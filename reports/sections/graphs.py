@@ -125,9 +125,13 @@ def replay_table(res: GraphsResult) -> Table:
     return Table("Replays", [Column("measure"), Column("value")], rows)
 
 
+# Boundaries whose idle in all is below this are the clock's rounding between back-to-back kernels, not waits.
+MIN_BOUNDARY_IDLE_US = 1.0
+
+
 def _idle_records(idle: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"after": b["after_op"] or b["after_kernel"], "before": b["before_op"] or b["before_kernel"], "count": b["count"],
-             "total_us": b["total_us"]} for b in idle.get("by_boundary", [])]
+             "total_us": b["total_us"]} for b in idle.get("by_boundary", []) if b["total_us"] >= MIN_BOUNDARY_IDLE_US]
 
 
 def build(inp: Inputs, s: Section) -> None:
@@ -163,11 +167,13 @@ def build(inp: Inputs, s: Section) -> None:
             more = res.layers["more_names"]
             s.tables.append(tb.from_records("The repeated layer pattern", names, (tb.num("position", "#", tb.integer), tb.code("name", "kernel")),
                                             note=f"{fmt.number(more)} more kernels in the pattern." if more else ""))
-    if res.idle.get("count"):
-        s.tables.append(tb.from_records("Idle inside replays, by where the GPU waited", _idle_records(res.idle), IDLE_COLS,
-                                        total=len(res.idle["by_boundary"]),
+    idle = _idle_records(res.idle) if res.idle.get("count") else []
+    if idle:
+        s.tables.append(tb.from_records("Idle inside replays, by where the GPU waited", idle, IDLE_COLS,
                                         note=f"{fmt.duration(res.idle['total_us'])} in {words.count(res.idle['count'], 'gap')}; "
-                                             "after and before: the op (or, unattributed, the kernel) on either side of the gap."))
+                                             "after and before: the op (or, unattributed, the kernel) on either side of the gap; "
+                                             f"boundaries with less than {fmt.duration(MIN_BOUNDARY_IDLE_US)} of idle in all "
+                                             "(the clock's rounding between back-to-back kernels) are left out."))
 
 
 SECTION = SectionSpec(key="graphs", title="What runs inside graph replays?", results=("graphs",), categories=("graphs",),

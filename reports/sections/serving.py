@@ -28,7 +28,9 @@ from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, shown_w
 
 # Methods of the phases result whose steps are a serving engine's.
 ENGINE_METHOD = "framework_markers"
-ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "graph_capture": "graph-capture"}
+# The kind of a step that records a CUDA/HIP graph's capture (capture_<bs>_<MODE>), not a serving step.
+CAPTURE = "capture"
 
 
 def count(v: Any) -> str:
@@ -57,6 +59,9 @@ TOKEN_COLS = (tb.num("step", "step", tb.integer), tb.word("kind", "kind"), tb.nu
 TIME_COLS = (tb.num("step", "step", tb.integer), tb.word("kind", "kind"), tb.num("wall_us", "wall time"), tb.num("gpu_busy_us", "GPU busy"),
              tb.num("us_per_token", "per token"), tb.num("itl_us", "inter-token latency"),
              tb.num("attention_flops", "attention work", flops), tb.word("note", "note"))
+
+CAPTURE_COLS = (tb.num("step", "capture", tb.integer), tb.code("name", "annotation"), tb.num("wall_us", "wall time"),
+                tb.num("gpu_busy_us", "GPU busy"), tb.word("note", "note"))
 
 
 def device(ov: Overview) -> str | None:
@@ -168,6 +173,9 @@ def build(inp: Inputs, s: Section) -> None:
     if sv is None or sv.empty:
         raise Lacks("No serving-engine steps in this trace.")
     sv = sv.assign(step=np.arange(len(sv)))
+    if (sv["kind"] == CAPTURE).all():
+        _captures_only(sv, s)
+        return
     summary = ph.serving_summary
     s.prose = _prose(ph, sv, summary, ov, gpu)
     s.figure = Figure(figures.serving_steps, chart(sv),
@@ -181,6 +189,20 @@ def build(inp: Inputs, s: Section) -> None:
                                   note="Per token: wall time over the step's tokens. Inter-token latency: the wall time of a "
                                        "decode or mixed step, which every decoding request in it waits. Attention work: "
                                        "query-key matmul FLOPs from the annotation's length sums and the attention op's shapes."))
+
+
+def _captures_only(sv: pd.DataFrame, s: Section) -> None:
+    """A trace of graph capture only: its capture_<bs>_<MODE> ranges are not serving steps, so no
+    throughput, latency or tokens; what was captured and how long each capture took."""
+    names = words.join([str(n) for n in sv["name"].head(3)]) + (", ..." if len(sv) > 3 else "")
+    s.prose = [words.sentence(f"this trace records the capture of {words.count(len(sv), 'CUDA/HIP graph')} ({names}) and no "
+                              "serving step, so it has no throughput or token latency"),
+               words.sentence("as a graph map it gives a replay trace's kernels their ops: pass it with --graph-map when "
+                              "analysing the replay trace")]
+    s.figure = Figure(figures.serving_steps, chart(sv), "Wall time of each graph capture (bars), from its first host operation to "
+                      "its last GPU work, under the profiler: capture timings, not serving steps.")
+    s.tables.append(tb.from_frame("Graph captures", sv, CAPTURE_COLS,
+                                  note="From each capture's annotation (capture_<batch or tokens>_<mode>)."))
 
 
 SECTION = SectionSpec(key="serving", title="How do the engine's steps run?", results=("phases", "trace"), categories=(),
