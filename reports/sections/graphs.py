@@ -25,8 +25,10 @@ from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, shown_w
 
 # Bars in the figure (the tables hold the rest).
 FIGURE_ROWS = 10
-# Characters of an op or kernel name on the figure's axis.
+# Characters of an op or kernel name on the figure's axis, and in a sentence (a kernel name is one
+# unbreakable word: a whole one would run out of the page's column).
 LABEL_CHARS = 30
+PROSE_NAME_CHARS = 60
 
 OP_COLS = (tb.num("rank", "#", tb.integer), tb.code("name", "op"), tb.code("input_dims", "input shapes"), tb.word("module", "module"),
            tb.word("phase", "phase"), tb.num("calls", "calls", tb.integer), tb.num("gpu_us", "GPU time"),
@@ -79,7 +81,7 @@ def _prose(res: GraphsResult, summary: dict[str, Any]) -> list[str]:
         out.append(words.sentence(second))
     else:
         top = res.ops.iloc[0]
-        out.append(words.sentence(f"the op with most GPU time inside graphs is {top['name']} ({tb.dims(top['input_dims'])}"
+        out.append(words.sentence(f"the op with most GPU time inside graphs is {fmt.shorten(str(top['name']), PROSE_NAME_CHARS)} ({tb.dims(top['input_dims'])}"
                                   f"{', ' + str(top['module']) if not tb.missing(top['module']) else ''}): "
                                   f"{fmt.duration(top['gpu_us'])}, {fmt.share(top['share'])} of replayed GPU time"))
     if len(res.unmatched):
@@ -89,9 +91,10 @@ def _prose(res: GraphsResult, summary: dict[str, Any]) -> list[str]:
                                   f"the most common reason: {r['reason']}{more}"))
     elif res.idle.get("count"):
         b = res.idle["by_boundary"][0]
+        after, before = (fmt.shorten(str(x), PROSE_NAME_CHARS) for x in (b["after_op"] or b["after_kernel"],
+                                                                           b["before_op"] or b["before_kernel"]))
         out.append(words.sentence(f"the GPU sat idle {fmt.duration(res.idle['total_us'])} inside replays, in "
-                                  f"{words.count(res.idle['count'], 'gap')}; most at the boundary after "
-                                  f"{b['after_op'] or b['after_kernel']} and before {b['before_op'] or b['before_kernel']}"))
+                                  f"{words.count(res.idle['count'], 'gap')}; most at the boundary after {after} and before {before}"))
     return out
 
 
