@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from tokentrace.analysis.compare.diff import NOT_COMPARABLE
 from tokentrace.analysis.compare.metrics import fmt_value
 from tokentrace.reports import format as fmt
 
@@ -42,6 +43,21 @@ def _pct(v: Any) -> str:
     return f"{v:+.1f}%"
 
 
+def judged_against(r: dict[str, Any]) -> str:
+    """What a metric's verdict was judged against: the noise a change had to exceed and what that
+    noise is (the diff's noise_basis), or why the metric is not compared."""
+    basis = str(r.get("noise_basis") or "")
+    if r["verdict"] == NOT_COMPARABLE:
+        return basis
+    if r["verdict"] not in ("better", "worse", "same") or not basis:
+        return ""
+    noise = r.get("noise")
+    if noise is None or _absent(noise):
+        return basis  # no spread measured: the relative threshold the basis names
+    size = f"{noise * 100:.1f} pt" if r["unit"] == "share" else fmt_value(noise, r["unit"])
+    return f"± {size}: {basis}"
+
+
 def metric_groups(metrics: pd.DataFrame) -> list[dict[str, Any]]:
     groups = []
     for phase in PHASE_ORDER:
@@ -58,7 +74,7 @@ def metric_groups(metrics: pd.DataFrame) -> list[dict[str, Any]]:
             delta_s = "" if _absent(delta) else f"{delta * 100:+.1f} pt" if unit == "share" else _signed(delta, unit)
             out.append({"label": r["label"], "base": fmt_value(r["base"], unit), "test": fmt_value(r["test"], unit),
                         "delta": delta_s, "pct": "" if unit == "share" else _pct(r["delta_pct"]), "verdict": r["verdict"],
-                        "verdict_text": VERDICT_TEXT.get(r["verdict"], r["verdict"])})
+                        "verdict_text": VERDICT_TEXT.get(r["verdict"], r["verdict"]), "against": judged_against(r)})
         if out:
             groups.append({"phase": phase, "title": PHASE_TITLES[phase], "rows": out})
     return groups

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tokentrace.analysis.common.fits import TOO_NARROW
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.transforms import Bbox
@@ -44,7 +46,11 @@ RC: dict[str, Any] = {
     "path.simplify": True,
 }
 WIDTH_IN = 9.0
-PHASE_COLORS = {"prefill": "#d97706", "decode": "#2563eb", "mixed": "#0d9488", "step": "#7c3aed", "other": "#9ca3af"}
+PHASE_COLORS = {"prefill": "#d97706", "decode": "#2563eb", "mixed": "#0d9488", "step": "#7c3aed", "other": "#9ca3af",
+                "idle": "#d1d5db", "capture": "#be185d"}
+# One colour per rank in the cross-rank figures (ranks past the palette reuse it, in order).
+RANK_PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d", "#4b5563")
+LINE_COLOR = "#111827"
 # Stacked parts of the step chart, in the order the section gives them: CPU, GPU, sync.
 PART_PALETTE = ("#f59e0b", "#10b981", "#ef4444", "#6b7280")
 CAUSE_PALETTE = ("#6366f1", "#ef4444", "#0ea5e9", "#f59e0b", "#9ca3af", "#14b8a6", "#a855f7", "#84cc16")
@@ -106,6 +112,28 @@ class CauseBarsData:
     causes: list[str]  # stacked segments of each bar
     values_us: np.ndarray  # rows x causes
     colors: list[str]  # one per cause, the same for a cause in every report
+    xlabel: str = "GPU idle in gaps"  # what the bars measure (unit: ms)
+    label_chars: int = 22  # row labels are cut to this many characters
+
+
+@dataclass
+class ServingStepsData:
+    x: np.ndarray  # step numbers
+    wall_us: np.ndarray  # each step's wall time
+    kinds: list[str]  # each step's kind (prefill, decode, mixed, idle, capture, step)
+    tokens: np.ndarray  # tokens each step processed (NaN where the trace does not say)
+    xlabel: str = "engine step"
+
+
+@dataclass
+class SkewData:
+    x: np.ndarray  # positions of the steps, in time order
+    ticks: list[str]  # the step each position is
+    skew_us: np.ndarray  # per step: the largest arrival skew of its collectives (or the step-time skew)
+    last_rank: list[int | None]  # per step: the rank that arrived last (or was slowest); None: nobody was late
+    wait_us: np.ndarray | None  # per step: the other ranks' total wait inside its collectives (None: no collectives)
+    xlabel: str
+    rank_word: str = "last"  # "rank 2 last" (collectives) or "rank 2 slowest" (step times)
 
 
 @dataclass
@@ -126,6 +154,8 @@ class Series:
     stderr: float | None = None
     coefficient: float | None = None
     law: bool = False
+    # The range is too narrow to fit (analysis.common.fits): the points and their mean, no law.
+    narrow_mean: float | None = None
 
 
 @dataclass
@@ -367,13 +397,14 @@ def cause_bars(data: CauseBarsData, salt: str = "causes") -> str:
     vals = np.asarray(data.values_us, float) / 1e3
     with _mpl().rc_context(RC):
         # Room on the left for the longest row label (about 0.075 in per character at 9 pt).
-        fig, ax = _fig(0.9 + 0.45 * len(data.rows), left_in=0.3 + 0.075 * max(len(_short(r, 22)) for r in data.rows))
+        n = data.label_chars
+        fig, ax = _fig(0.9 + 0.45 * len(data.rows), left_in=0.3 + 0.075 * max(len(_short(r, n)) for r in data.rows))
         y = np.arange(len(data.rows))
         left = np.zeros(len(data.rows))
         for j, cause in enumerate(data.causes):
             ax.barh(y, vals[:, j], left=left, height=0.6, color=data.colors[j], label=_short(cause))
             left = left + vals[:, j]
-        ax.set_yticks(y, [_short(r, 22) for r in data.rows])
+        ax.set_yticks(y, [_short(r, n) for r in data.rows])
         ax.invert_yaxis()
         ax.grid(axis="y", visible=False)
         top = max(float(left.max()), 1e-9)
@@ -381,7 +412,87 @@ def cause_bars(data: CauseBarsData, salt: str = "causes") -> str:
         for yi, total in zip(y, left, strict=True):
             ax.text(total + top * 0.01, yi, _duration_ms(total), va="center", fontsize=8)
         ax.set_xlim(0, top * 1.18)
-        return _finish(fig, ax, salt, ("GPU idle in gaps", "ms"), ("", ""))
+        return _finish(fig, ax, salt, (data.xlabel, "ms"), ("", ""))
+
+
+def _time_scale(values_us: np.ndarray) -> tuple[float, str]:
+    """Divisor and unit for times in us: ms from 5 ms up (hundreds of thousands of us read badly)."""
+    return (1e3, "ms") if np.nanmax(np.asarray(values_us, float), initial=0) >= 5e3 else (1.0, "us")
+
+
+def _step_ticks(ax: Any, x: np.ndarray, labels: list[str] | None = None) -> None:
+    """Every step labelled when there are few, else a few integer ticks (labels: only with every step shown)."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    if len(x) <= 12:
+        ax.xaxis.set_major_locator(FixedLocator(x.tolist()))
+        if labels is not None:
+            ax.set_xticklabels(labels)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(x.min() - 0.6, x.max() + 0.6)
+
+
+def serving_steps(data: ServingStepsData, salt: str = "serving") -> str:
+    """Per engine step: its wall time as a bar coloured by its kind, and the tokens it processed (right axis)."""
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.6)
+        # The right axis and its label take the first 0.75 in of the legend's margin.
+        fig.subplots_adjust(right=1 - (MARGIN_IN["right"] + 0.1) / WIDTH_IN)
+        x = np.asarray(data.x, float)
+        scale, unit = _time_scale(data.wall_us)
+        wall = np.nan_to_num(np.asarray(data.wall_us, float)) / scale
+        kinds = np.asarray(data.kinds, dtype=object)
+        for kind in dict.fromkeys(data.kinds):
+            m = kinds == kind
+            ax.bar(x[m], wall[m], width=0.8 if len(x) > 1 else 0.5, color=PHASE_COLORS.get(str(kind), PHASE_COLORS["other"]),
+                   label=f"{_short(kind, 16)} ({int(m.sum())})", linewidth=0)
+        ax.set_ylim(bottom=0)
+        _step_ticks(ax, x)
+        ax.set_xlabel(data.xlabel)
+        ax.set_ylabel(_label("step wall time", unit))
+        handles, labels = ax.get_legend_handles_labels()
+        tok = np.asarray(data.tokens, float)
+        if np.isfinite(tok).any():
+            ax2 = ax.twinx()
+            ax2.grid(False)
+            ax2.spines["right"].set_visible(True)
+            ax2.plot(x, tok, color=LINE_COLOR, linewidth=0.9, marker="o" if len(x) <= 64 else None, markersize=3,
+                     label="tokens per step")
+            ax2.set_ylim(bottom=0, top=max(float(np.nanmax(tok)), 1.0) * 1.15)
+            ax2.set_ylabel(_label("tokens per step", "tokens"))
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        # Beside the right axis's ticks and label.
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0 + 0.8 / _plot_width_in(fig, ax), 1.0))
+        return to_svg(fig, salt)
+
+
+def _plot_width_in(fig: Figure, ax: Any) -> float:
+    return float(ax.get_position().width * fig.get_figwidth())
+
+
+def skew(data: SkewData, salt: str = "skew") -> str:
+    """Per step: the largest arrival skew as a bar coloured by the rank that came last, and the
+    other ranks' total wait inside the step's collectives as a line."""
+    with _mpl().rc_context(RC):
+        fig, ax = _fig(2.6)
+        x = np.asarray(data.x, float)
+        both = data.skew_us if data.wait_us is None else np.r_[data.skew_us, data.wait_us]
+        scale, unit = _time_scale(both)
+        vals = np.nan_to_num(np.asarray(data.skew_us, float)) / scale
+        ranks = np.array([-1 if r is None else int(r) for r in data.last_rank])
+        for r in sorted(set(ranks.tolist()), key=lambda v: (v < 0, v)):
+            m = ranks == r
+            color = "#9ca3af" if r < 0 else RANK_PALETTE[r % len(RANK_PALETTE)]
+            who = "nobody late" if r < 0 else f"rank {r} {data.rank_word}"
+            ax.bar(x[m], vals[m], width=0.8 if len(x) > 1 else 0.5, color=color, linewidth=0, label=f"{who} ({int(m.sum())})")
+        if data.wait_us is not None:
+            ax.plot(x, np.nan_to_num(np.asarray(data.wait_us, float)) / scale, color=LINE_COLOR, linewidth=0.9,
+                    marker="o" if len(x) <= 64 else None, markersize=3, label="others' total wait")
+        ax.set_ylim(bottom=0)
+        _step_ticks(ax, x, data.ticks)
+        return _finish(fig, ax, salt, (data.xlabel, ""), ("time", unit))
 
 
 def sync_points(data: SyncPointsData, salt: str = "syncs") -> str:
@@ -413,9 +524,17 @@ def scaling(data: ScalingData, salt: str = "scaling") -> str:
             if not len(x):
                 continue
             c = colors[i % len(colors)]
-            ax.scatter(x, y, s=12, color=c, label=_short(s.label))
             xs_all.append(x)
             ys_all.append(y)
+            if s.narrow_mean is not None:
+                # Hollow points and their mean as a dotted line: no law drawn where the range cannot support one.
+                ax.scatter(x, y, s=14, facecolors="none", edgecolors=c, label=_short(s.label))
+                lo, hi = (x.min() * 0.95, x.max() * 1.05) if x.min() < x.max() else (x.min() * 0.9, x.max() * 1.1)
+                ax.plot([lo, hi], [s.narrow_mean, s.narrow_mean], color=c, linewidth=1, linestyle=":",
+                        label=f"{TOO_NARROW}\nmean {s.narrow_mean:.3g} us")
+                ys_all.append(np.array([s.narrow_mean]))
+                continue
+            ax.scatter(x, y, s=12, color=c, label=_short(s.label))
             if s.law and s.exponent is not None and s.coefficient and len(x) > 1:
                 xl = np.geomspace(x.min(), x.max(), 50)
                 ax.plot(xl, s.coefficient * xl**s.exponent, color=c, linewidth=1,

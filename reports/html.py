@@ -23,6 +23,7 @@ from tokentrace.reports import view as rv
 from tokentrace.reports.model import Figure, ReportView, Stack
 
 if TYPE_CHECKING:
+    from tokentrace.analysis.compare.sweep import SweepResult
     from tokentrace.analysis.pipeline import Analysis
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -43,7 +44,8 @@ def breakable(text: Any, limit: int = CODE_CHARS) -> Markup:
     return Markup("<wbr>").join(escape(part) for part in _BREAK_AFTER.split(s))
 
 
-def _env() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """Jinja2 over reports/templates with autoescape on and the report's filters (every HTML page uses it)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=True,  # every string from a trace is escaped unless marked safe here
@@ -82,14 +84,17 @@ def page(report: ReportView) -> str:
         svgs[f"t{i}-timeline"] = draw(v.timeline, f"t{i}-timeline")
         for s in v.sections:
             svgs[f"t{i}-{s.key}"] = draw(s.figure, f"t{i}-{s.key}")
+    if report.ranks is not None:
+        svgs[report.ranks.key] = draw(report.ranks.figure, report.ranks.key)
     first = report.traces[0]
     title = os.path.basename(first.title) if len(report.traces) == 1 else f"{len(report.traces)} traces"
-    return _env().get_template("report.html.j2").render(report=report, svgs=svgs, csp=CSP, title=title)
+    return environment().get_template("report.html.j2").render(report=report, svgs=svgs, csp=CSP, title=title, version=report.version)
 
 
-def render(analyses: Sequence[Analysis], output: str | None = None) -> str:
-    """The HTML report of analyses (one block per trace); `output` is the file it goes to, for its reproduce line."""
-    return page(rv.build(analyses, "--html", output))
+def render(analyses: Sequence[Analysis], output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
+    """The HTML report of analyses (one block per trace, each sweep's table first); `output` is the file it
+    goes to, for its reproduce line."""
+    return page(rv.build(analyses, "--html", output, sweeps=sweeps))
 
 
 def render_html(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:

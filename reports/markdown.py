@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from tokentrace.reports import format as fmt
 from tokentrace.reports import view as rv
-from tokentrace.reports.model import FindingView, ReportView, TraceView
+from tokentrace.reports.model import Cell, FindingView, ReportView, Section, Stack, Table, TraceView
 
 if TYPE_CHECKING:
+    from tokentrace.analysis.compare.sweep import SweepResult
     from tokentrace.analysis.pipeline import Analysis
 
 # Findings listed in a ticket comment (the HTML report has all of them, under their questions).
@@ -51,6 +52,39 @@ def _finding(n: int, f: FindingView, brief: bool) -> list[str]:
     return [line] if brief else [line, f"   What to do: {md_escape(f.recommendation)}"]
 
 
+def md_table(t: Table) -> list[str]:
+    """A report Table as a Markdown table (cells escaped, a stack as its innermost frame), its note under it."""
+    def cell(c: Cell) -> str:
+        if isinstance(c, Stack):
+            return md_escape(c.frames[-1]) if c.frames else ""
+        return "" if c is None else md_escape(c)
+
+    lines = [f"*{md_escape(t.caption)}*", ""] if t.caption else []
+    lines.append("| " + " | ".join(md_escape(c.label) for c in t.columns) + " |")
+    lines.append("|" + "|".join("---:" if c.numeric else "---" for c in t.columns) + "|")
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
+    notes = " ".join(x for x in ((f"{fmt.number(t.more)} more rows not shown." if t.more else ""), t.note) if x)
+    return lines + ([ "", md_escape(notes)] if notes else [])
+
+
+def md_section(s: Section) -> list[str]:
+    """One section whole (a page of its own, such as `tokentrace ranks --markdown`): title, sentences, box, tables, findings."""
+    lines = [f"### {md_escape(s.title)}", ""]
+    if s.status != "ok":
+        return lines + [md_escape(s.message), ""]
+    lines += [md_escape(" ".join(s.prose)), ""] if s.prose else []
+    lines += [f"> {md_escape(s.callout)}", ""] if s.callout else []
+    for t in s.tables:
+        if t.rows:
+            lines += md_table(t) + [""]
+    if s.findings:
+        lines += ["**Findings:**", ""]
+        for i, f in enumerate(s.findings, 1):
+            lines += _finding(i, f, brief=False)
+        lines.append("")
+    return lines
+
+
 def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
     """One trace's block; `brief` (a comment over several traces, whose headlines are in the table above) keeps
     the warnings and top findings only."""
@@ -62,6 +96,8 @@ def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
         lines += ["", md_escape(v.latency_note), ""]
     if v.warnings:
         lines += ["**Before you trust these numbers:**", ""] + [f"- {md_escape(w)}" for w in v.warnings] + [""]
+    if v.health_note and not brief:
+        lines += [f"Health: {md_escape(v.health_note)}", ""]
     if v.findings:
         lines += [f"**Top findings** ({len(v.findings)} in all, most expensive first):", ""]
         for i, f in enumerate(v.findings[:top], 1):
@@ -85,12 +121,9 @@ def text(report: ReportView) -> str:
     lines = [f"## tokentrace report ({md_escape(report.version)})", ""]
     many = len(report.traces) > 1
     if report.compare is not None:
-        t = report.compare
-        lines.append("| " + " | ".join(md_escape(c.label) for c in t.columns) + " |")
-        lines.append("|" + "|".join("---:" if c.numeric else "---" for c in t.columns) + "|")
-        for row in t.rows:
-            lines.append("| " + " | ".join(md_escape(c) for c in row) + " |")
-        lines.append("")
+        lines += md_table(Table("", report.compare.columns, report.compare.rows)) + [""]
+    if report.ranks is not None and report.ranks.prose:
+        lines += [f"**{md_escape(report.ranks.title)}** {md_escape(' '.join(report.ranks.prose))}", ""]
     for v in report.traces:
         lines += _trace(v, v.name, TOP_FINDINGS_MANY if many else TOP_FINDINGS, brief=many)
     commands = [*dict.fromkeys(v.capture_command for v in report.traces if v.capture_command), report.command]
@@ -98,10 +131,13 @@ def text(report: ReportView) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render(analyses: Sequence[Analysis], output: str | None = None) -> str:
-    """The Markdown summary of analyses (a comparison table first when several); `output` names its file."""
+def render(analyses: Sequence[Analysis], output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
+    """The Markdown summary of analyses (each sweep's table, then a comparison table when several); `output` names its file."""
+    from tokentrace.reports.sweep import sweep_markdown
+
+    head = "".join(sweep_markdown(sw) + "\n" for sw in sweeps)
     # Last, over the whole text: no control or bidi character from a trace (or a file name) survives.
-    return fmt.visible(text(rv.build(analyses, "--markdown", output)))
+    return fmt.visible(head + text(rv.build(analyses, "--markdown", output)))
 
 
 def render_markdown(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:

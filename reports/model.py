@@ -23,6 +23,7 @@ class Column:
     label: str  # header text; units go here ("GPU time"), cells then carry them too ("2.74 ms")
     numeric: bool = False  # right-aligned and never wrapped
     code: bool = False  # an identifier from the trace (kernel, op, shape): monospace, breaks only after _ : , < ( [ /
+    prose: bool = False  # sentences (a check's message): shown whole, where other text cells are cut at 200 characters
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Section:
     figure: Figure[Any] | None = None  # each section draws its own kind of figure
     figure_note: str = ""  # why there is no figure
     prose: list[str] = field(default_factory=list)  # two or three sentences generated from this trace's numbers
+    callout: str = ""  # what the section cannot see and how to see it, boxed before its tables
     tables: list[Table] = field(default_factory=list)
     findings: list[FindingView] = field(default_factory=list)
     template: str | None = None  # a partial of reports/templates/ that draws the body instead of the generic one
@@ -121,6 +123,8 @@ class TraceView:
     capture_command: str | None  # the command that made the trace, when the capture recorded it
     compare: dict[str, str] = field(default_factory=dict)  # the numbers a report over several traces lines up: label -> text
     name: str = ""  # what the report calls the trace: its file name, or the part of its path that tells it from the others
+    health_note: str = ""  # one sentence on every health check: how many passed, what a failure sets aside
+    health: Table | None = None  # every health check, worst first (folded under the warnings)
 
 
 @dataclass
@@ -129,3 +133,5 @@ class ReportView:
     traces: list[TraceView]
     compare: Table | None  # the headline of every trace, when there are several
     command: str  # the command that makes this report again
+    sweeps: list[Table] = field(default_factory=list)  # each capture sweep's table (one row per run), before the runs
+    ranks: Section | None = None  # the ranks compared, when the traces are several ranks of one job

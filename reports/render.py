@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 from tokentrace.errors import TokentraceError
 
 if TYPE_CHECKING:
+    from tokentrace.analysis.compare.sweep import SweepResult
     from tokentrace.analysis.pipeline import Analysis
 
-# A renderer: analyses and the name of the file the text goes to (None: returned only) -> the text.
-Renderer = Callable[[Sequence["Analysis"], "str | None"], str]
+# A renderer: analyses, the name of the file the text goes to (None: returned only) and the capture
+# sweeps they came from (each sweep's table comes first) -> the text.
+Renderer = Callable[[Sequence["Analysis"], "str | None", Sequence["SweepResult"]], str]
 
 # File suffix -> format.
 SUFFIXES = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown", ".json": "json"}
@@ -38,11 +40,13 @@ def format_for(output: str | None, fmt: str | None) -> str:
     raise TokentraceError(f"{output}: cannot tell the report format from the name; use .html, .md or .json, or --format")
 
 
-def _json(analyses: Sequence[Analysis], output: str | None = None) -> str:
+def _json(analyses: Sequence[Analysis], output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
     from tokentrace.jsonout import dumps
 
     docs = [a.to_json() for a in analyses]
     doc = docs[0] if len(docs) == 1 else {"schema_version": docs[0]["schema_version"], "traces": docs}
+    if sweeps:
+        doc = {"sweeps": [s.to_json(with_runs=False) for s in sweeps], "report": doc}
     return dumps(doc)
 
 
@@ -52,7 +56,7 @@ def _renderers() -> dict[str, Renderer]:
     return {"html": html.render, "markdown": markdown.render, "json": _json}
 
 
-def render(analyses: Sequence[Analysis], fmt: str, output: str | None = None) -> str:
+def render(analyses: Sequence[Analysis], fmt: str, output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
     """The report text of analysed traces in one format; `output` is the file it will be written to, when known
-    (the report's reproduce line names it)."""
-    return _renderers()[fmt](analyses, output)
+    (the report's reproduce line names it); `sweeps`: the capture sweeps the analyses are the runs of."""
+    return _renderers()[fmt](analyses, output, sweeps)

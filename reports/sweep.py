@@ -4,8 +4,8 @@ Owns only the drawing of analysis.compare.sweep's tables: one row per run (promp
 compile x attention) with TTFT, TPOT, GPU utilisation, health warnings and the top finding. The
 numbers are formatted as every report formats them (reports.format); text from the trace (finding
 titles, run names) is cleaned of control characters in the terminal and escaped in Markdown. The
-per-run sections come from the usual renderers; the HTML form of the table belongs with the HTML
-report.
+per-run sections come from the usual renderers; `sweep_table` gives the HTML report the same table
+as a report Table.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from tokentrace.reports import format as fmt
 from tokentrace.reports.markdown import md_escape
+from tokentrace.reports.model import Column, Table
 from tokentrace.reports.terminal import _clean
 
 # Columns of the sweep table as drawn: (header, column, formatter).
@@ -74,6 +75,16 @@ def sweep_markdown(result: Any) -> str:
              + ("; unprofiled columns from the capture's own timings." if len(cols) > len(TABLE) else "."), ""]
     lines += _md_table([h for h, _, _ in cols], _rows(result.table, cols))
     return "\n".join(lines) + "\n"
+
+
+def sweep_table(result: Any) -> Table:
+    """The HTML report's form: the sweep table as a report Table (the runs' sections follow it, in its order)."""
+    cols = _columns(result.table)
+    numeric = {"prompt_len", "batch", "ttft_us", "tpot_p50_us", "gpu_utilization", "warnings", *(c for _, c, _ in UNPROFILED)}
+    unprofiled = len(cols) > len(TABLE)
+    return Table(f"Sweep: {result.folder}", [Column(h, numeric=c in numeric) for h, c, _ in cols], _rows(result.table, cols),
+                 note=f"{len(result.table)} runs, one section each below in this order; TTFT and TPOT from the traces, measured under "
+                      "the profiler" + ("; unprofiled columns from the capture's own timings." if unprofiled else "."))
 
 
 def _diff_rows(result: Any, metric_cell: Callable[[str, Any], str]) -> tuple[list[str], list[list[str]]]:

@@ -67,10 +67,11 @@ class Col:
     format: Callable[[Any], Cell]
     numeric: bool = False
     code: bool = False
+    prose: bool = False
 
     @property
     def column(self) -> Column:
-        return Column(self.label, numeric=self.numeric, code=self.code)
+        return Column(self.label, numeric=self.numeric, code=self.code, prose=self.prose)
 
 
 def num(key: str, label: str, format: Callable[[Any], str] = fmt.duration) -> Col:
@@ -83,6 +84,10 @@ def word(key: str, label: str, format: Callable[[Any], Cell] = text) -> Col:
 
 def code(key: str, label: str, format: Callable[[Any], Cell] = text) -> Col:
     return Col(key, label, format, code=True)
+
+
+def prose(key: str, label: str, format: Callable[[Any], Cell] = text) -> Col:
+    return Col(key, label, format, prose=True)
 
 
 def drop_empty(table: Table) -> Table:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from tokentrace.reports import format as fmt
 from tokentrace.reports import summary as sm
 from tokentrace.reports.model import AppendixGroup, Column, Fact, FindingView, ReportView, Section, Table, TraceView
-from tokentrace.reports.sections import SECTIONS
+from tokentrace.reports.sections import SECTIONS, health
 from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec
 
 if TYPE_CHECKING:
+    from tokentrace.analysis.compare.sweep import SweepResult
     from tokentrace.analysis.pipeline import Analysis
 
 # Facts per appendix group: a JSON summary of a huge trace stays readable and the page small.
@@ -51,13 +52,13 @@ def section(spec: SectionSpec, inp: Inputs) -> Section:
         spec.build(inp, s)
     except Lacks as why:
         s.status, s.message = "empty", str(why)
-        s.figure, s.prose, s.tables = None, [], []
+        s.figure, s.prose, s.tables, s.callout = None, [], [], ""
     except Exception as exc:  # noqa: BLE001 - one section that cannot be drawn must not lose the report
         if os.environ.get("TOKENTRACE_DEBUG"):
             raise
         s.status = "error"
         s.message = f"This section could not be built from the analysis ({type(exc).__name__}: {exc})."
-        s.figure, s.prose, s.tables = None, [], []
+        s.figure, s.prose, s.tables, s.callout = None, [], [], ""
     return s
 
 
@@ -162,9 +163,11 @@ def capture_command(inp: Inputs) -> str | None:
 # ---- assembly -------------------------------------------------------------------------------
 def trace_view(analysis: Analysis) -> TraceView:
     inp = Inputs(analysis, analysis.to_json())
-    sections = [section(spec, inp) for spec in SECTIONS]
+    # Sections about what only some traces hold (collectives, graph launches, engine steps) appear where they are.
+    specs = [spec for spec in SECTIONS if spec.shown is None or spec.shown(inp.doc)]
+    sections = [section(spec, inp) for spec in specs]
     findings = [sm.finding(f) for f in analysis.findings]
-    claimed: dict[str, Section] = {c: s for spec, s in zip(SECTIONS, sections, strict=True) for c in spec.categories}
+    claimed: dict[str, Section] = {c: s for spec, s in zip(specs, sections, strict=True) for c in spec.categories}
     other: list[FindingView] = []
     for f in findings:
         home = claimed.get(f.category)
@@ -176,10 +179,12 @@ def trace_view(analysis: Analysis) -> TraceView:
         if os.environ.get("TOKENTRACE_DEBUG"):
             raise
         timeline, tnote = None, f"The timeline could not be built from the analysis ({type(exc).__name__}: {exc})."
+    checks = health.checklist(inp)
     return TraceView(title=analysis.trace.path, facts=sm.facts(inp), latency_note=note, headline=headline,
                      warnings=sm.warnings(inp), findings=findings, timeline=timeline, timeline_note=tnote, sections=sections,
                      other_findings=other, appendix=appendix(inp), capture_command=capture_command(inp),
-                     compare={label: sm.metric_text(key, inp.doc)[0] for key, label in COMPARE})
+                     compare={label: sm.metric_text(key, inp.doc)[0] for key, label in COMPARE},
+                     health_note=checks[0] if checks else "", health=checks[1] if checks else None)
 
 
 # Columns of the comparison table of a report over several traces: (metric key, label).
@@ -207,9 +212,13 @@ def distinct_names(paths: list[str]) -> list[str]:
     return [os.path.relpath(os.path.abspath(p), common) for p in paths]
 
 
-def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", output: str | os.PathLike[str] | None = None) -> ReportView:
-    """The view of a report over one or more analyses (one block per trace, a comparison first when several)."""
+def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", output: str | os.PathLike[str] | None = None,
+          sweeps: Sequence[SweepResult] = ()) -> ReportView:
+    """The view of a report over one or more analyses (one block per trace, a comparison first when
+    several, each capture sweep's table before them, the ranks compared when they are one job's)."""
     from tokentrace import __version__
+    from tokentrace.reports.ranks import of_analyses
+    from tokentrace.reports.sweep import sweep_table
 
     items = list(analyses) if isinstance(analyses, Sequence) else [analyses]
     if not items:
@@ -218,4 +227,5 @@ def build(analyses: Analysis | Sequence[Analysis], fmt_flag: str = "--html", out
     for v, name in zip(views, distinct_names([v.title for v in views]), strict=True):
         v.name = name
     return ReportView(version=__version__, traces=views, compare=compare_table(views) if len(views) > 1 else None,
-                      command=command(items, fmt_flag, None if output is None else os.fspath(output)))
+                      command=command(items, fmt_flag, None if output is None else os.fspath(output)),
+                      sweeps=[sweep_table(sw) for sw in sweeps], ranks=of_analyses(items))

@@ -25,7 +25,10 @@ from tokentrace.reports.markdown import text as markdown_text
 from tokentrace.reports.sections import SECTIONS
 from tokentrace.reports.terminal import render_terminal
 
-SECTION_IDS = ["t0", "t0-summary", "t0-headline", "t0-findings", "t0-timeline", "t0-appendix", "t0-reproduce"] + [f"t0-{s.key}" for s in SECTIONS]
+# Every report's parts, and the sections every report has (those about collectives, graph launches
+# or engine steps appear only in the traces that hold them: `SectionSpec.shown`).
+SECTION_IDS = ["t0", "t0-summary", "t0-headline", "t0-findings", "t0-timeline", "t0-appendix", "t0-reproduce"] + \
+    [f"t0-{s.key}" for s in SECTIONS if s.shown is None]
 SAMPLES = sorted(SAMPLE_TRACES.glob("*/*/*.pt.trace.json.gz"))
 
 
@@ -57,7 +60,7 @@ def test_report_of_every_sample_and_shared_trace(trace, tmp_path):
     assert_standalone(html)
     assert len(html.encode()) < MAX_HTML_BYTES
     dom = scan(html)
-    assert not [i for i in SECTION_IDS if i not in dom.ids]
+    assert not [i for i in SECTION_IDS + [f"t0-{s.key}" for s in view.traces[0].sections] if i not in dom.ids]
     assert dom.tags.get("figure", 0) == dom.tags.get("figcaption", 0) == dom.tags.get("svg", 0)  # every figure has a caption
     md = markdown_text(rv.build(analysis, "--markdown", None))
     assert len(md.splitlines()) <= MAX_MARKDOWN_LINES and len(md) <= MAX_MARKDOWN_CHARS and "http" not in md
@@ -104,6 +107,19 @@ def test_several_traces_render_in_chromium(tmp_path):
     ids = scan(page_.dom).ids
     assert {"compare", "t0", "t1", "t1-findings", "t1-syncs"} <= ids
     assert_clean_layout(out)
+
+
+def test_ranks_page_lays_out_cleanly(tmp_path):
+    from test_ranks_collectives import RANKS, rank_trace
+
+    from tokentrace.reports.ranks import render_ranks_html
+
+    for r in range(RANKS):
+        rank_trace(tmp_path, r)
+    out = tmp_path / "ranks.html"
+    render_ranks_html(tokentrace.ranks([tmp_path], workers=1, cache=False), out)
+    assert_clean_layout(out)
+    assert scan(load(out).dom).tags.get("svg", 0) == 1  # the per-step skew figure
 
 
 @pytest.mark.parametrize("drop_csp", [False, True], ids=["with-csp", "without-csp"])

@@ -182,8 +182,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
     if resolve_scheduler(scheduler) or (workers or 1) > 1:
         # Settings travel to the workers as the fields of Options.
         text = render(_summaries(plain, options=options, workers=workers, scheduler=scheduler,
-                                 cache=cache), kind)
-        text = _with_sweeps(text, sweeps, kind) if sweeps else text
+                                 cache=cache), kind, None if output is None else os.fspath(output), sweeps)
         if output is not None:
             write_output(os.fspath(output), text, inputs=[str(p) for p in plain if isinstance(p, (str, os.PathLike))])
         return text
@@ -197,9 +196,7 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
         if progress:
             progress(f"analysing {i}/{len(loaded)}: {item.path}")
         analyses.append(analyze(item, options=options))
-    text = render(analyses, kind, None if output is None else os.fspath(output))
-    if sweeps:
-        text = _with_sweeps(text, sweeps, kind)
+    text = render(analyses, kind, None if output is None else os.fspath(output), sweeps)
     if output is not None:
         write_output(os.fspath(output), text, inputs=[a.trace.path for a in analyses if getattr(a, "trace", None) is not None])
     return text
@@ -235,22 +232,6 @@ def _summaries(items: list[Any], *, options: Options, workers: int | None,
         out.extend(sorted(saved, key=lambda a: (a.to_json().get("trace", {}).get("rank") or 0, a.to_json()["trace"]["path"]))
                    if len(saved) > 1 else saved)
     return out
-
-
-def _with_sweeps(text: str, sweeps: list[SweepResult], kind: str) -> str:
-    """The report text with each sweep's table first (Markdown and JSON; the HTML table comes with the HTML report)."""
-    import json
-
-    from tokentrace.jsonout import dumps
-
-    if kind == "markdown":
-        from tokentrace.reports.sweep import sweep_markdown
-
-        return "".join(sweep_markdown(s) + "\n" for s in sweeps) + text
-    if kind == "json":
-        doc = json.loads(text)
-        return dumps({"sweeps": [s.to_json(with_runs=False) for s in sweeps], "report": doc})
-    return text
 
 
 def diff(base: RunLike, test: RunLike, *, min_gap_us: float | None = None, phases: PhasesLike = None,

@@ -38,13 +38,20 @@ STEP_COLUMNS = ["phase", "index", "ranks", "slowest_rank", "slowest_us", "fastes
 
 def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Analyse one rank's trace; plain, picklable data out (never raises for a bad trace: `error` says why)."""
-    from tokentrace.analysis.compare.metrics import headline
     from tokentrace.api import analyze
 
     try:
         analysis = analyze(path, **(options or {}))
     except TokentraceError as exc:
         return {"path": str(path), "rank": None, "error": str(exc), "steps": [], "metrics": {}}
+    return rank_summary(analysis, str(path))
+
+
+def rank_summary(analysis: Any, path: str | None = None) -> dict[str, Any]:
+    """One analysed rank as the plain data `combine` joins (what analyze_rank returns), so a report
+    over the ranks' Analyses compares them the same way `tokentrace ranks` does."""
+    from tokentrace.analysis.compare.metrics import headline
+
     trace = analysis.trace
     t0 = trace.span_ns[0]
     phases = analysis.results.get("phases")
@@ -58,7 +65,7 @@ def analyze_rank(path: str, options: dict[str, Any] | None = None) -> dict[str, 
     summary = analysis.to_json()
     comm = analysis.results.get("communication")
     return {
-        "path": str(path),
+        "path": str(trace.path if path is None else path),
         "rank": int(trace.rank),
         "device": trace.gpu_name,
         "duration_us": trace.duration_ns / 1000.0,

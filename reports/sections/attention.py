@@ -1,8 +1,10 @@
 """Section "How does attention scale?": time per attention call against sequence length, per backend.
 
-Reads the attention result (Attention: calls grouped by shape, and the power-law fits with their
-points). A fitted law is drawn only when its exponent is distinguishable from zero (the 95%
-interval excludes it); otherwise the points are shown and the sentence says the range cannot tell.
+Reads the attention result (Attention: calls grouped by shape, the power-law fits with their
+points, and the groups whose range is too narrow to fit). A fitted law is drawn only when its
+exponent is distinguishable from zero (the 95% interval excludes it); otherwise the points are
+shown and the sentence says the range cannot tell. A group too narrow to fit is drawn as hollow
+points with their mean (a dotted line labelled "range too narrow to fit"), never a law.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tokentrace.analysis.common.fits import TOO_NARROW
 from tokentrace.analysis.detectors.attention import Attention
 from tokentrace.reports import figures, words
 from tokentrace.reports import format as fmt
@@ -39,16 +42,28 @@ def _range(fit: dict[str, Any]) -> tuple[float, float]:
     return min(xs), max(xs)
 
 
+def narrow(fit: dict[str, Any]) -> bool:
+    """A record of a group whose lengths are too few or too close to fit: its mean, no exponent."""
+    return fit.get("status") == TOO_NARROW
+
+
 def _fit_sentence(fit: dict[str, Any]) -> str:
     lo, hi = _range(fit)
     x = X_LABELS[fit["x"]]
     head = f"in {fit['phase']}, {TIME_LABELS[fit['time']]} time per call ({fit['backend']})"
-    if fit["exponent"] is None:
-        return words.sentence(f"{head} over {x}s {fmt.number(lo)}-{fmt.number(hi)}: the range is too narrow to fit a law")
+    if narrow(fit):
+        return words.sentence(f"{head} over {x}s {fmt.number(lo)}-{fmt.number(hi)}: {TOO_NARROW}; it took "
+                              f"{fmt.duration(fit['mean'])} per call on average")
     if significant(fit):
         return words.sentence(f"{head} grows as {x}^{_law(fit)} over {x}s {fmt.number(lo)}-{fmt.number(hi)} (r² {fmt.number(fit['r2'])})")
     return words.sentence(f"{head} shows no measurable growth over {x}s {fmt.number(lo)}-{fmt.number(hi)} "
                           f"({fmt.number(hi / lo)}x): the fitted exponent {_law(fit)} cannot be told from zero")
+
+
+def _verdict(f: dict[str, Any]) -> str:
+    if narrow(f):
+        return f"{TOO_NARROW}; mean {fmt.duration(f['mean'])} per call"
+    return "grows" if significant(f) else "no measurable growth"
 
 
 def fits_table(fits: list[dict[str, Any]]) -> Table:
@@ -56,12 +71,13 @@ def fits_table(fits: list[dict[str, Any]]) -> Table:
     for f in fits:
         lo, hi = _range(f)
         rows.append([f["phase"], f["backend"], X_LABELS[f["x"]], f"{fmt.number(lo)}-{fmt.number(hi)}", fmt.number(len(f["points"])),
-                     fmt.number(f["calls"]), _law(f) if f["exponent"] is not None else fmt.MISSING,
-                     fmt.number(f["r2"]), "yes" if significant(f) else "no"])
+                     fmt.number(f["calls"]), fmt.MISSING if narrow(f) or f["exponent"] is None else _law(f),
+                     fmt.MISSING if narrow(f) else fmt.number(f["r2"]), _verdict(f)])
     cols = [Column("phase"), Column("backend"), Column("against"), Column("lengths", numeric=True), Column("lengths seen", numeric=True),
-            Column("calls", numeric=True), Column("exponent", numeric=True), Column("r²", numeric=True), Column("growth measured")]
+            Column("calls", numeric=True), Column("exponent", numeric=True), Column("r²", numeric=True), Column("growth")]
     return Table("Scaling fits", cols, rows, note=f"Growth is measured when the exponent's 95% interval (± {Z95} standard errors) "
-                 "excludes zero; exponent 1 is linear, 2 quadratic.")
+                 "excludes zero; exponent 1 is linear, 2 quadratic. A fit needs lengths spanning 2x or more over at least 4 "
+                 f"distinct values: below that, '{TOO_NARROW}' and the mean time per call.")
 
 
 GROUP_COLS = (tb.word("phase", "phase"), tb.word("backend", "backend"), tb.num("batch", "batch", tb.integer),
@@ -85,25 +101,30 @@ def build(inp: Inputs, s: Section) -> None:
     else:  # a CPU run: the calls' time is host time, which the scaling below uses
         cost = "ran on the host (no GPU work in this trace)"
     s.prose.append(words.sentence(f"{words.count(summary['calls'], 'attention call')} ({backends}) {cost}: {phases}"))
-    s.prose += [_fit_sentence(f) for f in at.fits[:2]]
+    records = [*at.fits, *at.too_narrow]
+    s.prose += [_fit_sentence(f) for f in records[:2]]
     series = []
-    for f in at.fits:
+    for f in records:
         pts = np.asarray(f["points"], float)
-        series.append(figures.Series(label=f"{f['phase']} {f['backend']} vs {X_LABELS[f['x']]}", x=pts[:, 0], y=pts[:, 1],
-                                     exponent=f["exponent"], stderr=f["exponent_stderr"], coefficient=f["coefficient"],
-                                     law=significant(f)))
+        label = f"{f['phase']} {f['backend']} vs {X_LABELS[f['x']]}"
+        if narrow(f):
+            series.append(figures.Series(label=label, x=pts[:, 0], y=pts[:, 1], narrow_mean=float(f["mean"])))
+            continue
+        series.append(figures.Series(label=label, x=pts[:, 0], y=pts[:, 1], exponent=f["exponent"], stderr=f["exponent_stderr"],
+                                     coefficient=f["coefficient"], law=significant(f)))
     if series:
-        time = TIME_LABELS[at.fits[0]["time"]]
+        time = TIME_LABELS[records[0]["time"]]
         s.figure = Figure(figures.scaling, figures.ScalingData(series, "sequence length", f"{time} time per call"),
                           f"{time[0].upper()}{time[1:]} time per attention call (us) against sequence length (tokens: query length in prefill, KV "
-                          "length in decode); a line is a fitted power law, drawn only where growth is measured. Axes are "
-                          "logarithmic when the values span ten times or more.")
+                          "length in decode); a line is a fitted power law, drawn only where growth is measured; hollow points over a "
+                          f"range too narrow to fit show their mean as a dotted line ('{TOO_NARROW}'). Axes are logarithmic when the "
+                          "values span ten times or more.")
     else:
         s.figure_note = "No attention calls with recorded shapes to plot against sequence length."
     groups = at.groups.assign(heads_kv=[f"{tb.integer(h)} ({tb.integer(k)})" for h, k in zip(at.groups["heads"], at.groups["kv_heads"], strict=True)])
     s.tables.append(tb.from_frame("Attention calls by shape", groups, GROUP_COLS if summary["gpu_total_us"] > 0 else HOST_GROUP_COLS))
-    if at.fits:
-        s.tables.append(fits_table(at.fits))
+    if records:
+        s.tables.append(fits_table(records))
 
 
 SECTION = SectionSpec(key="attention", title="How does attention scale?", results=("attention",), categories=("attention",),

@@ -76,6 +76,23 @@ class SectionSpec:
     categories: tuple[str, ...]  # finding categories listed in this section
     build: Callable[[Inputs, Section], None]
     template: str | None = None  # a partial in reports/templates/ for a body the generic one cannot show
+    # A section about something most traces lack (collectives, graph launches, engine steps) appears
+    # only where this holds for the JSON summary (`shown_when`); None: in every report.
+    shown: Callable[[dict[str, Any]], bool] | None = None
+
+
+def shown_when(key: str, test: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    """`SectionSpec.shown` for a section about what only some traces hold: `test` reads the detector's
+    section of the JSON summary (so a report built from summaries decides alike). A detector that
+    failed keeps its section, which says so; an absent one leaves it out."""
+
+    def shown(doc: dict[str, Any]) -> bool:
+        sec = doc.get(key)
+        if not isinstance(sec, dict):
+            return False
+        return set(sec) == {"error"} or bool(test(sec))
+
+    return shown
 
 
 class Lacks(Exception):

@@ -70,10 +70,10 @@ def analyze_cmd(trace: str, json_out: str | None, html_out: str | None, md_out: 
         "--annotated": lambda: annotated_payload(analysis, annotated_out or ""),
     }
     write_all([(dest, writers[option]) for option, dest in outs.items()])
-    _say_written(outs)
+    say_written(outs)
 
 
-def _say_written(outs: dict[str, Destination]) -> None:
+def say_written(outs: dict[str, Destination]) -> None:
     """One line on stderr per file written (stdout holds its document, nothing to say)."""
     from tokentrace.reports.format import visible
 
@@ -91,7 +91,7 @@ def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float 
     from tokentrace.jsonout import dumps
     from tokentrace.reports.format import visible
     from tokentrace.reports.render import render
-    from tokentrace.reports.sweep import sweep_markdown, sweep_text
+    from tokentrace.reports.sweep import sweep_text
     from tokentrace.reports.terminal import render_terminal
 
     if "--annotated" in outs:
@@ -106,8 +106,8 @@ def _analyze_sweep(folder: str, outs: dict[str, Destination], min_gap_us: float 
         click.echo("\n\n".join(parts))
     writers: dict[str, Render] = {
         "--json": lambda: dumps(result.to_json()),
-        "--markdown": lambda: sweep_markdown(result) + "\n" + render(result.analyses, "markdown", outs["--markdown"].path),
-        "--html": lambda: render(result.analyses, "html", outs["--html"].path),
+        "--markdown": lambda: render(result.analyses, "markdown", outs["--markdown"].path, [result]),
+        "--html": lambda: render(result.analyses, "html", outs["--html"].path, [result]),
     }
     write_all([(dest, writers[option]) for option, dest in outs.items()])
-    _say_written(outs)
+    say_written(outs)
