@@ -6,7 +6,9 @@ sums; and the real vLLM / SGLang traces."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 
 import numpy as np
 import pytest
@@ -330,3 +332,16 @@ def test_real_sglang_pair_recognises_the_decode_attention_op_with_its_backend():
     # Without the map the kernels are still recognised by name, with the same backend.
     plain = tokentrace.analyze(trace, find_graph_maps=False).attention.calls
     assert set(plain["source"]) == {"kernel"} and set(plain["backend"]) == {PAGED}
+
+
+def test_report_shows_engine_step_fits_per_step_against_the_steps_tokens(tmp_path):
+    """The report's attention section reads the serving-engine step fits (x = the step's KV/prompt
+    tokens, time per step) beside per-call fits, and plots the per-step series when no per-call fit exists."""
+    a = tokentrace.analyze(engine_trace(tmp_path))
+    page = html.unescape(re.sub(r"<[^>]+>", " ", tokentrace.report(a, format="html")))
+    text = re.sub(r"\s+", " ", page)
+    assert "could not be built" not in text
+    dec = step_fit(a.attention, "decode")
+    law = f"{dec['exponent']:.2f} ± {dec['exponent_stderr']:.2f}"
+    assert f"In decode, GPU time per step (triton) grows as (KV tokens per step)^{law} over KV tokens per step 1,000-4,000" in text
+    assert "prefill triton prompt tokens per step 256-1,024 4 8" in text  # the fits table's row

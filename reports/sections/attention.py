@@ -23,7 +23,9 @@ from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec
 
 # Two-sided 95% normal quantile: an exponent within Z95 standard errors of zero is no measured growth.
 Z95 = 1.96
-X_LABELS = {"q_len": "query length", "kv_len": "KV length"}
+# Per-call fits are against one sequence's length; serving-engine step fits (per="step") against the
+# step's summed tokens from its annotation.
+X_LABELS = {"q_len": "query length", "kv_len": "KV length", "q_tokens": "prompt tokens per step", "kv_tokens": "KV tokens per step"}
 TIME_LABELS = {"gpu": "GPU", "cpu": "host"}
 
 
@@ -50,19 +52,24 @@ def narrow(fit: dict[str, Any]) -> bool:
 def _fit_sentence(fit: dict[str, Any]) -> str:
     lo, hi = _range(fit)
     x = X_LABELS[fit["x"]]
-    head = f"in {fit['phase']}, {TIME_LABELS[fit['time']]} time per call ({fit['backend']})"
+    per = _per(fit)
+    head = f"in {fit['phase']}, {TIME_LABELS[fit['time']]} time per {per} ({fit['backend']})"
     if narrow(fit):
-        return words.sentence(f"{head} over {x}s {fmt.number(lo)}-{fmt.number(hi)}: {TOO_NARROW}; it took "
-                              f"{fmt.duration(fit['mean'])} per call on average")
+        return words.sentence(f"{head} over {x} {fmt.number(lo)}-{fmt.number(hi)}: {TOO_NARROW}; it took "
+                              f"{fmt.duration(fit['mean'])} per {per} on average")
     if significant(fit):
-        return words.sentence(f"{head} grows as {x}^{_law(fit)} over {x}s {fmt.number(lo)}-{fmt.number(hi)} (r² {fmt.number(fit['r2'])})")
-    return words.sentence(f"{head} shows no measurable growth over {x}s {fmt.number(lo)}-{fmt.number(hi)} "
+        return words.sentence(f"{head} grows as ({x})^{_law(fit)} over {x} {fmt.number(lo)}-{fmt.number(hi)} (r² {fmt.number(fit['r2'])})")
+    return words.sentence(f"{head} shows no measurable growth over {x} {fmt.number(lo)}-{fmt.number(hi)} "
                           f"({fmt.number(hi / lo)}x): the fitted exponent {_law(fit)} cannot be told from zero")
+
+
+def _per(fit: dict[str, Any]) -> str:
+    return str(fit.get("per") or "call")
 
 
 def _verdict(f: dict[str, Any]) -> str:
     if narrow(f):
-        return f"{TOO_NARROW}; mean {fmt.duration(f['mean'])} per call"
+        return f"{TOO_NARROW}; mean {fmt.duration(f['mean'])} per {_per(f)}"
     return "grows" if significant(f) else "no measurable growth"
 
 
@@ -77,7 +84,7 @@ def fits_table(fits: list[dict[str, Any]]) -> Table:
             Column("calls", numeric=True), Column("exponent", numeric=True), Column("r²", numeric=True), Column("growth")]
     return Table("Scaling fits", cols, rows, note=f"Growth is measured when the exponent's 95% interval (± {Z95} standard errors) "
                  "excludes zero; exponent 1 is linear, 2 quadratic. A fit needs lengths spanning 2x or more over at least 4 "
-                 f"distinct values: below that, '{TOO_NARROW}' and the mean time per call.")
+                 f"distinct values: below that, '{TOO_NARROW}' and the mean time per call (per step for a serving engine's steps).")
 
 
 GROUP_COLS = (tb.word("phase", "phase"), tb.word("backend", "backend"), tb.num("batch", "batch", tb.integer),
@@ -104,7 +111,9 @@ def build(inp: Inputs, s: Section) -> None:
     records = [*at.fits, *at.too_narrow]
     s.prose += [_fit_sentence(f) for f in records[:2]]
     series = []
-    for f in records:
+    # One figure, one y quantity: the per-call fits when there are any, else the engine steps' fits.
+    per = "call" if any(_per(f) == "call" for f in records) else "step"
+    for f in (f for f in records if _per(f) == per):
         pts = np.asarray(f["points"], float)
         label = f"{f['phase']} {f['backend']} vs {X_LABELS[f['x']]}"
         if narrow(f):
@@ -114,9 +123,13 @@ def build(inp: Inputs, s: Section) -> None:
                                      coefficient=f["coefficient"], law=significant(f)))
     if series:
         time = TIME_LABELS[records[0]["time"]]
-        s.figure = Figure(figures.scaling, figures.ScalingData(series, "sequence length", f"{time} time per call"),
-                          f"{time[0].upper()}{time[1:]} time per attention call (us) against sequence length (tokens: query length in prefill, KV "
-                          "length in decode); a line is a fitted power law, drawn only where growth is measured; hollow points over a "
+        against = ("sequence length (tokens: query length in prefill, KV length in decode)" if per == "call" else
+                   "the step's tokens (from its engine annotation: prompt tokens in prefill, KV tokens read in decode)")
+        x_label = "sequence length" if per == "call" else "tokens per step"
+        unit = "call" if per == "call" else "engine step"
+        s.figure = Figure(figures.scaling, figures.ScalingData(series, x_label, f"{time} time per {per}"),
+                          f"{time[0].upper()}{time[1:]} attention time per {unit} (us) against {against}; a line is a fitted power "
+                          "law, drawn only where growth is measured; hollow points over a "
                           f"range too narrow to fit show their mean as a dotted line ('{TOO_NARROW}'). Axes are logarithmic when the "
                           "values span ten times or more.")
     else:
