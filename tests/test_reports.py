@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import SAMPLE_TRACES
 from markupsafe import escape
 from report_traces import STEP_US, UNPROFILED_STEP_US, UNPROFILED_TTFT_US, cpu_only_trace, llm_trace
+from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.compare.metrics import BY_KEY
@@ -471,3 +472,17 @@ def test_every_gap_cause_has_a_label_in_the_report():
     from tokentrace.reports.sections.idle import CAUSE_LABELS
 
     assert set(CAUSE_LABELS) == set(CAUSES)
+
+
+def test_a_sync_the_gpu_works_through_is_not_reported_as_zero_idle(tmp_path):
+    """A stream sync while another stream keeps the GPU busy: the sentence says the GPU kept working
+    (never 'left the GPU idle for 0 us')."""
+    b = TraceBuilder()
+    b.launch("kernel_a", 0.0, 10.0, 990.0, stream=7)
+    b.launch("kernel_b", 5.0, 500.0, 1500.0, stream=8)
+    b.sync_call("cudaStreamSynchronize", 20.0, 980.0, kineto="Stream Sync", stream=7)
+    a = tokentrace.analyze(b.load(tmp_path, "sync.json"))
+    prose = {s.key: " ".join(s.prose) for s in rv.build(a).traces[0].sections}
+    assert a.syncs.count == 1
+    assert "1 sync point blocked the host for 980 us in all and the GPU had queued work through it" in prose["syncs"]
+    assert not re.search(r"(?<![\d.,])0 us", prose["syncs"]), prose["syncs"]
