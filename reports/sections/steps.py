@@ -140,7 +140,9 @@ def build(inp: Inputs, s: Section) -> None:
         p = prefill.iloc[0]
         s.prose.insert(0, words.sentence(
             f"prefill of {tb.integer(p['batch'])} x {tb.integer(p['prompt_len'])} tokens took {fmt.duration(p['ttft_us'])} to the "
-            f"first token under the profiler, with the GPU busy {fmt.duration(p['gpu_busy_us'])} of it"
+            f"first token under the profiler, "
+            # No GPU activity recorded at all (a trace without kernel events) is not "busy 0 us".
+            + (f"with the GPU busy {fmt.duration(p['gpu_busy_us'])} of it" if int(p["kernels"]) > 0 else "and no GPU activity in the trace is timed inside it")
             + (f" ({words.count(len(prefill), 'prefill pass', 'prefill passes')} in all)" if len(prefill) > 1 else "")))
     stages = stage_table(capture, inp.doc, ph)
     if stages is not None:

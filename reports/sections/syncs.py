@@ -45,12 +45,16 @@ def build(inp: Inputs, s: Section) -> None:
     summary = inp.summary("syncs")
     items = sy.items
     idle = summary["idle_caused_us"]
-    # Under 0.05 us rounds to "0 us": say that the GPU kept working instead of printing a zero.
     them = "it" if sy.count == 1 else "them"
-    after = (f"left the GPU idle for {fmt.duration(idle)} right after {them}" if idle >= 0.05 else
-             f"the GPU had queued work through {them} (no idle right after)")
-    s.prose.append(words.sentence(f"{words.count(sy.count, 'sync point')} blocked the host for {fmt.duration(sy.blocked_us)} in all "
-                                  f"and {after}"))
+    # Durations under 0.05 us print as "0 us": say what the zero means instead of printing it.
+    if sy.blocked_us < 0.05:  # e.g. a trace whose runtime calls all sit at timestamp 0 with no duration
+        s.prose.append(words.sentence(f"the trace records {words.count(sy.count, 'sync point')} but no time for {them}, so "
+                                      "how long they blocked the host is unknown"))
+    else:
+        after = (f"left the GPU idle for {fmt.duration(idle)} right after {them}" if idle >= 0.05 else
+                 f"the GPU had queued work through {them} (no idle right after)")
+        s.prose.append(words.sentence(f"{words.count(sy.count, 'sync point')} blocked the host for {fmt.duration(sy.blocked_us)} "
+                                      f"in all and {after}"))
     pt = sy.per_token
     if pt["decode_steps"]:
         s.prose.append(words.sentence(f"in decode that is {fmt.number(pt['syncs_per_token'])} per generated token, blocking the host "
