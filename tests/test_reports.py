@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from chromium import scan
 from click.testing import CliRunner
-from conftest import SAMPLE_TRACES
+from conftest import SAMPLE_TRACES, shared_trace
 from markupsafe import escape
 from report_traces import STEP_US, UNPROFILED_STEP_US, UNPROFILED_TTFT_US, cpu_only_trace, llm_trace
 from tracebuilder import TraceBuilder
@@ -486,3 +486,12 @@ def test_a_sync_the_gpu_works_through_is_not_reported_as_zero_idle(tmp_path):
     assert a.syncs.count == 1
     assert "1 sync point blocked the host for 980 us in all and the GPU had queued work through it" in prose["syncs"]
     assert not re.search(r"(?<![\d.,])0 us", prose["syncs"]), prose["syncs"]
+
+
+def test_prefill_of_a_trace_without_kernel_events_is_not_busy_zero():
+    """A real trace whose profiler recorded no GPU activity: its prefill sentence says no GPU activity
+    is timed inside it, never 'with the GPU busy 0 us of it'."""
+    a = tokentrace.analyze(shared_trace("a100_inference_no_kernel_events.json.gz"))
+    prose = {s.key: " ".join(s.prose) for s in rv.build(a).traces[0].sections}
+    assert "no GPU activity in the trace is timed inside it" in prose["steps"]
+    assert "busy 0 us" not in prose["steps"]
