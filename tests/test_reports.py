@@ -495,3 +495,20 @@ def test_prefill_of_a_trace_without_kernel_events_is_not_busy_zero():
     prose = {s.key: " ".join(s.prose) for s in rv.build(a).traces[0].sections}
     assert "no GPU activity in the trace is timed inside it" in prose["steps"]
     assert "busy 0 us" not in prose["steps"]
+
+
+def test_untimed_gpu_work_is_called_untimed_not_absent_or_zero(tmp_path):
+    """Kernels and runtime calls all at timestamp 0 with no duration (the profiler wrote no times for
+    them), host ops timed: the sections say the GPU work has no time, never 'no GPU work' or '0 us'."""
+    b = TraceBuilder()
+    for i in range(3):
+        b.cpu_op("aten::mm", 100.0 + 50 * i, 40.0)
+        b.launch("gemm_kernel", 0.0, 0.0, 0.0, launch_dur=0.0)
+    b.sync_call("cudaStreamSynchronize", 0.0, 0.0, kineto="Stream Sync")
+    a = tokentrace.analyze(b.load(tmp_path, "untimed.json"))
+    prose = {s.key: " ".join(s.prose) for s in rv.build(a).traces[0].sections}
+    assert prose["idle"] == "The trace gives its 3 GPU activities no time (one instant, zero duration), so GPU busy and idle time cannot be measured from it."
+    assert prose["kernels"].startswith("The trace gives its 3 GPU activities no time, so what runs is ranked by host time")
+    assert prose["syncs"].startswith("The trace records 1 sync point but no time for it")
+    for text in prose.values():
+        assert "no GPU work" not in text and not re.search(r"(?<![\d.,])0 us", text), text

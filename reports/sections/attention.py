@@ -106,7 +106,8 @@ def build(inp: Inputs, s: Section) -> None:
     if summary["gpu_total_us"] > 0:
         cost = f"took {fmt.duration(summary['gpu_total_us'])} of GPU time"
     else:  # a CPU run: the calls' time is host time, which the scaling below uses
-        cost = "ran on the host (no GPU work in this trace)"
+        cost = ("have no GPU time (the trace's GPU activities carry none), so host time is used below"
+                if inp.untimed_gpu_activities() else "ran on the host (no GPU work in this trace)")
     s.prose.append(words.sentence(f"{words.count(summary['calls'], 'attention call')} ({backends}) {cost}: {phases}"))
     records = [*at.fits, *at.too_narrow]
     s.prose += [_fit_sentence(f) for f in records[:2]]

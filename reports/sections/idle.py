@@ -81,6 +81,10 @@ def launch_table(summary: dict[str, Any]) -> Table:
 
 
 def _prose(gpu: GpuUtilization, summary: dict[str, Any], gaps: GapsResult, launches: LaunchesResult | None) -> list[str]:
+    if not gpu.span_us > 0:  # every activity at one instant with no duration (e.g. all at timestamp 0): nothing to measure
+        n = int(gpu.devices["activities"].sum())
+        return [words.sentence(f"the trace gives its {words.count(n, 'GPU activity', 'GPU activities')} no time (one instant, "
+                               "zero duration), so GPU busy and idle time cannot be measured from it")]
     out = [words.sentence(f"the GPU was busy {fmt.share(gpu.utilization)} of the {fmt.duration(gpu.span_us)} from its first to "
                           f"its last activity ({fmt.duration(gpu.busy_us)} busy, {fmt.duration(gpu.idle_us)} idle)")]
     by, total = summary["by_cause"], summary["total_us"]

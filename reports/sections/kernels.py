@@ -87,7 +87,9 @@ def build(inp: Inputs, s: Section) -> None:
         key = "gpu_total_us"
     else:  # a CPU run: what runs is host work, ranked by host time
         s.title = "What runs on the host?"
-        first = "this trace has no GPU work"
+        untimed = inp.untimed_gpu_activities()
+        first = (f"the trace gives its {words.count(untimed, 'GPU activity', 'GPU activities')} no time, so what runs is ranked "
+                 "by host time" if untimed else "this trace has no GPU work")
         busiest = sh.ops.sort_values("cpu_total_us", ascending=False, kind="stable")
         key = "cpu_total_us"
     if len(busiest) and busiest[key].iloc[0] > 0:

@@ -50,6 +50,17 @@ class Inputs:
             raise TypeError(f"the JSON summary's {key} section is a {type(sec).__name__}")
         return sec
 
+    def untimed_gpu_activities(self) -> int:
+        """How many GPU activities the trace holds when none of them has any time (all at one instant with
+        zero duration, as in a profiler session exported after the next began); 0 otherwise. Sections
+        say such work is untimed rather than absent."""
+        from tokentrace.analysis.detectors.utilization import GpuUtilization
+
+        gpu = self.optional("gpu", GpuUtilization)
+        if gpu is None or gpu.devices.empty or gpu.span_us > 0:
+            return 0
+        return int(gpu.devices["activities"].sum())
+
     @property
     def t0_ns(self) -> int:
         """The trace's start: every figure's time axis counts from here."""

@@ -49,7 +49,7 @@ def build(inp: Inputs, s: Section) -> None:
     # Durations under 0.05 us print as "0 us": say what the zero means instead of printing it.
     if sy.blocked_us < 0.05:  # e.g. a trace whose runtime calls all sit at timestamp 0 with no duration
         s.prose.append(words.sentence(f"the trace records {words.count(sy.count, 'sync point')} but no time for {them}, so "
-                                      "how long they blocked the host is unknown"))
+                                      f"how long {'it' if sy.count == 1 else 'they'} blocked the host is unknown"))
     else:
         after = (f"left the GPU idle for {fmt.duration(idle)} right after {them}" if idle >= 0.05 else
                  f"the GPU had queued work through {them} (no idle right after)")
@@ -61,8 +61,11 @@ def build(inp: Inputs, s: Section) -> None:
                                       f"{fmt.duration(pt['blocked_us_per_token'])} per token"))
     longest = items.sort_values("blocked_us", ascending=False, kind="stable")
     r = longest.iloc[0]
-    s.prose.append(words.sentence(f"the longest, {fmt.duration(r['blocked_us'])}, was a {kind_label(r['kind'])} ({r['api']}"
-                                  + (f" in {r['op']}" if not tb.missing(r["op"]) else "") + f") at {where(r['phase'], r['step'])}"))
+    if sy.blocked_us >= 0.05:  # "the longest, 0 us" says nothing
+        at = where(r["phase"], r["step"])
+        at = at if at == "outside any step" else f"in {at}"
+        in_op = f" in {r['op']}" if not tb.missing(r["op"]) else ""
+        s.prose.append(words.sentence(f"the longest, {fmt.duration(r['blocked_us'])}, was a {kind_label(r['kind'])} ({r['api']}{in_op}) {at}"))
     labels = [kind_label(k) for k in items["kind"]]
     known = list(KIND_LABELS.values())
     order = known + [k for k in dict.fromkeys(labels) if k not in known]
