@@ -386,3 +386,17 @@ def test_a_graph_capture_trace_is_not_shown_as_serving_steps(tmp_path):
     assert [r[1] for r in table(body, "Graph captures")] == ["capture_4_DECODE"]
     assert "records the capture of 1 CUDA/HIP graph (capture_4_DECODE) and no serving step" in body
     assert "tokens/s" not in body and "Steady state" not in body and "inter-token" not in body
+
+
+def test_mixed_only_engine_trace_splits_its_mixed_steps_per_step(tmp_path):
+    """Two mixed engine steps and no decode-only step (a chunked-prefill trace): the per-step section
+    charts the mixed steps instead of saying there are no steps, and points to the serving section."""
+    b = TraceBuilder(gpu_name=None)
+    r1 = engine_step(b, 0.0, "execute_3_context_1(sq2sk2sqsq4sqsk4)_generation_1(sq1sk9sqsq1sqsk9)", kernels=3, kernel_us=100.0)
+    engine_step(b, r1["host_end"] + 10.0, "execute_3_context_1(sq2sk4sqsq4sqsk8)_generation_1(sq1sk10sqsq1sqsk10)",
+                kernels=3, kernel_us=100.0, gpu_free=r1["gpu_end"])
+    a = tokentrace.analyze(b.load(tmp_path, "mixed.json"))
+    steps = next(s for s in rv.build(a).traces[0].sections if s.key == "steps")
+    assert steps.title == "Where does a step's time go?"
+    assert steps.prose[0].startswith("The trace holds 2 mixed steps (prompt chunks and decode tokens in one engine step)")
+    assert steps.figure is not None and list(steps.figure.data.x) == [0.0, 1.0]

@@ -121,6 +121,12 @@ def build(inp: Inputs, s: Section) -> None:
     if not decode.empty and ph.decode_summary is not None:
         data = step_chart(steps, "decode", "decode step")
         s.prose = _decode_prose(ph.decode_summary, inp.doc)
+    elif not ph.mixed.empty:  # a serving engine's chunked prefill + decode steps: split them the same way
+        s.title = "Where does a step's time go?"
+        data = step_chart(steps, "mixed", "mixed step (prefill chunks and decode in one engine step)")
+        s.prose = [words.sentence(f"the trace holds {words.count(len(ph.mixed), 'mixed step')} (prompt chunks and decode tokens "
+                                  "in one engine step) and no decode-only step; each step's tokens and time per token are under "
+                                  "'How do the engine's steps run?'")]
     elif not other.empty:
         s.title = "Where does a step's time go?"
         data = step_chart(steps, "step", "step (profiler step or forward pass)")
