@@ -410,11 +410,24 @@ class Columns:
         from a chunk, most of the ~30 for any one trace, cost nothing; converting a struct is
         cheaper than reading its ~30 fields one by one into transposed tuples."""
         extra, arg_cols = _LAYOUTS[layout]
+        m = len(members)
         for (col, kind), getter in zip(_BASE + extra, _LAYOUT_GETTERS[layout], strict=True):
-            if kind == "float":  # typed floats: one C loop straight into the array
-                _scatter(out, col, packed(map(getter, members), len(members), np.float64), idx, n, NAN)
-            else:
-                self._store(col, kind, list(map(getter, members)), idx, n, out)
+            # Straight into the array in one C loop when every value fits (always, for floats;
+            # for texts seen in earlier chunks; for numeric ids); else the general _store.
+            try:
+                if kind == "float":
+                    _scatter(out, col, packed(map(getter, members), m, np.float64), idx, n, NAN)
+                    continue
+                if kind == "str":  # (an all-absent column gets codes -1: the same as no column)
+                    _scatter(out, col, packed(map(self.categories[col].__getitem__, map(getter, members)), m, np.int32),
+                             idx, n, _STR_DEFAULT)
+                    continue
+                if kind == "id":
+                    _scatter(out, col, packed(map(getter, members), m, np.int64), idx, n, MISSING)
+                    continue
+            except (KeyError, *PACK_ERRORS):
+                pass
+            self._store(col, kind, list(map(getter, members)), idx, n, out)
         if arg_cols is None:
             return
         dicts = msgspec.to_builtins(list(map(_ARGS, members)), builtin_types=(bytes,), enc_hook=bytes)
@@ -866,7 +879,7 @@ def ts_text_ns(chunk: bytes | memoryview) -> np.ndarray:
     out = np.full(len(pos), NO_TS, dtype=np.int64)
     if not len(pos):
         return out
-    w = b.take(pos[:, None] + _TS_COLUMNS, mode="clip")
+    w = _windows(b, pos)
     d = w - np.uint8(ord("0"))  # digits become 0-9, every other byte wraps to 10 or more
     digit = d < 10
     k = digit.argmin(axis=1)  # integer digits: the first byte that is not a digit (0 if none is)
@@ -907,11 +920,20 @@ def _ts_number_starts(b: np.ndarray) -> np.ndarray:
     return pos
 
 
+def _windows(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The _TS_WIDTH bytes from each position, one row each (past the end: the last byte
+    repeated). Rows of a sliding window view are copied whole, which is several times faster
+    than gathering byte by byte."""
+    if len(b) >= _TS_WIDTH and (not len(pos) or int(pos.max()) <= len(b) - _TS_WIDTH):
+        return np.lib.stride_tricks.sliding_window_view(b, _TS_WIDTH)[pos]
+    return b.take(pos[:, None] + _TS_COLUMNS, mode="clip")
+
+
 def _number_matrix(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """The number text starting at each position, one zero-padded row of bytes each."""
     if not len(pos):
         return np.zeros((0, _TS_WIDTH), np.uint8)
-    m = b.take(pos[:, None] + _TS_COLUMNS, mode="clip")
+    m = _windows(b, pos)
     numeric = _NUMBER_BYTES[m]
     numeric[:, -1] = False
     m[_TS_COLUMNS >= numeric.argmin(axis=1)[:, None]] = 0  # from the first other byte on
