@@ -439,9 +439,15 @@ class Columns:
                 values: list[Any] = list(map(dict.get, dicts, repeat(key)))
                 present = packed(map(is_not, values, repeat(None)), len(values), np.bool_)
                 self._sparse(col, *self._parsed(list(compress(values, present)), present), idx)
+            elif kind == "int":  # held by some event: present values differ from MISSING (omitted defaults)
+                try:
+                    ints = packed(map(dict.get, dicts, repeat(key), repeat(MISSING)), m, np.int64)
+                except PACK_ERRORS:  # text, null or beyond int64: the general conversion
+                    ints = self._ints(col, list(map(dict.get, dicts, repeat(key), repeat(MISSING))))
+                rows = np.flatnonzero(ints != MISSING)
+                self._sparse(col, rows, ints[rows], idx)
             else:
-                default = MISSING if kind == "int" else None
-                self._store(col, kind, list(map(dict.get, dicts, repeat(key), repeat(default))), idx, n, out)
+                self._store(col, kind, list(map(dict.get, dicts, repeat(key))), idx, n, out)
 
     def _store(self, col: str, kind: str, values: Sequence[Any], idx: np.ndarray | None, n: int,
                out: dict[str, np.ndarray]) -> None:
