@@ -33,12 +33,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import is_not, itemgetter
 from typing import Any, ClassVar, Union
 
 import msgspec
@@ -58,7 +57,7 @@ _EMPTY = msgspec.Raw(b"")  # default of raw-JSON fields: "absent"
 
 # ---- structs -------------------------------------------------------------------------------
 
-class XArgs(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+class XArgs(msgspec.Struct, frozen=True, gc=False):
     """Args of complete (X) events: cpu ops, runtime calls, kernels, copies, syncs, python frames."""
 
     correlation: int = MISSING
@@ -92,7 +91,7 @@ class XArgs(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     coll_seq: int = msgspec.field(name="Seq", default=MISSING)
 
 
-class IArgs(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+class IArgs(msgspec.Struct, frozen=True, gc=False):
     """Args of instant events: the allocator's [memory] events."""
 
     mem_bytes: int = msgspec.field(name="Bytes", default=MISSING)
@@ -104,7 +103,7 @@ class IArgs(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     external_id: int = msgspec.field(name="External id", default=MISSING)
 
 
-class MArgs(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+class MArgs(msgspec.Struct, frozen=True, gc=False):
     """Args of metadata events: process_name / thread_name carry the name."""
 
     label: str | None = msgspec.field(name="name", default=None)
@@ -228,25 +227,6 @@ _LAYOUTS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ..
 _LAYOUT_NAMES = tuple(_LAYOUTS)
 _CLASS_LAYOUT = np.array([_LAYOUT_NAMES.index(c.LAYOUT) for c in EVENT_CLASSES], dtype=np.int8)
 _STR_DEFAULT = -1  # categorical code of "absent"
-# The typed path (Columns._extract_typed): per layout, a getter for each event-level field after
-# which the args come (in _BASE + extra order), and the args as (JSON key, column, kind) in field
-# order: struct fields are named as their columns.
-_LAYOUT_CLASS = {"complete": Complete, "instant": Instant, "flow": FlowStart, "meta": Meta, "counter": Counter, "other": Other}
-_LAYOUT_GETTERS = {lay: tuple(map(attrgetter, cls.__struct_fields__[: len(_BASE) + len(_LAYOUTS[lay][0])]))
-                   for lay, cls in _LAYOUT_CLASS.items()}
-_ARGS = attrgetter("args")
-
-
-def _arg_keys(layout: str) -> tuple[tuple[str, str, str], ...]:
-    arg_cols = _LAYOUTS[layout][1] or ()
-    cls = {"complete": XArgs, "other": XArgs, "instant": IArgs, "meta": MArgs}.get(layout)
-    if cls is None:
-        return ()
-    key_of = dict(zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True))
-    return tuple((key_of[col], col, kind) for col, kind in arg_cols)
-
-
-_ARG_KEYS = {lay: _arg_keys(lay) for lay in _LAYOUTS}
 
 # ---- chunks --------------------------------------------------------------------------------
 
@@ -338,7 +318,7 @@ class Columns:
         if not n:
             return
         out: dict[str, np.ndarray] = {}
-        codes = packed(map(_CLASS_CODE.__getitem__, map(type, events)), n, np.int8)
+        codes = np.fromiter(map(_CLASS_CODE.__getitem__, map(type, events)), np.int8, n)
         layouts = _CLASS_LAYOUT[codes]
         present = np.flatnonzero(np.bincount(layouts, minlength=len(_LAYOUT_NAMES)))
         for lay in present:
@@ -350,10 +330,7 @@ class Columns:
                 pos = np.flatnonzero(layouts == lay)
                 idx = pos
                 members = [events[pos[0]]] if len(pos) == 1 else itemgetter(*pos.tolist())(events)
-            if texts is None:
-                self._extract_typed(name, members, idx, n, out)
-            else:
-                self._extract(name, members, idx, n, out)
+            self._extract(name, members, idx, n, out)
         self._ph(codes, events, out)
         ts = out.pop("ts_us")
         if not needs_precise_times(ts):
@@ -402,54 +379,7 @@ class Columns:
             for (col, kind), values in zip(arg_cols, arg_values, strict=False):
                 self._store(col, kind, values, idx, n, out)
 
-    def _extract_typed(self, layout: str, members: Any, idx: np.ndarray | None, n: int,
-                       out: dict[str, np.ndarray]) -> None:
-        """_extract for events the typed decoder made (every field holds its declared type), in
-        fewer passes: one per event field, and for args only the fields some event holds. The
-        args structs omit their defaults when turned into dicts (in C), so the arg columns absent
-        from a chunk, most of the ~30 for any one trace, cost nothing; converting a struct is
-        cheaper than reading its ~30 fields one by one into transposed tuples."""
-        extra, arg_cols = _LAYOUTS[layout]
-        m = len(members)
-        for (col, kind), getter in zip(_BASE + extra, _LAYOUT_GETTERS[layout], strict=True):
-            # Straight into the array in one C loop when every value fits (always, for floats;
-            # for texts seen in earlier chunks; for numeric ids); else the general _store.
-            try:
-                if kind == "float":
-                    _scatter(out, col, packed(map(getter, members), m, np.float64), idx, n, NAN)
-                    continue
-                if kind == "str":  # (an all-absent column gets codes -1: the same as no column)
-                    _scatter(out, col, packed(map(self.categories[col].__getitem__, map(getter, members)), m, np.int32),
-                             idx, n, _STR_DEFAULT)
-                    continue
-                if kind == "id":
-                    _scatter(out, col, packed(map(getter, members), m, np.int64), idx, n, MISSING)
-                    continue
-            except (KeyError, *PACK_ERRORS):
-                pass
-            self._store(col, kind, list(map(getter, members)), idx, n, out)
-        if arg_cols is None:
-            return
-        dicts = msgspec.to_builtins(list(map(_ARGS, members)), builtin_types=(bytes,), enc_hook=bytes)
-        held = set().union(*dicts)
-        for key, col, kind in _ARG_KEYS[layout]:  # in field order, as _extract (warnings keep their order)
-            if key not in held:
-                continue
-            if kind == "raw":  # bytes of the raw JSON text (enc_hook), None where absent
-                values: list[Any] = list(map(dict.get, dicts, repeat(key)))
-                present = packed(map(is_not, values, repeat(None)), len(values), np.bool_)
-                self._sparse(col, *self._parsed(list(compress(values, present)), present), idx)
-            elif kind == "int":  # held by some event: present values differ from MISSING (omitted defaults)
-                try:
-                    ints = packed(map(dict.get, dicts, repeat(key), repeat(MISSING)), m, np.int64)
-                except PACK_ERRORS:  # text, null or beyond int64: the general conversion
-                    ints = self._ints(col, list(map(dict.get, dicts, repeat(key), repeat(MISSING))))
-                rows = np.flatnonzero(ints != MISSING)
-                self._sparse(col, rows, ints[rows], idx)
-            else:
-                self._store(col, kind, list(map(dict.get, dicts, repeat(key))), idx, n, out)
-
-    def _store(self, col: str, kind: str, values: Sequence[Any], idx: np.ndarray | None, n: int,
+    def _store(self, col: str, kind: str, values: tuple, idx: np.ndarray | None, n: int,
                out: dict[str, np.ndarray]) -> None:
         # Most args are absent from most events: a C-level count skips such columns per chunk,
         # and arg columns keep only their present values, as (row, value) pairs.
@@ -494,11 +424,11 @@ class Columns:
             ph[other] = [_STR_DEFAULT if t is None else _code_of(table, _as_text(t)) for t in texts]
         out["ph"] = ph
 
-    def _codes(self, col: str, values: Sequence[Any]) -> np.ndarray:
+    def _codes(self, col: str, values: tuple) -> np.ndarray:
         """Values -> int32 codes into this column's growing category dictionary."""
         table = self.categories[col]
         try:  # every value seen before: the common case after the first chunks (one C loop)
-            return packed(map(table.__getitem__, values), len(values), np.int32)
+            return np.fromiter(map(table.__getitem__, values), np.int32, len(values))
         except (KeyError, TypeError):
             pass  # a new value, or an unhashable one (a list): handled below
         try:
@@ -513,11 +443,7 @@ class Columns:
                        + [_STR_DEFAULT], dtype=np.int32)
         return lut[codes]
 
-    def _floats(self, col: str, values: Sequence[Any]) -> np.ndarray:
-        try:
-            return packed(values, len(values), np.float64)
-        except PACK_ERRORS:
-            pass
+    def _floats(self, col: str, values: tuple) -> np.ndarray:
         try:
             return np.fromiter(values, np.float64, len(values))
         except (TypeError, ValueError, OverflowError):
@@ -533,11 +459,7 @@ class Columns:
         self.note(f"ignored unusable '{col[:-3]}' values in {{events}}", bad)
         return out
 
-    def _ints(self, col: str, values: Sequence[Any]) -> np.ndarray:
-        try:
-            return packed(values, len(values), np.int64)
-        except PACK_ERRORS:
-            pass
+    def _ints(self, col: str, values: tuple) -> np.ndarray:
         try:
             return np.fromiter(values, np.int64, len(values))
         except (TypeError, ValueError, OverflowError):
@@ -563,13 +485,9 @@ class Columns:
         self.note(f"ignored unusable '{_public(col)}' values in {{events}}", bad)
         return out
 
-    def _ids(self, values: Sequence[Any]) -> np.ndarray:
+    def _ids(self, values: tuple) -> np.ndarray:
         """pid/tid as int64. Numbers stay; 'stream 7' (legacy GPU rows) becomes 7; other text is
         coded negative, its text kept in id_labels."""
-        try:
-            return packed(values, len(values), np.int64)
-        except PACK_ERRORS:
-            pass
         try:
             return np.fromiter(values, np.int64, len(values))
         except (TypeError, ValueError, OverflowError):
@@ -596,15 +514,13 @@ class Columns:
             self.id_labels[code] = s
         return code
 
-    def _raws(self, values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def _raws(self, values: tuple) -> tuple[np.ndarray, np.ndarray]:
         """Rows and parsed values of raw JSON texts, each distinct text parsed once and shared.
 
         All loops here run in C (map/compress): cpu ops carry three of these fields each."""
-        present = packed(map(is_not, values, repeat(_EMPTY)), len(values), np.bool_)
+        present = np.fromiter(map(is_not, values, repeat(_EMPTY)), bool, len(values))
         # One join and split instead of a bytes() call per value (raw JSON never holds a NUL).
-        return self._parsed(b"\x00".join(compress(values, present)).split(b"\x00"), present)
-
-    def _parsed(self, keys: list[bytes], present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys = b"\x00".join(compress(values, present)).split(b"\x00")
         cache = self._raw_cache
         for key in set(keys).difference(cache):
             cache[key] = _parse_json(key)
@@ -620,22 +536,6 @@ def plural(n: int, word: str) -> str:
 
 def _public(col: str) -> str:
     return "external_id" if col == "external_id_legacy" else col
-
-
-# struct format character of each dtype packed() fills (native size and byte order, as numpy's).
-_PACK_CODES = {np.dtype(np.int8): "b", np.dtype(np.int32): "i", np.dtype(np.int64): "q",
-               np.dtype(np.float64): "d", np.dtype(np.bool_): "?"}
-PACK_ERRORS = (struct.error, OverflowError, TypeError, ValueError)
-
-
-def packed(values: Iterable, n: int, dtype: Any) -> np.ndarray:
-    """n Python values (ints, floats, bools) as a numpy array, filled by struct.pack_into: one
-    C conversion per value, about 3x faster than np.fromiter's per-element assignment. Raises one
-    of PACK_ERRORS where a value does not fit the type (callers then take np.fromiter's slower,
-    more lenient path, whose results are the same for every value this accepts)."""
-    out = np.empty(n, dtype)
-    struct.pack_into(f"{n}{_PACK_CODES[out.dtype]}", out.data, 0, *values)
-    return out
 
 
 def _objects(values: Iterable) -> np.ndarray:
@@ -865,21 +765,18 @@ _KEY_GAP_BYTES = np.zeros(256, bool)
 _KEY_GAP_BYTES[list(b" \t\r\n:")] = True
 
 
-def ts_text_matrix(chunk: bytes | memoryview) -> np.ndarray:
-    """The number text after every `"ts"` key of a chunk, one zero-padded row of bytes each.
+def ts_text_ns(chunk: bytes | memoryview) -> np.ndarray:
+    """The number text after every `"ts"` key of a chunk, as integer nanoseconds (NO_TS where
+    unusable), one value per key.
 
     All numpy over the chunk's bytes (a regex findall made a bytes object per event and cost as
     much as the rest of the column building on epoch-timestamp traces). An escaped quote
-    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a row,
-    which the caller detects (the count or the values disagree with the decoded floats)."""
-    b = np.frombuffer(chunk, np.uint8)
-    return _number_matrix(b, _ts_number_starts(b))
-
-
-def ts_text_ns(chunk: bytes | memoryview) -> np.ndarray:
-    """matrix_to_ns(ts_text_matrix(chunk)), reading Kineto's own format ("%.3f": digits, a
-    point, three decimals) straight from the bytes with integer arithmetic; only other texts
-    become matrix rows for matrix_to_ns (whose string-to-int conversion was most of the cost)."""
+    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a value,
+    which the caller detects (the count or the values disagree with the decoded floats).
+    Kineto's own format ("%.3f": digits, a point, three decimals) is read straight from the
+    bytes with integer arithmetic; only other texts become rows for matrix_to_ns, whose
+    string-to-int conversion was most of the cost (0.9x msgspec's decode of the same chunk on a
+    repeated V100 training trace with epoch timestamps, now 0.35x)."""
     b = np.frombuffer(chunk, np.uint8)
     pos = _ts_number_starts(b)
     out = np.full(len(pos), NO_TS, dtype=np.int64)
