@@ -117,6 +117,21 @@ def test_times_are_exact_int64_nanoseconds(tmp_path):
     assert (c["ts"], c["dur"]) == (1712195495519695812, 500)
 
 
+@pytest.mark.parametrize("text", [
+    b"1712195496008817.056", b"8999999999999999.999", b"9999999999999999.999", b"0.001", b"17", b"-5.5",
+    b"12.0564", b"123456789012345.1234", b"1.056e3", b"00012.345", b"1.23-", b"12345.678]", b"1.05",
+])
+def test_kineto_time_text_read_like_any_number_text(text):
+    # The fast path for Kineto's "%.3f" text must give what the general digit reader gives, for
+    # that format and for every text just outside it (more decimals, an exponent, a sign, too
+    # many digits, a number cut by the end of the chunk).
+    for chunk in (b'{"ts": ' + text, b'{"ts": ' + text + b', "dur": 1.5}' + b" " * 30):
+        b = np.frombuffer(chunk, np.uint8)
+        general = decode.matrix_to_ns(decode._number_matrix(b, decode._ts_number_starts(b)))
+        assert decode.ts_text_ns(chunk).tolist() == general.tolist()
+    assert decode.ts_text_ns(b'[{"ts": 1712195496008817.056}, {"ts": 5.5}]').tolist() == [1712195496008817056, 5500]
+
+
 def test_exact_times_across_chunks_and_lenient_chunks(tmp_path, monkeypatch):
     b = TraceBuilder()
     for i in range(300):

@@ -745,10 +745,9 @@ def needs_precise_times(ts_us: np.ndarray) -> bool:
 def precise_ts_ns(chunk: bytes | memoryview, ts_us: np.ndarray) -> np.ndarray:
     """ts in integer nanoseconds from the number text of a chunk (a JSON array of events)."""
     finite = np.isfinite(ts_us)
-    m = ts_text_matrix(chunk)
+    ns = ts_text_ns(chunk)
     out = us_to_ns(ts_us)
-    if len(m) == int(finite.sum()):
-        ns = matrix_to_ns(m)
+    if len(ns) == int(finite.sum()):
         # The texts line up with the events only if each agrees with its float to within a us
         # (a "ts" key inside args, or an event without ts, would shift them).
         if np.all(np.abs(ns / 1000.0 - ts_us[finite]) <= 1.0):
@@ -766,17 +765,52 @@ _KEY_GAP_BYTES = np.zeros(256, bool)
 _KEY_GAP_BYTES[list(b" \t\r\n:")] = True
 
 
-def ts_text_matrix(chunk: bytes | memoryview) -> np.ndarray:
-    """The number text after every `"ts"` key of a chunk, one zero-padded row of bytes each.
+def ts_text_ns(chunk: bytes | memoryview) -> np.ndarray:
+    """The number text after every `"ts"` key of a chunk, as integer nanoseconds (NO_TS where
+    unusable), one value per key.
 
     All numpy over the chunk's bytes (a regex findall made a bytes object per event and cost as
     much as the rest of the column building on epoch-timestamp traces). An escaped quote
-    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a row,
-    which the caller detects (the count or the values disagree with the decoded floats)."""
+    (`\\"ts\\"` inside a string) is not a key; a `"ts"` key inside args would add a value,
+    which the caller detects (the count or the values disagree with the decoded floats).
+    Kineto's own format ("%.3f": digits, a point, three decimals) is read straight from the
+    bytes with integer arithmetic; only other texts become rows for matrix_to_ns, whose
+    string-to-int conversion was most of the cost (0.9x msgspec's decode of the same chunk on a
+    repeated V100 training trace with epoch timestamps, now 0.35x)."""
     b = np.frombuffer(chunk, np.uint8)
+    pos = _ts_number_starts(b)
+    out = np.full(len(pos), NO_TS, dtype=np.int64)
+    if not len(pos):
+        return out
+    w = _windows(b, pos)
+    d = w - np.uint8(ord("0"))  # digits become 0-9, every other byte wraps to 10 or more
+    digit = d < 10
+    k = digit.argmin(axis=1)  # integer digits: the first byte that is not a digit (0 if none is)
+    rows = np.arange(len(pos))
+    # matrix_to_ns's well-formed texts of this shape (at most 16 integer digits, below 9e15 us),
+    # with the number ending after the third decimal (no fourth digit, exponent or sign).
+    fast = (k >= 1) & (k <= 16) & ((k <= 15) | (w[:, 0] < ord("9"))) & (w[rows, np.minimum(k, 16)] == ord("."))
+    kk = np.minimum(k, 16)
+    fast &= digit[rows, kk + 1] & digit[rows, kk + 2] & digit[rows, kk + 3] & ~_NUMBER_BYTES[w[rows, kk + 4]]
+    for width in np.unique(k[fast]).tolist():
+        at = np.flatnonzero(fast & (k == width))
+        sub = d[at].astype(np.int64)
+        out[at] = sub[:, :width] @ (10 ** np.arange(width + 2, 2, -1, dtype=np.int64)) + sub[:, width + 1 : width + 4] @ _MILLI
+    slow = np.flatnonzero(~fast)
+    if len(slow):
+        out[slow] = matrix_to_ns(_number_matrix(b, pos[slow]))
+    return out
+
+
+_TS_COLUMNS = np.arange(_TS_WIDTH)
+_MILLI = np.array([100, 10, 1], dtype=np.int64)
+
+
+def _ts_number_starts(b: np.ndarray) -> np.ndarray:
+    """Where the number after each `"ts"` key of a chunk's bytes starts."""
     n = len(b)
     if n < 5:
-        return np.zeros((0, _TS_WIDTH), np.uint8)
+        return np.zeros(0, np.int64)
     # The key's four bytes compared as one uint32, at each of the four alignments.
     key = np.frombuffer(b'"ts"', "<u4")[0]
     hits = [np.flatnonzero(np.frombuffer(b, "<u4", (n - a) // 4, a) == key) * 4 + a for a in range(4)]
@@ -786,11 +820,26 @@ def ts_text_matrix(chunk: bytes | memoryview) -> np.ndarray:
         if not gap.any():
             break
         pos += gap
-    idx = np.minimum(pos[:, None] + np.arange(_TS_WIDTH), n - 1)
-    m = b[idx]
+    return pos
+
+
+def _windows(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The _TS_WIDTH bytes from each position, one row each (past the end: the last byte
+    repeated). Rows of a sliding window view are copied whole, which is several times faster
+    than gathering byte by byte."""
+    if len(b) >= _TS_WIDTH and (not len(pos) or int(pos.max()) <= len(b) - _TS_WIDTH):
+        return np.lib.stride_tricks.sliding_window_view(b, _TS_WIDTH)[pos]
+    return b.take(pos[:, None] + _TS_COLUMNS, mode="clip")
+
+
+def _number_matrix(b: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The number text starting at each position, one zero-padded row of bytes each."""
+    if not len(pos):
+        return np.zeros((0, _TS_WIDTH), np.uint8)
+    m = _windows(b, pos)
     numeric = _NUMBER_BYTES[m]
     numeric[:, -1] = False
-    m[np.arange(_TS_WIDTH) >= numeric.argmin(axis=1)[:, None]] = 0  # from the first other byte on
+    m[_TS_COLUMNS >= numeric.argmin(axis=1)[:, None]] = 0  # from the first other byte on
     return m
 
 
