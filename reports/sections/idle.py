@@ -80,10 +80,10 @@ def launch_table(summary: dict[str, Any]) -> Table:
                             tb.num("p50_us", "p50"), tb.num("p90_us", "p90"), tb.num("max_us", "max")))
 
 
-def _prose(gpu: GpuUtilization, summary: dict[str, Any], gaps: GapsResult, launches: LaunchesResult | None) -> list[str]:
-    if not gpu.span_us > 0:  # every activity at one instant with no duration (e.g. all at timestamp 0): nothing to measure
-        n = int(gpu.devices["activities"].sum())
-        return [words.sentence(f"the trace gives its {words.count(n, 'GPU activity', 'GPU activities')} no time (one instant, "
+def _prose(gpu: GpuUtilization, summary: dict[str, Any], gaps: GapsResult, launches: LaunchesResult | None,
+           untimed: int) -> list[str]:
+    if untimed:  # every activity at one instant with no duration (e.g. all at timestamp 0): nothing to measure
+        return [words.sentence(f"the trace gives its {words.count(untimed, 'GPU activity', 'GPU activities')} no time (one instant, "
                                "zero duration), so GPU busy and idle time cannot be measured from it")]
     out = [words.sentence(f"the GPU was busy {fmt.share(gpu.utilization)} of the {fmt.duration(gpu.span_us)} from its first to "
                           f"its last activity ({fmt.duration(gpu.busy_us)} busy, {fmt.duration(gpu.idle_us)} idle)")]
@@ -113,7 +113,7 @@ def build(inp: Inputs, s: Section) -> None:
     if gpu.devices.empty:
         raise Lacks("This trace has no GPU activity (no kernels, copies or memsets were recorded): nothing to show.")
     summary = inp.summary("gaps")
-    s.prose = _prose(gpu, summary, gaps, launches)
+    s.prose = _prose(gpu, summary, gaps, launches, inp.untimed_gpu_activities())
     rows, vals = _cause_rows(gaps)
     if summary["count"] and vals.sum() > 0:
         keep = [j for j in range(len(CAUSES)) if vals[:, j].sum() > 0]
