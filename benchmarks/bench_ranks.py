@@ -6,8 +6,8 @@ Two sets, made once under benchmarks/data/ (git-ignored):
 - `ranks_large/`: 8 copies of one large trace made by make_large_trace.py (default 100 MB each).
 
 Each configuration runs in its own subprocess, so peak memory is its own: `--workers 1` analyses
-in that process (its peak RSS is the worker's); N > 1 starts a distributed.LocalCluster of N
-single-threaded worker processes and asks each worker for its peak RSS (getrusage ru_maxrss)
+in that process (its peak RSS is the worker's); N > 1 starts the distributed.LocalCluster of N
+single-threaded worker processes that `--workers N` starts and asks each worker for its peak RSS (getrusage ru_maxrss)
 after the run. Wall time covers analyse + combine, without the cluster's start (reported apart).
 The cache is off, except for the `cached` row: a second in-process run over the same files.
 
@@ -92,13 +92,13 @@ def run_one(folder: str, workers: int, cached: bool) -> dict:
         out["wall_s"] = time.perf_counter() - t0
         out["peak_rss_mb"] = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
     else:
-        import logging
+        from distributed import Client
 
-        from distributed import Client, LocalCluster
+        from tokentrace.analysis.compare.runner import local_cluster
 
         t0 = time.perf_counter()
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        # The cluster `--workers N` starts (no sampling profiler), reached through its address.
+        with local_cluster(workers) as cluster, Client(cluster) as client:
             out["cluster_start_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             res = analyze_ranks([folder], scheduler=cluster.scheduler_address, cache=False, progress=False)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from test_ranks_collectives import RANKS, rank_trace
 
 from tokentrace.analysis.compare.ranks import analyze_ranks
-from tokentrace.analysis.compare.runner import DASK_HINT
+from tokentrace.analysis.compare.runner import DASK_HINT, PROFILER_NOTE, local_cluster, worker_profiles
 from tokentrace.analysis.compare.summary_cache import SummaryCache, cache_root, content_hash
 from tokentrace.cli import main
 
@@ -57,6 +57,23 @@ def test_dask_cluster_gives_the_in_process_table_and_the_cache_serves_a_second_r
     assert again.run.analysed == 0 and again.run.from_cache == RANKS
     assert without_run(again.to_json()) == without_run(here.to_json())
     assert len(list((cache_dir / "summaries" / "ranks").rglob("*.msgpack"))) == RANKS
+
+
+def test_local_cluster_workers_run_without_the_sampling_profiler():
+    """distributed's profiler keeps 1,000 s of call-stack trees per worker: with it a worker grew
+    to 843 MB over 1,000 traces (199 MB in one process), so the cluster tokentrace starts has it off."""
+    with local_cluster(2) as cl, distributed.Client(cl) as client:
+        flags = client.run(worker_profiles)
+        assert len(flags) == 2 and not any(flags.values())
+        assert not any(client.run(lambda dask_worker: len(dask_worker.profile_history)).values())
+
+
+def test_a_scheduler_whose_workers_profile_gets_a_note(rank_dir, cache_dir, cluster, capsys):
+    # The module's cluster starts with distributed's defaults: both workers profile.
+    analyze_ranks([rank_dir], scheduler=cluster.scheduler_address, cache=False, progress=False)
+    err = capsys.readouterr().err
+    assert PROFILER_NOTE.format(n=2) in err
+    assert len([line for line in err.splitlines() if "sampling profiler" in line]) == 1
 
 
 def test_cache_analyses_only_new_files_and_follows_content(rank_dir, cache_dir):
