@@ -17,6 +17,7 @@ from tracebuilder import HOST_PID, TraceBuilder
 import tokentrace
 from tokentrace.analysis.loading import json_decode as decode
 from tokentrace.analysis.loading import loader
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS
 from tokentrace.cli import main
 from tokentrace.errors import TraceError
 
@@ -57,8 +58,8 @@ def test_json_and_gz_and_columns(tmp_path):
     z = tokentrace.load(b.write(tmp_path / "t.json.gz"))
     pd.testing.assert_frame_equal(a.events, z.events)
     assert frame_counts(a) == naive_counts(b.to_dict())
-    for col in INT_COLUMNS:
-        assert a.events[col].dtype == np.int64, col
+    for col in INT_COLUMNS:  # ids and row positions that fit are int32, the rest int64
+        assert a.events[col].dtype == (np.int32 if col in NARROW_COLUMNS else np.int64), col
     for col in ("ph", "cat", "name", "kind"):
         assert isinstance(a.events[col].dtype, pd.CategoricalDtype), col
     for col in decode.OBJ_COLS:
@@ -294,3 +295,40 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert len(lines) == 1 and str(path) in lines[0] and lines[0].startswith("tokentrace: error:"), (name, lines)
         assert "Traceback" not in result.output
     assert sorted(os.listdir(tmp_path)) == before  # nothing written next to the input
+
+
+def test_ids_beyond_int32_stay_exact_and_small_ones_are_narrowed(tmp_path):
+    """An id column is int32 only when every value of that trace fits: ids past 2**31 (either
+    sign) keep every digit, and the links they make still resolve."""
+    big_pid, big_tid, low_tid = 2**31 + 5, 2**33 + 1, -(2**31) - 7
+    b = TraceBuilder()
+    b._corr = 2**40  # correlation (and the ac2g flow id) past int32
+    b._ext = 2**31  # External id: the first is 2**31, just past int32's largest
+    b.cpu_op("aten::mm", 100, 50)
+    corr = b.launch("gemm", 110, 200, 20, stream=7)
+    b.python("model.py(10): forward", 95, 300, pyid=2**35, parent=2**35 - 1)
+    for ev in b.events:
+        if ev.get("pid") == HOST_PID:
+            ev["pid"], ev["tid"] = big_pid, big_tid
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "other_thread", "pid": big_pid, "tid": low_tid, "ts": 300, "dur": 5})
+    t = tokentrace.load(b.write(tmp_path / "big.json"), cache=False)
+    ev = t.events
+    for col in ("pid", "tid", "correlation", "external_id", "flow_id", "python_id", "python_parent_id"):
+        assert ev[col].dtype == np.int64, col
+    assert set(ev["pid"]) >= {big_pid} and set(ev["tid"]) >= {big_tid, low_tid}
+    assert set(ev["correlation"]) == {-1, corr}
+    assert sorted(set(ev["external_id"]) - {-1}) == [2**31]
+    assert set(ev["flow_id"]) == {-1, corr}
+    assert set(ev["python_id"]) == {-1, 2**35} and set(ev["python_parent_id"]) == {-1, 2**35 - 1}
+    kernel, call = t.kernels.index[0], t.runtime.index[0]
+    assert ev.at[kernel, "launch"] == call and ev.at[call, "op"] == t.cpu_ops.index[0]
+    assert ev.at[kernel, "pid"] == 0 and ev.at[kernel, "stream"] == 7  # GPU rows keep their small ids
+    for col in ("stream", "device", "seq", "launch", "op", "parent"):  # these fit: narrowed
+        assert ev[col].dtype == np.int32, col
+    # The same trace with small ids gets the narrow dtype throughout, with the same links.
+    small = TraceBuilder()
+    small.cpu_op("aten::mm", 100, 50)
+    small.launch("gemm", 110, 200, 20)
+    s = tokentrace.load(small.write(tmp_path / "small.json"), cache=False).events
+    assert all(s[col].dtype == np.int32 for col in NARROW_COLUMNS)
+    assert s.at[s.index[s["kind"] == "kernel"][0], "launch"] == s.index[s["kind"] == "runtime"][0]

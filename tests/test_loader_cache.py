@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -44,6 +45,23 @@ def same_trace(a, b) -> None:
         assert getattr(a, f) == getattr(b, f), f
     strip = lambda m: {k: v for k, v in m.items() if k != "_load"}  # noqa: E731
     assert strip(a.meta) == strip(b.meta)
+
+
+def test_cache_keeps_narrowed_and_wide_id_columns(tmp_path):
+    """A cached load has the parse's dtypes: id columns that fit are int32, ids past 2**31 stay
+    int64 with every digit (both kinds stored sparse or whole)."""
+    b = odd_trace()
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "wide", "pid": HOST_PID, "tid": 7, "ts": 300, "dur": 1,
+                     "args": {"correlation": 2**40 + 3, "Sequence number": -(2**33)}})
+    p = b.write(tmp_path / "t.json.gz")
+    first = tokentrace.load(p, cache=tmp_path / "cache")
+    second = tokentrace.load(p, cache=tmp_path / "cache")
+    assert second.meta["_load"]["cache"] == "hit"
+    same_trace(first, second)  # dtypes included
+    ev = second.events
+    assert ev["correlation"].dtype == np.int64 and ev["seq"].dtype == np.int64
+    assert 2**40 + 3 in set(ev["correlation"]) and -(2**33) in set(ev["seq"])
+    assert ev["pid"].dtype == np.int32 and ev["launch"].dtype == np.int32 and ev["external_id"].dtype == np.int32
 
 
 def test_second_load_comes_from_the_cache_and_is_identical(tmp_path, capsys):

@@ -247,7 +247,7 @@ def _write_entry(folder: Path, trace: Trace, nbytes: int) -> bool:
             columns.append({"name": name, "kind": "object", "file": stem, "values": len(first)})
         elif col.dtype.kind in "iub" and isinstance(col.dtype, np.dtype):
             arr = col.to_numpy()
-            if arr.dtype == np.int64:
+            if arr.dtype in (np.int64, np.int32):
                 rows = np.flatnonzero(arr != MISSING)
                 if len(rows) < SPARSE_SHARE * n:
                     np.save(folder / f"{stem}.rows.npy", rows, allow_pickle=False)

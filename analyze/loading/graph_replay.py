@@ -50,7 +50,7 @@ from tokentrace.analysis.loading.graph_map import (
     find_graph_maps,
     read_graph_map,
 )
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, narrowed
 from tokentrace.errors import TokentraceError, TraceError
 
 # Label of the thread that holds the ops added from graph maps.
@@ -441,7 +441,7 @@ def _with_ops(trace: Trace, replays: pd.DataFrame, k: _Kernels, graphs: list[Cap
     l_ts = ev["ts"].to_numpy()[l_rows]
     l_dur = np.maximum(ev["dur"].to_numpy()[l_rows], 0)
     real_op = ev["op"].to_numpy()[l_rows]
-    new_op = ev["op"].to_numpy().copy()
+    new_op = ev["op"].to_numpy().astype(np.int64)  # positions past the trace's rows go in
     attributed = np.zeros(len(replays), np.int64)
     blocks: list[dict[str, Any]] = []
     next_row = n
@@ -524,7 +524,7 @@ def _merged_events(trace: Trace, blocks: list[dict[str, Any]], new_op: np.ndarra
             base = new_op if col == "op" else old.to_numpy()
             extra = added["parent"] if col == "parent" else np.full(add, -1, np.int64)
             both = np.concatenate([base, extra])
-            cols[col] = np.where(both >= 0, inverse[np.maximum(both, 0)], -1)[order]
+            cols[col] = narrowed(np.where(both >= 0, inverse[np.maximum(both, 0)], -1)[order])
         elif isinstance(old.dtype, pd.CategoricalDtype):
             value = added.get(col)
             cats = old.cat.categories
@@ -540,12 +540,14 @@ def _merged_events(trace: Trace, blocks: list[dict[str, Any]], new_op: np.ndarra
         else:
             arr = old.to_numpy()
             if col in added:
-                extra = np.asarray(added[col], dtype=arr.dtype)
+                # Integers keep their own dtype: the added thread id may not fit a narrowed tid.
+                extra = np.asarray(added[col], dtype=None if arr.dtype.kind == "i" else arr.dtype)
             elif arr.dtype == object:
                 extra = np.full(add, None, dtype=object)
             else:
                 extra = np.full(add, -1, dtype=arr.dtype)
-            cols[col] = np.concatenate([arr, extra])[order]
+            both = np.concatenate([arr, extra])[order]
+            cols[col] = narrowed(both) if col in NARROW_COLUMNS else both
     return pd.DataFrame(cols, copy=False), inverse, (pid, tid)
 
 

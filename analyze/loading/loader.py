@@ -40,7 +40,7 @@ from tokentrace.analysis.loading.files import (
 )
 from tokentrace.analysis.loading.links import link_columns
 from tokentrace.analysis.loading.repair import repair
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, fits_int32, narrowed
 from tokentrace.errors import TraceError
 
 PathLike = str | os.PathLike
@@ -535,12 +535,20 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         pool.give(arr)
         return out
 
+    def narrow(arr: np.ndarray) -> np.ndarray:
+        out = narrowed(arr)
+        if out is not arr:
+            pool.give(arr)
+        return out
+
     def sparse(name: str) -> np.ndarray:
         rows, values = cols.take_sparse(name)
         if values.dtype == object:
             out = np.empty(m, dtype=object)  # numpy fills new object arrays with None
         else:
-            out = pool.get(values.dtype)
+            # device and stream are narrowed after their fallback to pid/tid below.
+            small = name in NARROW_COLUMNS and name not in ("device", "stream") and fits_int32(values)
+            out = pool.get(np.int32 if small else values.dtype)
             out.fill(dec.MISSING)
         if perm is None:
             out[rows] = values
@@ -553,8 +561,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         return out
 
     data["dur"] = column("dur_ns")
-    data["pid"] = column("pid")
-    data["tid"] = column("tid")
+    data["pid"] = narrow(column("pid"))
+    data["tid"] = narrow(column("tid"))
     cats = {}
     for name in dec.STR_COLS:
         categories, remap = cat_tables[name]
@@ -584,15 +592,17 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     on_gpu = gpu_rows | kinds["cuda_sync"] | kinds["gpu_user_annotation"]
     for col, fallback in (("device", "pid"), ("stream", "tid")):
         np.copyto(data[col], data[fallback], where=on_gpu & (data[col] < 0))
+        data[col] = narrow(data[col])
     ph_cat_codes = cats["ph"]
     flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
     launch_flow = kinds["flow"] & flow_cats
+    rows_dtype = np.int32 if m <= np.iinfo(np.int32).max else np.int64  # row positions (or -1)
     launch, op, parent = link_columns(
         ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
         flow_id=data["flow_id"], host=kinds["runtime"] | kinds["driver"], target=gpu_rows | kinds["cuda_sync"],
         cpu_op=kinds["cpu_op"], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
         flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
-        out=(pool.get(np.int64), pool.get(np.int64), pool.get(np.int64)),
+        out=(pool.get(rows_dtype), pool.get(rows_dtype), pool.get(rows_dtype)),
     )
     data["launch"], data["op"], data["parent"] = launch, op, parent
     df = pd.DataFrame(data, copy=False)

@@ -5,14 +5,19 @@ time, one row per trace event (metadata and flow events included, so nothing is 
 
 - `ts`, `dur`, `end`: int64 nanoseconds (`dur` 0 for instants, flows and metadata);
 - `ph`, `cat`, `name`, `kind` (categoricals; `kind` normalises current and legacy categories,
-  see analyze.apis.CATEGORY_KIND), `pid`, `tid` (int64; non-numeric ids get negative codes with
-  their labels in `Trace.id_labels`);
+  see analyze.apis.CATEGORY_KIND), `pid`, `tid` (integers; non-numeric ids get negative codes
+  with their labels in `Trace.id_labels`);
 - arg columns: `correlation`, `external_id`, `stream`, `device`, `bytes`, memory-event fields,
-  `python_id`, `python_parent_id`, `seq`, `sync_kind`, `wait_on_stream`, `flow_id` (int64, -1 for
-  absent), `input_dims`, `input_type`, `concrete_inputs`, `grid`, `block`, `stack` (objects);
+  `python_id`, `python_parent_id`, `seq`, `sync_kind`, `wait_on_stream`, `flow_id` (integers, -1
+  for absent), `input_dims`, `input_type`, `concrete_inputs`, `grid`, `block`, `stack` (objects);
 - link columns (row positions, -1 for none): `launch` (GPU activity or cuda_sync event -> the
   runtime/driver call that launched it), `op` (runtime/driver call or GPU activity -> innermost
   enclosing cpu_op on the launching thread), `parent` (cpu_op -> enclosing cpu_op).
+
+Integer columns are int64, except the id and row columns of `NARROW_COLUMNS`, which are int32
+whenever every value of that trace fits (decided per load, see `narrowed`): they are a quarter of
+a short event's frame. Code that multiplies such a column, adds large offsets to it or packs two
+of them into one key casts to int64 first.
 
 Views (`kernels`, `runtime`, `cpu_ops`, ...) are filtered frames of `events`; their index is the
 row position in `events`, so links can be followed with `trace.events.loc[row]`.
@@ -191,6 +196,26 @@ class Trace:
     def label_of(self, ident: int) -> str:
         """Text of a pid/tid (non-numeric ids such as 'Spans' or 'stream 7' are coded negative)."""
         return self.id_labels.get(int(ident), str(ident))
+
+
+# Id and row-position columns stored as int32 when every value of the trace fits. Times,
+# durations, byte counts, addresses and element counts always stay int64.
+NARROW_COLUMNS: tuple[str, ...] = (
+    "pid", "tid", "correlation", "external_id", "stream", "device", "device_type", "device_id",
+    "python_id", "python_parent_id", "seq", "wait_on_stream", "flow_id", "group_size", "coll_seq",
+    "launch", "op", "parent",
+)
+_INT32 = np.iinfo(np.int32)
+
+
+def fits_int32(arr: np.ndarray) -> bool:
+    """Whether every value of an integer array fits in int32."""
+    return not len(arr) or (int(arr.min()) >= _INT32.min and int(arr.max()) <= _INT32.max)
+
+
+def narrowed(arr: np.ndarray) -> np.ndarray:
+    """An int32 copy of an integer column when every value fits, else the column itself."""
+    return arr.astype(np.int32) if arr.dtype != np.int32 and fits_int32(arr) else arr
 
 
 def empty_int(n: int) -> np.ndarray:
