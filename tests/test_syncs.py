@@ -222,3 +222,24 @@ def test_one_list_of_blocking_calls():
     # detector's blocking kinds name the same calls; a GPU-side wait blocks no host.
     assert all(api_kind(name) in BLOCKING_KINDS for name in BLOCKING_APIS)
     assert all(api_kind(name) == "gpu_wait" and "gpu_wait" not in BLOCKING_KINDS for name in GPU_WAIT_APIS)
+
+
+def test_a_first_step_queued_before_the_trace_is_not_charged_per_token(builder, tmp_path):
+    """The first step's kernel sat queued 985 us (behind an event recorded before the profiler
+    started) while the host waited in a device sync from 20 us: the steps are timed from 1000 us
+    (the steady-state window), and so is the blocked time per step; the 980 us before it are
+    reported apart."""
+    builder.annotation("tokentrace/decode_step[0]", 0, 1150)
+    builder.launch("gemm", 10, 1000, 100)  # launched at 10-15, starts at 1000: queued 985 us
+    builder.sync_call("cudaDeviceSynchronize", 20, 1090)  # returns at 1110
+    builder.annotation("tokentrace/decode_step[1]", 1200, 100)
+    builder.launch("gemm", 1210, 1220, 50)
+    builder.sync_call("cudaDeviceSynchronize", 1216, 60)  # returns at 1276
+    a, res = _syncs(builder, tmp_path)
+    assert a.results["phases"].steps_window.queued
+    pt = res.to_json()["per_token"]
+    assert pt["decode_steps"] == 2 and pt["syncs_per_step"] == 1.0
+    assert pt["blocked_before_window_us"] == pytest.approx(980.0)
+    assert pt["blocked_us_per_step"] == pytest.approx((110.0 + 60.0) / 2)
+    # The sync point itself keeps its whole blocked time.
+    assert sorted(p["blocked_us"] for p in res.to_json()["points"]) == [60.0, 1090.0]

@@ -29,6 +29,7 @@ from tokentrace.analysis.common.busy import device_busy
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
+from tokentrace.analysis.common.steady_state import Window, window_of
 from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_calls
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -159,7 +160,7 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
         by_kind = {str(k): {"count": int(r["count"]), "blocked_us": round(float(r["blocked"]), 3),
                             "idle_caused_us": round(float(r["idle"]), 3)} for k, r in agg.iterrows()}
     points = _points(items)
-    per_token = _per_token(trace, segments, items, points)
+    per_token = _per_token(trace, segments, items, points, window_of(ctx))
     result = SyncsResult(items=items, count=len(points), blocked_us=float(blocked.sum()) / US, by_kind=by_kind,
                          per_token=per_token, points=points)
     result.findings = _findings(trace, points, per_token)
@@ -285,8 +286,14 @@ def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list
     return out
 
 
-def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd.DataFrame) -> dict[str, Any]:
-    """Sync points (host waits) per decode step and token; the API calls behind them as calls_*."""
+def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd.DataFrame,
+               window: Window | None) -> dict[str, Any]:
+    """Sync points (host waits) per decode step and token; the API calls behind them as calls_*.
+
+    Blocked time counts from the steady-state window's start (analyze.common.steady_state), as the
+    phases detector times the steps: a first step whose host waited on work queued before the
+    trace (an event recorded before the profiler started) is not charged that wait per token, which
+    would otherwise exceed the step's own time. What was left out is `blocked_before_window_us`."""
     scale = decode_scale(trace, segments)
     steps = scale["steps"]
     out: dict[str, Any] = {"decode_steps": steps, "tokens_per_step": scale["tokens_per_step"]}
@@ -295,7 +302,15 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd
     dec = points[(points["phase"] == "decode") & points["blocking"].astype(bool)]
     dec_calls = items[(items["phase"] == "decode") & items["blocking"]]
     per_step = len(dec) / steps
-    blocked_step = float(dec["blocked_us"].sum()) / steps
+    blocked = dec["blocked_us"].to_numpy(float)
+    if window is not None and len(dec):
+        start = dec["start_us"].to_numpy(float)
+        lead = (window.start - trace.span_ns[0]) / US  # the window's start, in the points' time base
+        blocked = np.clip(start + blocked, lead, None) - np.clip(start, lead, None)
+    before = float(dec["blocked_us"].sum()) - float(blocked.sum())
+    if before > 0:
+        out["blocked_before_window_us"] = round(before, 3)
+    blocked_step = float(blocked.sum()) / steps
     idle_step = float(dec["idle_caused_us"].sum()) / steps
     tok = scale["tokens_per_step"] or 1.0
     out.update({

@@ -59,6 +59,10 @@ def build(inp: Inputs, s: Section) -> None:
     if pt["decode_steps"]:
         s.prose.append(words.sentence(f"in decode that is {fmt.number(pt['syncs_per_token'])} per generated token, blocking the host "
                                       f"{fmt.duration(pt['blocked_us_per_token'])} per token"))
+        if pt.get("blocked_before_window_us"):
+            s.prose.append(words.sentence(f"the per-token figure leaves out {fmt.duration(pt['blocked_before_window_us'])} the host "
+                                          "waited before the steps' work started (work queued before the trace began), "
+                                          "as the step times do"))
     longest = items.sort_values("blocked_us", ascending=False, kind="stable")
     r = longest.iloc[0]
     if sy.blocked_us >= 0.05:  # "the longest, 0 us" says nothing
