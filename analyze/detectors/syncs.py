@@ -304,12 +304,12 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd
     per_step = len(dec) / steps
     blocked = dec["blocked_us"].to_numpy(float)
     if window is not None and len(dec):
-        start = dec["start_us"].to_numpy(float)
         lead = (window.start - trace.span_ns[0]) / US  # the window's start, in the points' time base
-        blocked = np.clip(start + blocked, lead, None) - np.clip(start, lead, None)
-    before = float(dec["blocked_us"].sum()) - float(blocked.sum())
-    if before > 0:
-        out["blocked_before_window_us"] = round(before, 3)
+        # The part of each wait before the window (0 for every wait that starts inside it).
+        early = np.clip(lead - dec["start_us"].to_numpy(float), 0.0, blocked)
+        if early.any():
+            out["blocked_before_window_us"] = round(float(early.sum()), 3)
+            blocked = blocked - early
     blocked_step = float(blocked.sum()) / steps
     idle_step = float(dec["idle_caused_us"].sum()) / steps
     tok = scale["tokens_per_step"] or 1.0
