@@ -118,7 +118,10 @@ def _trace(v: TraceView, name: str, top: int, brief: bool) -> list[str]:
 
 
 def text(report: ReportView) -> str:
-    lines = [f"## tokentrace report ({md_escape(report.version)})", ""]
+    lines: list[str] = []
+    for sw in report.sweeps:  # each capture sweep's table first; its runs' blocks follow in its order
+        lines += [f"## {md_escape(sw.caption)}", "", md_escape(sw.note), "", *md_table(Table("", sw.columns, sw.rows)), ""]
+    lines += [f"## tokentrace report ({md_escape(report.version)})", ""]
     many = len(report.traces) > 1
     if report.compare is not None:
         lines += md_table(Table("", report.compare.columns, report.compare.rows)) + [""]
@@ -133,11 +136,8 @@ def text(report: ReportView) -> str:
 
 def render(analyses: Sequence[Analysis], output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
     """The Markdown summary of analyses (each sweep's table, then a comparison table when several); `output` names its file."""
-    from tokentrace.reports.sweep import sweep_markdown
-
-    head = "".join(sweep_markdown(sw) + "\n" for sw in sweeps)
     # Last, over the whole text: no control or bidi character from a trace (or a file name) survives.
-    return fmt.visible(head + text(rv.build(analyses, "--markdown", output)))
+    return fmt.visible(text(rv.build(analyses, "--markdown", output, sweeps=sweeps)))
 
 
 def render_markdown(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:

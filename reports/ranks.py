@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,7 @@ from tokentrace.reports import format as fmt
 from tokentrace.reports import summary as sm
 from tokentrace.reports import tables as tb
 from tokentrace.reports.model import Column, Figure, Section, Table
+from tokentrace.reports.sections.spec import where, with_where
 
 if TYPE_CHECKING:
     from tokentrace.analysis.compare.ranks import RanksResult
@@ -47,25 +48,13 @@ CALL_COLS = (tb.code("type", "collective"), tb.word("where", "step"), tb.word("m
              tb.num("skew_us", "arrival skew"), tb.num("wait_us", "others' wait"))
 
 
-def _where(phase: Any, index: Any) -> str:
-    if tb.missing(phase):
-        return "outside any step"
-    if tb.missing(index):
-        return str(phase)
-    return f"step {tb.integer(index)}" if phase == "step" else f"{phase} {tb.integer(index)}"
-
-
-def _with_where(df: pd.DataFrame, index: str) -> pd.DataFrame:
-    return df.assign(where=[_where(p, i) for p, i in zip(df["phase"], df[index], strict=True)])
-
-
 def _ticks(df: pd.DataFrame, index: str) -> tuple[list[str], str]:
     """Tick labels of the steps and the axis label: step numbers when all are of one phase."""
     phases = df["phase"].astype(str)
     if phases.nunique() == 1:
         label = "step" if phases.iat[0] in ("step", "all") else f"{phases.iat[0]} step"
         return [tb.integer(i) for i in df[index]], label
-    return [_where(p, i) for p, i in zip(df["phase"], df[index], strict=True)], "step (in time order)"
+    return [where(p, i) for p, i in zip(df["phase"], df[index], strict=True)], "step (in time order)"
 
 
 def skew_figure(result: RanksResult) -> Figure[figures.SkewData] | None:
@@ -99,7 +88,7 @@ def _prose(result: RanksResult) -> list[str]:
     if len(ps) and len(ok) > 1:
         worst = ps.loc[ps["skew_us"].idxmax()]
         out[0] = out[0][:-1] + (f", and the ranks' step times differ by {fmt.duration(float(ps['skew_us'].mean()))} per step on "
-                                f"average (at most {fmt.duration(float(worst['skew_us']))}, {_where(worst['phase'], worst['index'])}).")
+                                f"average (at most {fmt.duration(float(worst['skew_us']))}, {where(worst['phase'], worst['index'])}).")
     c = result.collectives
     ok_calls = c.calls[c.calls["valid"]] if c is not None and len(c.calls) else None
     if ok_calls is not None and len(ok_calls):
@@ -137,17 +126,17 @@ def ranks_section(result: RanksResult) -> Section:
     ranks = result.ranks.assign(path=[os.path.basename(str(p)) for p in result.ranks["path"]])
     s.tables.append(tb.from_frame("Ranks", ranks, RANK_COLS, note=" ".join(result.notes)))
     if len(result.per_step):
-        s.tables.append(tb.from_frame("Step time per rank, step by step", _with_where(result.per_step, "index"), STEP_COLS,
+        s.tables.append(tb.from_frame("Step time per rank, step by step", with_where(result.per_step, "index"), STEP_COLS,
                                       note="Skew: slowest minus fastest rank's step time; skew %: of the ranks' mean step time."))
     c = result.collectives
     if c is not None:
         if len(c.steps):
-            s.tables.append(tb.from_frame("Collective arrival skew per step", _with_where(c.steps, "index"), COLLECTIVE_STEP_COLS,
+            s.tables.append(tb.from_frame("Collective arrival skew per step", with_where(c.steps, "index"), COLLECTIVE_STEP_COLS,
                                           note="Mostly last: the rank whose late arrivals cost the most in the step (calls at "
                                                "least 10 us apart)."))
         calls = c.calls[c.calls["valid"]] if len(c.calls) else c.calls
         if len(calls):
-            top = _with_where(calls.sort_values("skew_us", ascending=False, kind="stable"), "step")
+            top = with_where(calls.sort_values("skew_us", ascending=False, kind="stable"), "step")
             top = top.assign(last_rank=top["last_rank"].where(top["last_rank"] >= 0, np.nan))
             s.tables.append(tb.from_frame("Most skewed collectives", top, CALL_COLS, max_rows=TOP_CALLS,
                                           note=" ".join(words.sentence(n) for n in c.notes)))

@@ -4,8 +4,8 @@ Owns only the drawing of analysis.compare.sweep's tables: one row per run (promp
 compile x attention) with TTFT, TPOT, GPU utilisation, health warnings and the top finding. The
 numbers are formatted as every report formats them (reports.format); text from the trace (finding
 titles, run names) is cleaned of control characters in the terminal and escaped in Markdown. The
-per-run sections come from the usual renderers; `sweep_table` gives the HTML report the same table
-as a report Table.
+per-run sections come from the usual renderers; `sweep_table` gives the HTML and Markdown reports
+the same table as a report Table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from tokentrace.reports import format as fmt
-from tokentrace.reports.markdown import md_escape
 from tokentrace.reports.model import Column, Table
 from tokentrace.reports.terminal import _clean
 
@@ -62,23 +61,8 @@ def sweep_text(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|",
-            *("| " + " | ".join(md_escape(v) for v in r) + " |" for r in rows)]
-
-
-def sweep_markdown(result: Any) -> str:
-    """The Markdown form: a heading and the sweep table; the per-run sections follow it."""
-    cols = _columns(result.table)
-    lines = [f"## Sweep: {md_escape(result.folder)}", "",
-             f"{len(result.table)} runs; TTFT and TPOT from the traces, measured under the profiler"
-             + ("; unprofiled columns from the capture's own timings." if len(cols) > len(TABLE) else "."), ""]
-    lines += _md_table([h for h, _, _ in cols], _rows(result.table, cols))
-    return "\n".join(lines) + "\n"
-
-
 def sweep_table(result: Any) -> Table:
-    """The HTML report's form: the sweep table as a report Table (the runs' sections follow it, in its order)."""
+    """The reports' form (HTML and Markdown): the sweep table as a report Table (the runs' sections follow it, in its order)."""
     cols = _columns(result.table)
     numeric = {"prompt_len", "batch", "ttft_us", "tpot_p50_us", "gpu_utilization", "warnings", *(c for _, c, _ in UNPROFILED)}
     unprofiled = len(cols) > len(TABLE)

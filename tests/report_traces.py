@@ -5,10 +5,12 @@ capture metadata, file name) is a parameter, so the XSS test can fill them all w
 Times in microseconds; each step launches a GEMV, an attention kernel whose time grows with the
 KV length (16 tokens more per step, to make a scaling fit), and an elementwise kernel after a host
 gap, runs one op that syncs (a DtoH copy and a stream synchronisation), and allocates memory.
+Also `section`, which cuts one question's section out of a report's HTML.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,3 +96,10 @@ def cpu_only_trace(tmp_path: Path, name: str = "cpu.pt.trace.json") -> Path:
     for i in range(5):
         b.cpu_op("aten::add", 10.0 + i * 20, 10)
     return b.write(tmp_path / name)
+
+
+def section(html: str, sid: str) -> str:
+    """The HTML of one <section id=...> (up to the next section of the report)."""
+    m = re.search(rf'<section id="{re.escape(sid)}"[^>]*>(.*?)(?=<section id=|<footer)', html, flags=re.S)
+    assert m, f"section {sid} missing"
+    return m.group(1)

@@ -16,7 +16,7 @@ import pytest
 from chromium import scan
 from click.testing import CliRunner
 from graph_traces import ATTN, KERNEL_US, NODES, Replay, capture_trace, replay_trace
-from report_traces import Names, llm_trace
+from report_traces import Names, llm_trace, section
 from test_collectives import decode_steps
 from test_ranks_collectives import LATE_RANK, LATE_US, RANKS, rank_trace
 from test_serving_steps import build_vllm, engine_step
@@ -33,13 +33,6 @@ from tokentrace.reports.ranks import skew_figure
 
 SCRIPT = "<script>alert(1)</script>"
 MiB = 1 << 20
-
-
-def section(html: str, sid: str) -> str:
-    """The HTML of one <section id=...> (up to the next section of the report)."""
-    m = re.search(rf'<section id="{re.escape(sid)}"[^>]*>(.*?)(?=<section id=|<footer)', html, flags=re.S)
-    assert m, f"section {sid} missing"
-    return m.group(1)
 
 
 def table(html: str, caption: str) -> list[list[str]]:

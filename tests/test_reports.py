@@ -14,7 +14,7 @@ from chromium import scan
 from click.testing import CliRunner
 from conftest import SAMPLE_TRACES, shared_trace
 from markupsafe import escape
-from report_traces import STEP_US, UNPROFILED_STEP_US, UNPROFILED_TTFT_US, cpu_only_trace, llm_trace
+from report_traces import STEP_US, UNPROFILED_STEP_US, UNPROFILED_TTFT_US, cpu_only_trace, llm_trace, section
 from tracebuilder import TraceBuilder
 
 import tokentrace
@@ -38,13 +38,6 @@ MAX_HTML_BYTES = 600_000
 MAX_MARKDOWN_LINES = 60
 MAX_MARKDOWN_CHARS = 8000
 LLAMA_P512 = SAMPLE_TRACES / "gpu_llama-3.2-1b_eager" / "llama-3.2-1b_p512_b1" / "combined.pt.trace.json.gz"
-
-
-def section(html: str, sid: str) -> str:
-    """The HTML of one <section id=...> (up to the next section of the report)."""
-    m = re.search(rf'<section id="{re.escape(sid)}"[^>]*>(.*?)(?=<section id=|<footer)', html, flags=re.S)
-    assert m, f"section {sid} missing"
-    return m.group(1)
 
 
 def headline(html: str) -> str:

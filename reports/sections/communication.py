@@ -18,7 +18,7 @@ from tokentrace.reports import figures, words
 from tokentrace.reports import format as fmt
 from tokentrace.reports import tables as tb
 from tokentrace.reports.model import Figure, Section
-from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, shown_when, where
+from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, shown_when, with_where
 
 EXPOSED_COLOR = "#ef4444"
 OVERLAP_COLOR = "#10b981"
@@ -116,15 +116,13 @@ def build(inp: Inputs, s: Section) -> None:
                                        "over all calls of the type. " + " ".join(n for n in notes if n)))
     s.tables.append(tb.from_frame("Collectives by type: groups, dtypes, kernels", res.by_type, TYPE_MORE_COLS))
     if len(res.per_step):
-        steps = res.per_step.assign(where=[where(p, i) for p, i in zip(res.per_step["phase"], res.per_step["index"], strict=True)])
-        s.tables.append(tb.from_frame("Communication per step", steps, STEP_COLS,
+        s.tables.append(tb.from_frame("Communication per step", with_where(res.per_step, "index"), STEP_COLS,
                                       note="Exposed: the union of the step's collective kernels minus compute; compute left "
                                            "uncovered: the step's compute not yet under communication, the most that overlap could hide."))
     gpu = res.gpu
     if len(gpu):
         top = gpu.sort_values("exposed_us", ascending=False, kind="stable").head(TOP_INSTANCES)
-        top = top.assign(where=[where(p, i) for p, i in zip(top["phase"], top["step"], strict=True)])
-        s.tables.append(tb.from_frame("Most exposed collective calls", top, INSTANCE_COLS, total=len(gpu)))
+        s.tables.append(tb.from_frame("Most exposed collective calls", with_where(top), INSTANCE_COLS, total=len(gpu)))
 
 
 SECTION = SectionSpec(key="communication", title="What does communication cost?", results=("communication",),

@@ -18,6 +18,8 @@ from tokentrace.reports.figures import Band
 from tokentrace.reports.model import Section
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tokentrace.analysis.pipeline import Analysis
 
 R = TypeVar("R")
@@ -117,6 +119,11 @@ def where(phase: Any, step: Any) -> str:
     if missing(phase):
         return "outside any step"
     return str(phase) if missing(step) else f"{phase} {integer(step)}"
+
+
+def with_where(df: pd.DataFrame, step: str = "step") -> pd.DataFrame:
+    """The rows with a `where` column ('decode 3', ...) from their phase and the `step` column."""
+    return df.assign(where=[where(p, i) for p, i in zip(df["phase"], df[step], strict=True)])
 
 
 def loader_warnings(inp: Inputs) -> list[str]:

@@ -13,7 +13,7 @@ from tokentrace.reports import figures, words
 from tokentrace.reports import format as fmt
 from tokentrace.reports import tables as tb
 from tokentrace.reports.model import Figure, Section
-from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, where
+from tokentrace.reports.sections.spec import Inputs, Lacks, SectionSpec, where, with_where
 
 # How a sync kind (analysis.detectors.syncs) reads; an unknown kind shows as its name.
 KIND_LABELS = {
@@ -84,7 +84,7 @@ def build(inp: Inputs, s: Section) -> None:
                                     (tb.word("kind", "kind", kind_label), tb.num("count", "sync points", fmt.number),
                                      tb.num("blocked_us", "host blocked"), tb.num("idle_caused_us", "GPU idle after"))))
     head = longest.head(TOP_SYNCS)
-    head = head.assign(where=[where(p, i) for p, i in zip(head["phase"], head["step"], strict=True)])
+    head = with_where(head)
     s.tables.append(tb.from_frame("Sync points, longest first", head, SYNC_COLS, total=len(longest)))
 
 SECTION = SectionSpec(key="syncs", title="Which syncs block the host?", results=("syncs",), categories=("syncs",), build=build)
