@@ -56,24 +56,26 @@ def rss_peak():
 
 out = {}
 if method in ("load", "gz", "analyze", "repeat_load", "repeat_analyze", "fill"):
-    import importlib
     import tokentrace
     from tokentrace.analysis import pipeline
     from tokentrace.analysis.loading import loader
-    mods = [(name, importlib.import_module(mod)) for name, mod in pipeline.DETECTORS]  # imports are not timed
+    from tokentrace.analysis.context import Context
+    from tokentrace.analysis.loading.graph_replay import apply_graph_maps
     use = cache if method in ("repeat_load", "repeat_analyze", "fill") else False
     base = rss_peak()
     t0, c0 = time.perf_counter(), time.process_time()
     trace = loader.load(path, cache=use, progress=False)
     load_s = time.perf_counter() - t0
     out["cache"] = trace.meta["_load"].get("cache")
-    if method in ("analyze", "repeat_analyze"):
-        ctx = pipeline.Context(options=pipeline.Options())
+    if method in ("analyze", "repeat_analyze"):  # what pipeline.run_pipeline does, each detector timed
+        opts = pipeline.Options()
+        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
+        ctx = Context(trace=trace, options=opts)
         detectors = {}
-        for name, mod in mods:
+        for mod in pipeline.RUN_ORDER:
             d0 = time.perf_counter()
-            ctx.results[name] = mod.run(trace, ctx)
-            detectors[name] = time.perf_counter() - d0
+            ctx.results[mod.NAME] = mod.run(trace, ctx.for_detector(mod.NAME, mod.NEEDS))
+            detectors[mod.NAME] = time.perf_counter() - d0
         out["detectors"] = detectors
     seconds = time.perf_counter() - t0
     out.update(load_seconds=load_s, cpu_seconds=time.process_time() - c0)

@@ -44,7 +44,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import MISSING, Trace, absent_column
 
 CACHE_DIR_ENV = "TOKENTRACE_CACHE_DIR"
 CACHE_SIZE_ENV = "TOKENTRACE_CACHE_SIZE"
@@ -59,7 +59,6 @@ EDGE_BYTES = 1 << 20
 SPARSE_SHARE = 0.5
 FORMAT = 1
 MANIFEST = "manifest.json"
-MISSING = -1
 
 
 def default_root() -> Path:
@@ -295,8 +294,12 @@ def _read_entry(entry: Path, path: Path) -> Trace:
             data[c["name"]] = _load(stem.with_suffix(".npy"), n, c["dtype"])
         elif kind == "sparse":
             rows = _load(stem.with_suffix(".rows.npy"), None, np.dtype(np.int64).str)
+            values = _load(stem.with_suffix(".npy"), len(rows), c["dtype"])
+            if not len(rows):  # as the loader keeps it: no memory
+                data[c["name"]] = absent_column(n, c["dtype"])
+                continue
             out = np.full(n, MISSING, dtype=c["dtype"])
-            out[rows] = _load(stem.with_suffix(".npy"), len(rows), c["dtype"])
+            out[rows] = values
             data[c["name"]] = out
         elif kind == "category":
             codes = _load(stem.with_suffix(".npy"), n)
@@ -310,6 +313,9 @@ def _read_entry(entry: Path, path: Path) -> Trace:
             values = msgspec.json.decode((entry / f"{c['file']}.values.json").read_bytes())
             if not isinstance(values, list) or (len(codes) and (codes.min() < 0 or codes.max() >= len(values))):
                 raise ValueError("object code out of range")
+            if not len(rows):
+                data[c["name"]] = absent_column(n, object)
+                continue
             distinct = np.fromiter(values, dtype=object, count=len(values))  # lists stay list objects
             out = np.empty(n, dtype=object)
             out[rows] = distinct[codes]

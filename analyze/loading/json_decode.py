@@ -34,7 +34,7 @@ import json
 import math
 import re
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import is_not, itemgetter
@@ -44,8 +44,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.loading.trace import MISSING
+
 NAN = float("nan")
-MISSING = -1  # integer columns use -1 for "absent" (ids, streams and devices are never negative)
 NO_TS = np.iinfo(np.int64).min  # ns timestamp of an event whose ts is absent or unusable
 # Below this many microseconds (2**44, about 203 days), a float64 holds the value of a 3-decimal
 # text to within 0.5 ns, so us_to_ns gives the exact nanoseconds; above it (epoch-based
@@ -241,20 +242,23 @@ _TS_DECIMAL = re.compile(rb'"ts"\s*:\s*-?[0-9]+\.')
 def chunk_spans(events: memoryview, target: int) -> list[tuple[int, int]]:
     """Cut the inside of a JSON array (without its brackets) into spans of about `target` bytes
     that each hold whole events, at event boundaries."""
+    return [(a, b) for a, b, _ in iter_chunk_spans(events, target)]
+
+
+def iter_chunk_spans(events: memoryview, target: int) -> Iterator[tuple[int, int, bool]]:
+    """chunk_spans one span at a time, each with whether it is the last: the text is scanned
+    only as far as the span being decoded, so a mapped file's pages are touched once, in order,
+    and can be handed back behind the decoder (a list of every span up front faulted the whole
+    file in before the first event was decoded)."""
     n = len(events)
-    spans = []
     start = 0
     while start < n:
-        if n - start <= target * 3 // 2:
-            spans.append((start, n))
-            break
-        m = EVENT_BOUNDARY.search(events, start + target)
+        m = None if n - start <= target * 3 // 2 else EVENT_BOUNDARY.search(events, start + target)
         if m is None:
-            spans.append((start, n))
-            break
-        spans.append((start, m.start() + 1))
+            yield start, n, True
+            return
+        yield start, m.start() + 1, False
         start = m.end()
-    return spans
 
 
 class _TsText(msgspec.Struct, gc=False):
@@ -299,6 +303,10 @@ class Columns:
         the caller: nothing else refers to it)."""
         buf = self.dense.pop(name, None)
         return _fill(name, self.n) if buf is None else buf[: self.n]
+
+    def has(self, name: str) -> bool:
+        """Whether some event so far had a value in dense column `name`."""
+        return name in self.dense
 
     def take_sparse(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows and values of an arg column where it is present (the frame scatters these few
@@ -350,6 +358,8 @@ class Columns:
 
     def _append(self, col: str, values: np.ndarray | None, n: int) -> None:
         buf = self.dense.get(col)
+        if buf is None and values is None:  # absent so far: no buffer (take() fills it if never present)
+            return
         end = self.n + n
         if buf is None or end > len(buf):
             dtype = np.int32 if col in STR_COLS else np.int64

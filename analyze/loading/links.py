@@ -101,18 +101,23 @@ def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.nd
 
     op_rows = np.flatnonzero(cpu_op)
     if len(op_rows):
+        # Temporaries are dropped as soon as used: this runs at the peak of a load's memory.
         threads = _thread_ids(np.concatenate([pid[op_rows], pid[host_rows]]), np.concatenate([tid[op_rows], tid[host_rows]]))
         op_thread, call_thread = threads[: len(op_rows)], threads[len(op_rows):]
         order = np.lexsort((-end[op_rows], ts[op_rows], op_thread))
         rows = op_rows[order]
         thread = op_thread[order]
+        del op_rows, op_thread, order
         o_ts, o_end = ts[rows], end[rows]
         first = np.r_[True, thread[1:] != thread[:-1]]
         gstart = np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
+        del first
         p = nest_parents(o_ts, o_end, gstart)
+        del gstart
         parent[rows] = np.where(p >= 0, rows[np.maximum(p, 0)], -1)
         if len(host_rows):
             last = _last_started(thread, o_ts, call_thread, ts[host_rows])
+            del thread, threads, call_thread
             hit = innermost_containing(o_ts, o_end, p, ts[host_rows], last)
             op[host_rows] = np.where(hit >= 0, rows[np.maximum(hit, 0)], -1)
     linked = target_rows[launch[target_rows] >= 0]
@@ -152,8 +157,8 @@ def _last_started(op_thread: np.ndarray, op_ts: np.ndarray, at_thread: np.ndarra
     when = np.concatenate([op_ts, at])
     is_at = np.r_[np.zeros(n_ops, dtype=np.int8), np.ones(len(at), dtype=np.int8)]
     order = np.lexsort((is_at, when, thread))
-    pos = np.where(order < n_ops, order, -1)
-    last = np.maximum.accumulate(pos)
+    del when, is_at
+    last = np.maximum.accumulate(np.where(order < n_ops, order, -1))
     merged_at = order >= n_ops
     out = np.full(len(at), -1, dtype=np.int64)
     cand = last[merged_at]

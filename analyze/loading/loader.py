@@ -40,7 +40,7 @@ from tokentrace.analysis.loading.files import (
 )
 from tokentrace.analysis.loading.links import link_columns
 from tokentrace.analysis.loading.repair import repair
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, fits_int32, narrowed
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, absent_column, fits_int32, narrowed
 from tokentrace.errors import TraceError
 
 PathLike = str | os.PathLike
@@ -329,13 +329,12 @@ def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict
         raise TraceError(path, "not JSON (does not start with '{' or '[')")
     whole = memoryview(data)
     region = whole[start:]
-    spans = dec.chunk_spans(region, CHUNK_BYTES)
     released = 0
-    for i, (a, b) in enumerate(spans):
+    for a, b, last in dec.iter_chunk_spans(region, CHUNK_BYTES):
         try:
-            if i < len(spans) - 1 and not whole.readonly:
+            if not last and not whole.readonly:
                 _decode_in_place(whole, start + a, start + b, cols, path)
-            elif i < len(spans) - 1:
+            elif not last:
                 _decode_chunk(b"".join((b"[", region[a:b], b"]")), cols, path)
             else:
                 meta.update(_decode_rest(b"".join((opener, region[a:])), path, cols, exact=False))
@@ -543,6 +542,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
 
     def sparse(name: str) -> np.ndarray:
         rows, values = cols.take_sparse(name)
+        if not len(rows) and name not in ("device", "stream"):  # those two get fallbacks below
+            return absent_column(m, object if values.dtype == object else np.int32 if name in NARROW_COLUMNS else np.int64)
         if values.dtype == object:
             out = np.empty(m, dtype=object)  # numpy fills new object arrays with None
         else:
@@ -568,42 +569,54 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         categories, remap = cat_tables[name]
         if name == "ph":  # already remapped above (metadata rows keep their missing ts)
             codes = ph_codes if perm is None else ph_codes[perm]
+        elif not cols.has(name):  # no event has it: every code -1 (the frame keeps one byte a row)
+            codes = absent_column(m, np.int8)
         else:
             codes = column(name, remap)
         cats[name] = codes
         data[name] = pd.Categorical.from_codes(codes, categories=categories, validate=False)
+    # The links first, from the few columns they read: the other arg columns are still compact
+    # (rows and values of what is present) while link_columns' temporaries exist, which was the
+    # peak of a load.
     for name in dec.INT_COLS + dec.OBJ_COLS:
-        data[name] = sparse(name)
+        data[name] = None  # the frame's column order; filled below
+    data["correlation"], data["flow_id"] = sparse("correlation"), sparse("flow_id")
+    data["end"] = np.add(data["ts"], data["dur"], out=pool.get(np.int64))
+    kind_codes = _kind_codes(cats, cat_tables)
+    # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
+    present = np.flatnonzero(np.bincount(kind_codes, minlength=len(KINDS)))
+    remap = np.full(len(KINDS), -1, dtype=np.int8)
+    remap[present] = np.arange(len(present))
+    data["kind"] = pd.Categorical.from_codes(remap[kind_codes], categories=[KINDS[i] for i in present], validate=False)
+
+    def kind(*names: str) -> np.ndarray:
+        return _in_codes(kind_codes, [KINDS.index(k) for k in names], len(KINDS))
+
+    ph_cat_codes = cats["ph"]
+    flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
+    launch_flow = kind("flow") & flow_cats
+    rows_dtype = np.int32 if m <= np.iinfo(np.int32).max else np.int64  # row positions (or -1)
+    launch, op, parent = link_columns(
+        ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
+        flow_id=data["flow_id"], host=kind("runtime", "driver"), target=kind("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"),
+        cpu_op=kind("cpu_op"), flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
+        flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
+        out=(pool.get(rows_dtype), pool.get(rows_dtype), pool.get(rows_dtype)),
+    )
+    del launch_flow, flow_cats
+    for name in dec.INT_COLS + dec.OBJ_COLS:
+        if data[name] is None:
+            data[name] = sparse(name)
     if perm is not None:
         pool.give(dest)
         pool.give(order)
         if perm is not order:
             pool.give(perm)
-    data["end"] = np.add(data["ts"], data["dur"], out=pool.get(np.int64))
-    kind_codes = _kind_codes(cats, cat_tables)
-    kinds = {k: kind_codes == i for i, k in enumerate(KINDS)}
-    # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
-    present = np.array([i for i, k in enumerate(KINDS) if kinds[k].any()], dtype=np.int64)
-    remap = np.full(len(KINDS), -1, dtype=np.int8)
-    remap[present] = np.arange(len(present))
-    data["kind"] = pd.Categorical.from_codes(remap[kind_codes], categories=[KINDS[i] for i in present], validate=False)
-    gpu_rows = kinds["kernel"] | kinds["gpu_memcpy"] | kinds["gpu_memset"]
     # GPU rows: device from args, else the pid Kineto uses for the device; stream likewise from tid.
-    on_gpu = gpu_rows | kinds["cuda_sync"] | kinds["gpu_user_annotation"]
+    on_gpu = kind("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation")
     for col, fallback in (("device", "pid"), ("stream", "tid")):
         np.copyto(data[col], data[fallback], where=on_gpu & (data[col] < 0))
         data[col] = narrow(data[col])
-    ph_cat_codes = cats["ph"]
-    flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
-    launch_flow = kinds["flow"] & flow_cats
-    rows_dtype = np.int32 if m <= np.iinfo(np.int32).max else np.int64  # row positions (or -1)
-    launch, op, parent = link_columns(
-        ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
-        flow_id=data["flow_id"], host=kinds["runtime"] | kinds["driver"], target=gpu_rows | kinds["cuda_sync"],
-        cpu_op=kinds["cpu_op"], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
-        flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
-        out=(pool.get(rows_dtype), pool.get(rows_dtype), pool.get(rows_dtype)),
-    )
     data["launch"], data["op"], data["parent"] = launch, op, parent
     df = pd.DataFrame(data, copy=False)
     process_names, thread_names = _names(df)

@@ -14,7 +14,8 @@ time, one row per trace event (metadata and flow events included, so nothing is 
   runtime/driver call that launched it), `op` (runtime/driver call or GPU activity -> innermost
   enclosing cpu_op on the launching thread), `parent` (cpu_op -> enclosing cpu_op).
 
-Integer columns are int64, except the id and row columns of `NARROW_COLUMNS`, which are int32
+Arg columns absent on every row of a trace take no memory (`absent_column`: a read-only view
+of -1 or None with stride 0). Integer columns are int64, except the id and row columns of `NARROW_COLUMNS`, which are int32
 whenever every value of that trace fits (decided per load, see `narrowed`): they are a quarter of
 a short event's frame. Code that multiplies such a column, adds large offsets to it or packs two
 of them into one key casts to int64 first.
@@ -61,7 +62,7 @@ class Trace:
 
     # ---- views -------------------------------------------------------------------------
     def _kind(self, *kinds: str) -> pd.DataFrame:
-        return self.events[self.events["kind"].isin(kinds)]
+        return take_rows(self.events, np.flatnonzero(self.events["kind"].isin(kinds).to_numpy()))
 
     @cached_property
     def gpu(self) -> pd.DataFrame:
@@ -115,7 +116,7 @@ class Trace:
         key = (tuple(kinds), tuple(columns))
         cache = self._narrow_cache
         if key not in cache:
-            cache[key] = self.events.loc[self.events["kind"].isin(kinds).to_numpy(), list(columns)]
+            cache[key] = take_rows(self.events, np.flatnonzero(self.events["kind"].isin(kinds).to_numpy()), columns)
         return cache[key]
 
     @cached_property
@@ -206,6 +207,7 @@ NARROW_COLUMNS: tuple[str, ...] = (
     "launch", "op", "parent",
 )
 _INT32 = np.iinfo(np.int32)
+MISSING = -1  # integer columns use -1 for "absent" (ids, streams and devices are never negative)
 
 
 def fits_int32(arr: np.ndarray) -> bool:
@@ -216,6 +218,35 @@ def fits_int32(arr: np.ndarray) -> bool:
 def narrowed(arr: np.ndarray) -> np.ndarray:
     """An int32 copy of an integer column when every value fits, else the column itself."""
     return arr.astype(np.int32) if arr.dtype != np.int32 and fits_int32(arr) else arr
+
+
+def absent_column(n: int, dtype: Any) -> np.ndarray:
+    """A column absent on every row (-1, or None for objects) that takes no memory: a read-only
+    view of one value with stride 0. Most traces lack most arg columns entirely (a training
+    trace without memory events, Python frames or collectives has a dozen such columns, 88 of
+    its 214 bytes per row); pandas keeps the view as the column, and a copy, a filter or a
+    write through CoW makes an ordinary array. Nothing writes into the events frame in place."""
+    dt = np.dtype(dtype)
+    return np.broadcast_to(np.array(None if dt.kind == "O" else MISSING, dtype=dt), (n,))
+
+
+def is_absent_column(arr: np.ndarray) -> bool:
+    """Whether `arr` is an `absent_column` view (stride 0)."""
+    return arr.ndim == 1 and len(arr) > 1 and arr.strides[0] == 0
+
+
+def take_rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
+    """`events.iloc[rows]` (of `columns`, default all), except that columns absent on every row
+    stay `absent_column` views instead of each becoming a filled array: the kind views of a
+    trace together hold most of its rows, and a dozen absent columns would double them."""
+    cols = list(events.columns if columns is None else columns)
+    absent = [c for c in cols if not isinstance(events[c].dtype, pd.CategoricalDtype)
+              and is_absent_column(events[c].to_numpy())]
+    if not absent:
+        return events[cols].iloc[rows] if columns is not None else events.iloc[rows]
+    sub = events[[c for c in cols if c not in absent]].iloc[rows]
+    data = {c: absent_column(len(rows), events[c].dtype) if c in absent else sub[c] for c in cols}
+    return pd.DataFrame(data, index=sub.index, copy=False)
 
 
 def empty_int(n: int) -> np.ndarray:

@@ -1,0 +1,112 @@
+"""Memory layout of a loaded trace: arg columns no event has take no memory (in the frame, in the
+kind views and from the cache), and the JSON text is cut into chunks as it is decoded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analysis.loading import cache as trace_cache
+from tokentrace.analysis.loading import json_decode as decode
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, is_absent_column, take_rows
+
+# What the trace below never has: memory events, Python frames, collectives, call stacks.
+NEVER = ("mem_bytes", "addr", "total_allocated", "total_reserved", "device_type", "device_id", "python_id",
+         "python_parent_id", "coll_seq", "in_nelems", "group_size", "wait_on_stream", "stack")
+
+
+def ops_and_kernels() -> TraceBuilder:
+    b = TraceBuilder()
+    b.annotation("ProfilerStep#1", 90, 1000)
+    for i in range(20):
+        b.cpu_op("aten::mm", 100 + 40 * i, 30, input_dims=[[16, 64], [64, 64]], concrete=["", ""])
+        b.launch("gemm", 105 + 40 * i, 900 + 40 * i, 20, grid=[4, 1, 1], block=[128, 1, 1])
+    return b
+
+
+def test_a_column_no_event_has_takes_no_memory_and_reads_as_absent(tmp_path):
+    t = tokentrace.load(ops_and_kernels().write(tmp_path / "t.json"), cache=False)
+    ev = t.events
+    for col in NEVER:
+        arr = ev[col].to_numpy()
+        assert is_absent_column(arr), col
+        assert arr.strides == (0,) and not arr.flags.writeable, col
+        if col == "stack":
+            assert ev[col].isna().all() and ev[col].dtype == object
+        else:  # the dtype a present column would have
+            assert ev[col].dtype == (np.int32 if col in NARROW_COLUMNS else np.int64), col
+            assert (arr == -1).all() and int((ev[col] >= 0).sum()) == 0, col
+    # Columns some event has are ordinary arrays with their values.
+    for col in ("correlation", "external_id", "stream", "input_dims", "grid", "launch", "op"):
+        assert not is_absent_column(ev[col].to_numpy()), col
+    assert (ev["correlation"] >= 0).sum() == 40  # 20 launch calls and their 20 kernels
+    # String columns no event has are categoricals of missing values (one byte a row).
+    assert ev["coll_name"].isna().all() and len(ev["coll_name"].cat.categories) == 0
+
+
+def test_one_event_with_a_value_makes_an_ordinary_column(tmp_path):
+    b = ops_and_kernels()
+    b.memory(500, 4096, allocated=8192, reserved=1 << 20)
+    ev = tokentrace.load(b.write(tmp_path / "t.json"), cache=False).events
+    mem = ev["mem_bytes"].to_numpy()
+    assert not is_absent_column(mem) and mem.flags.c_contiguous
+    assert sorted(set(mem.tolist())) == [-1, 4096]
+    assert is_absent_column(ev["python_id"].to_numpy())  # still absent
+
+
+def test_kind_views_keep_absent_columns_and_equal_plain_filtering(tmp_path):
+    t = tokentrace.load(ops_and_kernels().write(tmp_path / "t.json"), cache=False)
+    ev = t.events
+    for view, kinds in ((t.cpu_ops, ["cpu_op"]), (t.kernels, ["kernel"]), (t.runtime, ["runtime", "driver"]),
+                        (t.flows, ["flow"]), (t.python, ["python_function"])):
+        pd.testing.assert_frame_equal(view, ev[ev["kind"].isin(kinds)])
+        assert all(is_absent_column(view[c].to_numpy()) for c in NEVER if len(view) > 1)
+    narrow = t.narrow(("cpu_op",), ("ts", "stack", "mem_bytes", "name"))
+    pd.testing.assert_frame_equal(narrow, ev.loc[(ev["kind"] == "cpu_op").to_numpy(), ["ts", "stack", "mem_bytes", "name"]])
+    assert is_absent_column(narrow["mem_bytes"].to_numpy())
+    # A copy of a view is an ordinary frame: writing into it changes that row only.
+    ops = t.cpu_ops.copy()
+    ops.loc[ops.index[3], "mem_bytes"] = 5
+    assert ops["mem_bytes"].tolist().count(5) == 1 and (t.cpu_ops["mem_bytes"] == -1).all()
+
+
+def test_take_rows_is_iloc_with_or_without_absent_columns(tmp_path):
+    ev = tokentrace.load(ops_and_kernels().write(tmp_path / "t.json"), cache=False).events
+    rows = np.array([0, 3, 4, 17, len(ev) - 1])
+    pd.testing.assert_frame_equal(take_rows(ev, rows), ev.iloc[rows])
+    cols = ("name", "ts", "correlation")  # none absent
+    pd.testing.assert_frame_equal(take_rows(ev, rows, cols), ev.iloc[rows][list(cols)])
+    pd.testing.assert_frame_equal(take_rows(ev, rows[:0]), ev.iloc[rows[:0]])
+
+
+def test_the_cache_reads_absent_columns_back_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)
+    p = ops_and_kernels().write(tmp_path / "t.json.gz")
+    first = tokentrace.load(p, cache=tmp_path / "cache")
+    second = tokentrace.load(p, cache=tmp_path / "cache")
+    assert second.meta["_load"]["cache"] == "hit"
+    pd.testing.assert_frame_equal(first.events, second.events)
+    for col in NEVER:
+        assert is_absent_column(second.events[col].to_numpy()), col
+    assert tokentrace.analyze(second).to_json() == tokentrace.analyze(tokentrace.load(p, cache=False)).to_json()
+
+
+@pytest.mark.parametrize("target", [50, 200, 333, 1000, 1 << 20])
+def test_chunk_spans_are_found_as_decoding_goes(target):
+    """The spans come one at a time, each marked when last, and tile the text at event boundaries."""
+    text = b",\n".join(b'{"ph": "X", "name": "op%d", "ts": %d, "dur": 1, "pid": 1, "tid": 1}' % (i, i) for i in range(60))
+    view = memoryview(text)
+    spans = decode.iter_chunk_spans(view, target)
+    first = next(spans)
+    assert first[0] == 0  # an iterator (next() on a list of every span would fail)
+    got = [first, *spans]
+    assert [last for *_, last in got] == [False] * (len(got) - 1) + [True]
+    assert [(a, b) for a, b, _ in got] == decode.chunk_spans(view, target)
+    assert got[-1][1] == len(text)
+    names = []
+    for a, b, _ in got:
+        names += [e.name for e in decode.CHUNK_DECODER.decode(b"[" + text[a:b] + b"]")]
+    assert names == [f"op{i}" for i in range(60)]
