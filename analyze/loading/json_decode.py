@@ -48,10 +48,12 @@ from tokentrace.analysis.loading.trace import MISSING
 
 NAN = float("nan")
 NO_TS = np.iinfo(np.int64).min  # ns timestamp of an event whose ts is absent or unusable
-# Below this many microseconds (2**44, about 203 days), a float64 holds the value of a 3-decimal
-# text to within 0.5 ns, so us_to_ns gives the exact nanoseconds; above it (epoch-based
-# timestamps are ~1.7e15 us) the digits themselves are read when the text has decimals.
-FLOAT_SAFE_US = 2.0**44
+# Below this many microseconds (2**42, about 51 days), a float64 holds the value of a 3-decimal
+# text to within 0.25 ns (half a unit in the last place is 2**-12 us there), so us_to_ns gives
+# the exact nanoseconds; at 2**43-2**44 (clocks counting from a boot 100-200 days ago) that half
+# unit is 0.5-1 ns and rounding could miss by a nanosecond, so from 2**42 on the digits
+# themselves are read when the text has decimals (epoch-based timestamps are ~1.7e15 us).
+FLOAT_SAFE_US = 2.0**42
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EMPTY = msgspec.Raw(b"")  # default of raw-JSON fields: "absent"
 
@@ -290,6 +292,8 @@ class Columns:
     _text_cache: dict[str, str] = field(default_factory=dict)
     # What was coerced or dropped: a sentence with "{events}" -> the number of events.
     repaired: dict[str, int] = field(default_factory=dict)
+    # The fast path's decoder (jit_columns.JitDecoder) when this load uses it, else None.
+    jit: Any = None
 
     def note(self, what: str, n: int) -> None:
         if n:

@@ -27,6 +27,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import CATEGORY_KIND, LAUNCH_FLOW_CATS, rank_from_filename
 from tokentrace.analysis.loading import cache as trace_cache
+from tokentrace.analysis.loading import jit_columns
 from tokentrace.analysis.loading import json_decode as dec
 from tokentrace.analysis.loading.files import (
     GzipStream,
@@ -52,6 +53,8 @@ CHUNK_BYTES = 1 << 20
 BYTES_PER_ROW_RESERVED = 160
 # Kineto's JSON compresses 10-25x with gzip: rows reserved for a .json.gz assume the high end.
 GZIP_RATIO_RESERVED = 25
+# ...and 10x is typical: the size guess that decides whether the fast path pays.
+GZIP_RATIO_TYPICAL = 10
 # Without --progress, a load shows progress on a terminal once it has taken this long.
 PROGRESS_AFTER_S = 2.0
 # How far into a gzip stream the traceEvents key is looked for before reading the file whole.
@@ -107,7 +110,8 @@ def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: i
     finally:
         _set_numpy_hugepages(hugepages)
     meter.done(nbytes)
-    trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": nbytes, "cache": "off" if store is None else "miss"}
+    trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": nbytes, "cache": "off" if store is None else "miss",
+                           **trace.meta.get("_load", {})}
     if store is not None and store.put(path, trace):
         trace.meta["_load"]["cache"] = "written"
     _print_warnings(path, warnings)
@@ -130,6 +134,8 @@ def _parse(path: Path, limit: int, meter: _Progress) -> tuple[Trace, int, list[s
     finally:
         if gc_was_enabled:
             gc.enable()
+    if cols.jit is not None:  # how much of the load the compiled scanner read (benchmarks, tests)
+        trace.meta["_load"] = {"jit": {"chunks": cols.jit.chunks, "msgspec_chunks": cols.jit.odd_chunks}}
     return trace, nbytes, warnings
 
 
@@ -193,7 +199,9 @@ def _read_stream(stream: GzipStream, path: Path, meter: _Progress) -> tuple[dict
     boundary of the newest piece): memory holds one chunk of text, never the whole JSON."""
     meter.total = stream.compressed_size
     pieces = iter(stream)
-    cols = dec.Columns(capacity=stream.compressed_size * GZIP_RATIO_RESERVED // BYTES_PER_ROW_RESERVED)
+    cols = dec.Columns(capacity=stream.compressed_size * GZIP_RATIO_RESERVED // BYTES_PER_ROW_RESERVED,
+                       jit=jit_columns.decoder_for(stream.compressed_size * GZIP_RATIO_TYPICAL))
+    chunk_bytes = jit_columns.JIT_CHUNK_BYTES if cols.jit is not None else CHUNK_BYTES
     head: Any = b""
     searched = 0
     for piece in pieces:
@@ -227,7 +235,7 @@ def _read_stream(stream: GzipStream, path: Path, meter: _Progress) -> tuple[dict
     for piece in pieces:
         parts.append(piece)
         size += len(piece)
-        if size < CHUNK_BYTES:
+        if size < chunk_bytes:
             continue
         cut = dec.EVENT_BOUNDARY.search(piece)
         if cut is None:
@@ -316,7 +324,8 @@ def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict
     """
     first = first_non_space(data)
     head = bytes(data[first : first + 1]) if first >= 0 else b""
-    cols = dec.Columns(capacity=len(data) // BYTES_PER_ROW_RESERVED)
+    cols = dec.Columns(capacity=len(data) // BYTES_PER_ROW_RESERVED, jit=jit_columns.decoder_for(len(data)))
+    chunk_bytes = jit_columns.JIT_CHUNK_BYTES if cols.jit is not None else CHUNK_BYTES
     if head == b"[":
         start, opener, meta = first + 1, b"[", {}
     elif head == b"{":
@@ -330,7 +339,7 @@ def _read_document(data: Any, path: Path, meter: _Progress | None) -> tuple[dict
     whole = memoryview(data)
     region = whole[start:]
     released = 0
-    for a, b, last in dec.iter_chunk_spans(region, CHUNK_BYTES):
+    for a, b, last in dec.iter_chunk_spans(region, chunk_bytes):
         try:
             if not last and not whole.readonly:
                 _decode_in_place(whole, start + a, start + b, cols, path)
@@ -459,8 +468,11 @@ def _decode_any(raw: msgspec.Raw) -> Any:
 
 
 def _decode_chunk(chunk: Any, cols: dec.Columns, path: Path, *, flattened: bool = False) -> None:
-    """One JSON array of events into the columns (typed; event by event if that fails). JSON
-    nested too deep for the decoder has its deepest values replaced by null first."""
+    """One JSON array of events into the columns: by the compiled scanner when the load uses
+    it and the chunk holds nothing it leaves to msgspec, else typed (event by event if that
+    fails). JSON nested too deep for the decoder has its deepest values replaced by null first."""
+    if cols.jit is not None and not flattened and cols.jit.add(chunk, cols):
+        return
     try:
         events = dec.CHUNK_DECODER.decode(chunk)
     except RecursionError:
