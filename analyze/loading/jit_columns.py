@@ -32,6 +32,10 @@ JIT_MIN_BYTES = 48 << 20
 # Bytes per chunk on this path: larger than the msgspec path's, since nothing per event is held
 # in Python and the per-chunk numpy steps are what is left to amortise.
 JIT_CHUNK_BYTES = 8 << 20
+# First sizes of the scan buffers and of the load's intern table (each doubles when full).
+INITIAL_ROWS = 1 << 15
+INITIAL_IDS = 1 << 15
+INITIAL_ARENA = 1 << 22
 
 
 def enabled() -> bool:
@@ -162,11 +166,11 @@ class JitDecoder:
         self.js = jit_scan
         self.t = _tables()
         self.slots: list[tuple[str, int, str]] = self.t["slots"]
-        self._rows(1 << 15)
-        self.tab_id = np.full(1 << 16, -1, np.int32)
-        self.arena = np.empty(1 << 22, np.uint8)
-        self.id_off = np.empty(1 << 15, np.int64)
-        self.id_len = np.empty(1 << 15, np.int64)
+        self._rows(INITIAL_ROWS)
+        self.tab_id = np.full(2 * INITIAL_IDS, -1, np.int32)
+        self.arena = np.empty(INITIAL_ARENA, np.uint8)
+        self.id_off = np.empty(INITIAL_IDS, np.int64)
+        self.id_len = np.empty(INITIAL_IDS, np.int64)
         self.state = np.zeros(2, np.int64)  # ids used, arena bytes used
         self.texts: list[str | None] = []  # id -> decoded string (None: not decoded yet)
         self.values: dict[int, Any] = {}  # id -> parsed raw JSON value

@@ -77,6 +77,23 @@ def _storer(ty, bits):  # type: ignore[no-untyped-def]
     return store
 
 
+@intrinsic
+def word(typingctx, addr, at):  # type: ignore[no-untyped-def]
+    """The 8 bytes at byte offset `at` as one little-endian uint64 (any alignment)."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ptr = builder.inttoptr(builder.add(args[0], args[1]), ir.IntType(64).as_pointer())
+        return builder.load(ptr, align=1)
+    return types.uint64(types.intp, types.intp), codegen
+
+
+@intrinsic
+def ctz(typingctx, x):  # type: ignore[no-untyped-def]
+    """Trailing zero bits of a nonzero uint64."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
+
+
 u8, i8, i16, i32, i64 = (_loader(types.uint8, 8), _loader(types.int8, 8), _loader(types.int16, 16),
                          _loader(types.int32, 32), _loader(types.int64, 64))
 put_u8, put_i32, put_i64 = _storer(types.uint8, 8), _storer(types.int32, 32), _storer(types.int64, 64)
@@ -88,6 +105,49 @@ def fnv(b, lo, hi):  # pragma: no cover - compiled
     for i in range(lo, hi):
         h = (h ^ np.uint64(u8(b, i))) * FNV_PRIME
     return h
+
+
+ONES = np.uint64(0x0101010101010101)
+HIGHS = np.uint64(0x8080808080808080)
+QUOTES = np.uint64(0x2222222222222222)
+SLASHES = np.uint64(0x5C5C5C5C5C5C5C5C)
+SPACES = np.uint64(0x2020202020202020)
+MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def text_hash(b, lo, hi):  # pragma: no cover - compiled
+    """A hash of the bytes b[lo:hi], eight at a time (the intern table compares the bytes on
+    every hit, so the hash only has to spread texts, not tell them apart)."""
+    size = hi - lo
+    h = np.uint64(size) * MIX
+    j = lo
+    while j + 8 <= hi:
+        h = (h ^ word(b, j)) * FNV_PRIME
+        h ^= h >> np.uint64(29)
+        j += 8
+    if j < hi:
+        if size >= 8:  # the last eight bytes (overlapping the ones already taken)
+            h = (h ^ word(b, hi - 8)) * FNV_PRIME
+        else:
+            for k in range(j, hi):
+                h = (h ^ np.uint64(u8(b, k))) * FNV_PRIME
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True)
+def same_bytes(a, at, b, bt, size):  # pragma: no cover - compiled
+    """Whether a[at:at+size] == b[bt:bt+size], eight bytes at a time."""
+    j = 0
+    while j + 8 <= size:
+        if word(a, at + j) != word(b, bt + j):
+            return False
+        j += 8
+    while j < size:
+        if u8(a, at + j) != u8(b, bt + j):
+            return False
+        j += 1
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -118,6 +178,19 @@ def _string_end(b, i, n):  # pragma: no cover - compiled
     escape, which is left to msgspec)."""
     i += 1
     while i < n:
+        # Eight bytes at a time to the first quote, backslash or control byte (the lowest byte
+        # these tests flag is always a true one).
+        while i + 8 <= n:
+            w = word(b, i)
+            q = w ^ QUOTES
+            s = w ^ SLASHES
+            t = (((q - ONES) & ~q) | ((s - ONES) & ~s) | ((w - SPACES) & ~w)) & HIGHS
+            if t:
+                i += np.int64(ctz(t) >> np.uint64(3))
+                break
+            i += 8
+        if i >= n:
+            return -1
         c = u8(b, i)
         if c == 34:
             return i
@@ -284,15 +357,8 @@ def _intern(b, lo, hi, h, tab, mask, arena, arena_cap, off, ln, id_cap, state): 
         k = i32(tab, slot)
         if k < 0:
             break
-        if i64(ln, k) == size:
-            at = i64(off, k)
-            same = True
-            for j in range(size):
-                if u8(arena, at + j) != u8(b, lo + j):
-                    same = False
-                    break
-            if same:
-                return k
+        if i64(ln, k) == size and same_bytes(arena, i64(off, k), b, lo, size):
+            return k
         slot = (slot + 1) & mask
     nid = i64(state, 0)
     used = i64(state, 1)
@@ -315,7 +381,7 @@ def rehash(tab_id, id_off, id_len, arena, n_ids):  # pragma: no cover - compiled
     a = arena.ctypes.data
     for k in range(n_ids):
         at = id_off[k]
-        slot = np.int64(fnv(a, at, at + id_len[k]) & np.uint64(mask))
+        slot = np.int64(text_hash(a, at, at + id_len[k]) & np.uint64(mask))
         while tab_id[slot] >= 0:
             slot = (slot + 1) & mask
         tab_id[slot] = k
@@ -511,7 +577,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     e = _string_end(p, i, n)
                     if e < 0:
                         return ODD, row
-                    sid = _intern(p, i + 1, e, fnv(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
+                    sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                     if sid < 0:
                         return FULL_INTERN, row
                     if f == T_CAT:
@@ -536,7 +602,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     e = _string_end(p, i, n)
                     if e < 0:
                         return ODD, row
-                    sid = _intern(p, i + 1, e, fnv(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
+                    sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                     if sid < 0:
                         return FULL_INTERN, row
                     if nt >= tcap:
@@ -614,7 +680,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 e = _value_end(p, i, n, 3)
                                 if e < 0:
                                     return ODD, row
-                                sid = _intern(p, i, e, fnv(p, i, e), tab, tmask, ar, acap, io, il, icap, st)
+                                sid = _intern(p, i, e, text_hash(p, i, e), tab, tmask, ar, acap, io, il, icap, st)
                                 if sid < 0:
                                     return FULL_INTERN, row
                                 t_row[nt] = row
@@ -626,7 +692,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 e = _string_end(p, i, n)
                                 if e < 0:
                                     return ODD, row
-                                sid = _intern(p, i + 1, e, fnv(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
+                                sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                                 if sid < 0:
                                     return FULL_INTERN, row
                                 t_row[nt] = row
