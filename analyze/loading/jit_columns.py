@@ -28,7 +28,7 @@ from tokentrace.analysis.loading import json_decode as dec
 # Below this many bytes of JSON the msgspec path is used: numba's import and the loading of the
 # compiled scanner from its cache cost about 0.3-0.5 s, which the faster scan earns back on
 # traces of some tens of MB (benchmarks/README.md).
-JIT_MIN_BYTES = 48 << 20
+JIT_MIN_BYTES = 64 << 20
 # Bytes per chunk on this path: larger than the msgspec path's, since nothing per event is held
 # in Python and the per-chunk numpy steps are what is left to amortise.
 JIT_CHUNK_BYTES = 8 << 20
@@ -242,7 +242,7 @@ class JitDecoder:
         if new.any():
             table = cols.categories[col]
             for i in np.unique(ids[new]).tolist():
-                lut[i] = dec._code_of(table, self.texts[i])  # type: ignore[arg-type]
+                lut[i] = dec._code_of(table, self.texts[i])
             codes = lut[ids]
         return codes
 
@@ -276,7 +276,7 @@ class JitDecoder:
         cat, name = self.cat[:n], self.name[:n]
         # Every text this chunk keeps is decoded first: the only step that can fail, so a
         # chunk that falls back to msgspec has changed nothing in `cols`.
-        text_ids = [cat[cat >= 0], name[name >= 0]]
+        text_ids: list[np.ndarray] = [cat[cat >= 0], name[name >= 0]]
         for s, (_, v) in groups.items():
             col, _, kind = self.slots[s % 64]
             if s >= 64 or kind in ("str", "text"):
@@ -329,7 +329,7 @@ class JitDecoder:
         table = cols.categories["ph"]
         lut = np.full(len(dec._CLASS_PH), dec._STR_DEFAULT, dtype=np.int32)
         for c in np.unique(codes).tolist():
-            lut[c] = dec._code_of(table, dec._CLASS_PH[c])  # type: ignore[arg-type]
+            lut[c] = dec._code_of(table, dec._CLASS_PH[c])
         return lut[codes]
 
     def _text_ids(self, cols: dec.Columns, layouts: np.ndarray, groups: dict, pid: np.ndarray, tid: np.ndarray) -> None:

@@ -56,20 +56,20 @@ FNV_PRIME = np.uint64(0x100000001B3)
 # checked against its buffer's length by the code before it is read or written.
 
 
-def _loader(ty, bits):  # type: ignore[no-untyped-def]
+def _loader(ty, bits):
     @intrinsic
-    def load(typingctx, addr, i):  # type: ignore[no-untyped-def]
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def load(typingctx, addr, i):
+        def codegen(context, builder, signature, args):
             ptr = builder.inttoptr(args[0], ir.IntType(bits).as_pointer())
             return builder.load(builder.gep(ptr, [args[1]]))
         return ty(types.intp, types.intp), codegen
     return load
 
 
-def _storer(ty, bits):  # type: ignore[no-untyped-def]
+def _storer(ty, bits):
     @intrinsic
-    def store(typingctx, addr, i, v):  # type: ignore[no-untyped-def]
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def store(typingctx, addr, i, v):
+        def codegen(context, builder, signature, args):
             ptr = builder.inttoptr(args[0], ir.IntType(bits).as_pointer())
             builder.store(args[2], builder.gep(ptr, [args[1]]))
             return context.get_dummy_value()
@@ -78,18 +78,18 @@ def _storer(ty, bits):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def word(typingctx, addr, at):  # type: ignore[no-untyped-def]
+def word(typingctx, addr, at):
     """The 8 bytes at byte offset `at` as one little-endian uint64 (any alignment)."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         ptr = builder.inttoptr(builder.add(args[0], args[1]), ir.IntType(64).as_pointer())
         return builder.load(ptr, align=1)
     return types.uint64(types.intp, types.intp), codegen
 
 
 @intrinsic
-def ctz(typingctx, x):  # type: ignore[no-untyped-def]
+def ctz(typingctx, x):
     """Trailing zero bits of a nonzero uint64."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
     return types.uint64(types.uint64), codegen
 
