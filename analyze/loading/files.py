@@ -25,8 +25,20 @@ import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tokentrace.errors import TraceError
+
+# gzip is inflated by ISA-L when python-isal is installed (a dependency where it has wheels): the
+# same API as zlib at about twice its speed (a 200 MB trace: 0.19 s of CPU instead of 0.37 s),
+# which matters now that the decoder on the other core is as fast as zlib's inflate.
+_inflate_lib: Any
+try:
+    from isal import isal_zlib as _inflate_lib
+except ImportError:  # pragma: no cover - where it has no wheel
+    _inflate_lib = zlib
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (zlib.error, _inflate_lib.error)
+
 
 # Plain files from this size on are memory-mapped instead of read into memory.
 MMAP_BYTES = 16 << 20
@@ -274,7 +286,7 @@ class GzipStream:
     def _inflate(self) -> None:
         path = self.path
         with open(path, "rb") as fh:
-            d = zlib.decompressobj(wbits=31)
+            d = _inflate_lib.decompressobj(wbits=31)
             first_member = True
             pending = b""
             while not self._stop.is_set():
@@ -291,7 +303,7 @@ class GzipStream:
                     # At most one piece per call (max_length): the rest waits in unconsumed_tail,
                     # so a bomb is stopped after one piece past the limit, not after it all.
                     out = d.decompress(d.unconsumed_tail or pending, GZIP_PIECE_BYTES)
-                except zlib.error as exc:
+                except _INFLATE_ERRORS as exc:
                     if first_member:
                         raise TraceError(path, f"corrupt gzip data ({exc})") from None
                     self.warnings.append("trailing gzip member is corrupt; ignored")
@@ -312,6 +324,6 @@ class GzipStream:
                         rest += more
                     if rest[:2] != GZIP_MAGIC:
                         return  # trailing bytes that are not gzip: ignored, as gzip(1) does
-                    d = zlib.decompressobj(wbits=31)
+                    d = _inflate_lib.decompressobj(wbits=31)
                     first_member = False
                     pending = rest
