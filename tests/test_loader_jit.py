@@ -302,3 +302,18 @@ def test_random_events_load_the_same_on_both_paths(tmp_path, events):
         return
     pd.testing.assert_frame_equal(a.events, b.events)
     assert a.warnings == b.warnings and a.id_labels == b.id_labels
+
+
+def test_a_scanner_that_cannot_run_leaves_the_load_to_msgspec(tmp_path, monkeypatch):
+    # numba present but unable to compile or run here (a broken llvmlite, say): the load still
+    # succeeds, on the msgspec path, and says why in its load record.
+    def broken(self, b):
+        raise RuntimeError("LLVM ERROR: no target")
+
+    monkeypatch.setattr(jit_columns.JitDecoder, "_scan", broken)
+    monkeypatch.setattr(jit_columns, "JIT_CHUNK_BYTES", 2048)
+    p = write(tmp_path, base_events(20))
+    a, b = load(p, "0"), load(p, "force")
+    pd.testing.assert_frame_equal(a.events, b.events)
+    stats = jit_stats(b)
+    assert stats["msgspec_chunks"] == stats["chunks"] > 1 and stats["error"] == "RuntimeError: LLVM ERROR: no target"

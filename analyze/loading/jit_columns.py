@@ -26,9 +26,10 @@ import numpy as np
 from tokentrace.analysis.loading import json_decode as dec
 
 # Below this many bytes of JSON the msgspec path is used: numba's import and the loading of the
-# compiled scanner from its cache cost about 0.3-0.5 s, which the faster scan earns back on
-# traces of some tens of MB (benchmarks/README.md).
-JIT_MIN_BYTES = 64 << 20
+# compiled scanner from its cache cost 0.4-0.5 s and ~100 MB of memory (LLVM) per process, which
+# the faster scan earns back from ~40 MB of short-event traces and ~130 MB of Hugging Face-like
+# ones (benchmarks/README.md: at 65 MB, 0.87 s against msgspec's 0.62 s on the latter).
+JIT_MIN_BYTES = 128 << 20
 # Bytes per chunk on this path: larger than the msgspec path's, since nothing per event is held
 # in Python and the per-chunk numpy steps are what is left to amortise.
 JIT_CHUNK_BYTES = 8 << 20
@@ -176,6 +177,7 @@ class JitDecoder:
         self.values: dict[int, Any] = {}  # id -> parsed raw JSON value
         self.luts: dict[str, np.ndarray] = {}  # column -> id -> category code
         self.chunks = self.odd_chunks = 0
+        self.error: str | None = None  # why the scanner could not run, once it failed
 
     def _rows(self, cap: int) -> None:
         self.ph = np.empty(cap, np.int8)
@@ -260,9 +262,17 @@ class JitDecoder:
     def add(self, chunk: Any, cols: dec.Columns) -> bool:
         """Add one chunk (a JSON array of events) to `cols`; False (and nothing added) when the
         msgspec path must decode it."""
-        b = np.frombuffer(chunk, np.uint8)
-        status, n = self._scan(b)
         self.chunks += 1
+        if self.error is not None:
+            self.odd_chunks += 1
+            return False
+        b = np.frombuffer(chunk, np.uint8)
+        try:
+            status, n = self._scan(b)
+        except Exception as exc:  # numba could not compile or load the scanner here: msgspec for the rest
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.odd_chunks += 1
+            return False
         if status != self.js.OK:
             self.odd_chunks += 1
             return False

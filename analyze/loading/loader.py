@@ -136,6 +136,8 @@ def _parse(path: Path, limit: int, meter: _Progress) -> tuple[Trace, int, list[s
             gc.enable()
     if cols.jit is not None:  # how much of the load the compiled scanner read (benchmarks, tests)
         trace.meta["_load"] = {"jit": {"chunks": cols.jit.chunks, "msgspec_chunks": cols.jit.odd_chunks}}
+        if cols.jit.error:
+            trace.meta["_load"]["jit"]["error"] = cols.jit.error
     return trace, nbytes, warnings
 
 
