@@ -317,3 +317,18 @@ def test_a_scanner_that_cannot_run_leaves_the_load_to_msgspec(tmp_path, monkeypa
     pd.testing.assert_frame_equal(a.events, b.events)
     stats = jit_stats(b)
     assert stats["msgspec_chunks"] == stats["chunks"] > 1 and stats["error"] == "RuntimeError: LLVM ERROR: no target"
+
+
+def test_a_gzip_file_is_judged_by_its_uncompressed_size(tmp_path, monkeypatch):
+    # The gzip trailer's ISIZE (the JSON's size) decides, as the size of a plain file does: a
+    # trace that compresses 20x still takes the fast path when its JSON is large enough.
+    monkeypatch.delenv("TOKENTRACE_JIT", raising=False)
+    ev = base_events(80)
+    plain, gz = write(tmp_path, ev), write(tmp_path, ev, "t.json.gz")
+    assert plain.stat().st_size > 8 * gz.stat().st_size
+    monkeypatch.setattr(jit_columns, "JIT_MIN_BYTES", plain.stat().st_size)
+    for p in (plain, gz):
+        assert "jit" in loader.load(p, cache=False, progress=False).meta["_load"]
+    monkeypatch.setattr(jit_columns, "JIT_MIN_BYTES", plain.stat().st_size + 1)
+    for p in (plain, gz):
+        assert "jit" not in loader.load(p, cache=False, progress=False).meta["_load"]

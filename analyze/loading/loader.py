@@ -53,8 +53,6 @@ CHUNK_BYTES = 1 << 20
 BYTES_PER_ROW_RESERVED = 160
 # Kineto's JSON compresses 10-25x with gzip: rows reserved for a .json.gz assume the high end.
 GZIP_RATIO_RESERVED = 25
-# ...and 10x is typical: the size guess that decides whether the fast path pays.
-GZIP_RATIO_TYPICAL = 10
 # Without --progress, a load shows progress on a terminal once it has taken this long.
 PROGRESS_AFTER_S = 2.0
 # How far into a gzip stream the traceEvents key is looked for before reading the file whole.
@@ -202,7 +200,7 @@ def _read_stream(stream: GzipStream, path: Path, meter: _Progress) -> tuple[dict
     meter.total = stream.compressed_size
     pieces = iter(stream)
     cols = dec.Columns(capacity=stream.compressed_size * GZIP_RATIO_RESERVED // BYTES_PER_ROW_RESERVED,
-                       jit=jit_columns.decoder_for(stream.compressed_size * GZIP_RATIO_TYPICAL))
+                       jit=jit_columns.decoder_for(stream.expected_size))
     chunk_bytes = jit_columns.JIT_CHUNK_BYTES if cols.jit is not None else CHUNK_BYTES
     head: Any = b""
     searched = 0
