@@ -388,15 +388,16 @@ def rehash(tab_id, id_off, id_len, arena, n_ids):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _int_value(b, i, n):  # pragma: no cover - compiled
-    """(end, value) of a JSON integer of at most 18 digits at i; end -1 if it is not one (a
-    float, an exponent, more digits)."""
+def _whole(b, i, n, most):  # pragma: no cover - compiled
+    """(end, magnitude, negative) of a JSON number's sign and integer digits at i; end -1 if
+    there are no digits or more than `most`. A leading zero with digits after it ends at the
+    zero, and the byte after it then fails the caller's check for what may follow a value."""
     neg = False
     if u8(b, i) == 45:
         neg = True
         i += 1
     if i >= n:
-        return -1, 0
+        return -1, 0, neg
     c = u8(b, i)
     v = 0
     if c == 48:
@@ -404,13 +405,21 @@ def _int_value(b, i, n):  # pragma: no cover - compiled
     elif 49 <= c <= 57:
         s = i
         while i < n and 48 <= u8(b, i) <= 57:
+            if i - s == most:
+                return -1, 0, neg
             v = v * 10 + (u8(b, i) - 48)
             i += 1
-        if i - s > 18:
-            return -1, 0
     else:
-        return -1, 0
-    if i < n and (u8(b, i) == 46 or u8(b, i) == 101 or u8(b, i) == 69):
+        return -1, 0, neg
+    return i, v, neg
+
+
+@njit(cache=True, nogil=True)
+def _int_value(b, i, n):  # pragma: no cover - compiled
+    """(end, value) of a JSON integer of at most 18 digits at i; end -1 if it is not one (a
+    float, an exponent, more digits)."""
+    i, v, neg = _whole(b, i, n, 18)
+    if i < 0 or (i < n and (u8(b, i) == 46 or u8(b, i) == 101 or u8(b, i) == 69)):
         return -1, 0
     return i, -v if neg else v
 
@@ -419,26 +428,8 @@ def _int_value(b, i, n):  # pragma: no cover - compiled
 def _us_value(b, i, n, is_dur):  # pragma: no cover - compiled
     """(end, nanoseconds) of a microsecond number at i read exactly; end -1 if it is not in the
     form read here (the chunk then takes the msgspec path)."""
-    neg = False
-    if u8(b, i) == 45:
-        neg = True
-        i += 1
-    if i >= n:
-        return -1, 0
-    c = u8(b, i)
-    v = 0
-    if c == 48:
-        i += 1
-    elif 49 <= c <= 57:
-        s = i
-        while i < n and 48 <= u8(b, i) <= 57:
-            v = v * 10 + (u8(b, i) - 48)
-            i += 1
-            if i - s > 16:
-                return -1, 0
-    else:
-        return -1, 0
-    if v >= MAX_US:
+    i, v, neg = _whole(b, i, n, 16)
+    if i < 0 or v >= MAX_US:
         return -1, 0
     frac = 0
     nf = 0
@@ -501,6 +492,44 @@ def _key(b, i, n, key_tab, key_mask, key_off, key_len, key_bytes):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
+def _text_id(b, i, n, tab, mask, arena, arena_cap, off, ln, id_cap, state):  # pragma: no cover - compiled
+    """i at a string: (index after it, intern id of its content); index -1 if it is not a
+    valid string, id -1 if the intern table is full (see _intern)."""
+    e = _string_end(b, i, n)
+    if e < 0:
+        return -1, -1
+    return e + 1, _intern(b, i + 1, e, text_hash(b, i + 1, e), tab, mask, arena, arena_cap, off, ln, id_cap, state)
+
+
+@njit(cache=True, nogil=True)
+def _member(b, i, n, key_tab, key_mask, key_off, key_len, key_bytes):  # pragma: no cover - compiled
+    """i at an object member: (index of its value, key id or -1 unknown); index -1 if the
+    text is not `"key": value` or the key is written with escapes."""
+    if i >= n or u8(b, i) != 34:
+        return -1, -1
+    i, k = _key(b, i, n, key_tab, key_mask, key_off, key_len, key_bytes)
+    if i < 0:
+        return -1, -1
+    i = _ws(b, i, n)
+    if i >= n or u8(b, i) != 58:
+        return -1, -1
+    i = _ws(b, i + 1, n)
+    return (i, k) if i < n else (-1, -1)
+
+
+@njit(cache=True, nogil=True)
+def _next_member(b, i, n):  # pragma: no cover - compiled
+    """i after a member's value: (index of the next member, False) after a comma, (index after
+    the object, True) at its end; index -1 for anything else."""
+    i = _ws(b, i, n)
+    if i < n and u8(b, i) == 44:
+        return _ws(b, i + 1, n), False
+    if i < n and u8(b, i) == 125:
+        return i + 1, True
+    return -1, False
+
+
+@njit(cache=True, nogil=True)
 def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_kind, ph_class, class_layout,
          ph, ts, dur, pid, tid, cat, name,
          t_row, t_slot, t_val, t_n,
@@ -546,16 +575,8 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
         if i < n and u8(p, i) == 125:
             return ODD, row  # no ph: the msgspec path's business
         while True:
-            if i >= n or u8(p, i) != 34:
-                return ODD, row
-            i, k = _key(p, i, n, kt, kmask, ko, kl, kb)
+            i, k = _member(p, i, n, kt, kmask, ko, kl, kb)
             if i < 0:
-                return ODD, row
-            i = _ws(p, i, n)
-            if i >= n or u8(p, i) != 58:
-                return ODD, row
-            i = _ws(p, i + 1, n)
-            if i >= n:
                 return ODD, row
             f = top_of_key[k] if k >= 0 else -1
             if f >= 0:
@@ -574,10 +595,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                 i += 3
             elif f == T_CAT or f == T_NAME or (f == T_BP and layout == L_FLOW):
                 if c == 34:
-                    e = _string_end(p, i, n)
+                    e, sid = _text_id(p, i, n, tab, tmask, ar, acap, io, il, icap, st)
                     if e < 0:
                         return ODD, row
-                    sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                     if sid < 0:
                         return FULL_INTERN, row
                     if f == T_CAT:
@@ -591,7 +611,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                         t_slot[nt] = S_BP
                         t_val[nt] = sid
                         nt += 1
-                    i = e + 1
+                    i = e
                 else:
                     e = _literal_end(p, i, n)
                     if c != 110 or e < 0:
@@ -599,10 +619,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     i = e
             elif f == T_PID or f == T_TID:
                 if c == 34:
-                    e = _string_end(p, i, n)
+                    e, sid = _text_id(p, i, n, tab, tmask, ar, acap, io, il, icap, st)
                     if e < 0:
                         return ODD, row
-                    sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                     if sid < 0:
                         return FULL_INTERN, row
                     if nt >= tcap:
@@ -611,7 +630,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     t_slot[nt] = 64 + S_PID + f - T_PID
                     t_val[nt] = sid
                     nt += 1
-                    i = e + 1
+                    i = e
                 else:
                     e, v = _int_value(p, i, n)
                     if e < 0:
@@ -650,16 +669,8 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     i += 1
                 else:
                     while True:
-                        if i >= n or u8(p, i) != 34:
-                            return ODD, row
-                        i, k = _key(p, i, n, kt, kmask, ko, kl, kb)
+                        i, k = _member(p, i, n, kt, kmask, ko, kl, kb)
                         if i < 0:
-                            return ODD, row
-                        i = _ws(p, i, n)
-                        if i >= n or u8(p, i) != 58:
-                            return ODD, row
-                        i = _ws(p, i + 1, n)
-                        if i >= n:
                             return ODD, row
                         s = slot_of_key[layout, k] if k >= 0 else -1
                         if s < 0:
@@ -689,17 +700,16 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 nt += 1
                                 i = e
                             elif c == 34 and (kind == K_STR or kind == K_INT_OR_STR):
-                                e = _string_end(p, i, n)
+                                e, sid = _text_id(p, i, n, tab, tmask, ar, acap, io, il, icap, st)
                                 if e < 0:
                                     return ODD, row
-                                sid = _intern(p, i + 1, e, text_hash(p, i + 1, e), tab, tmask, ar, acap, io, il, icap, st)
                                 if sid < 0:
                                     return FULL_INTERN, row
                                 t_row[nt] = row
                                 t_slot[nt] = s if kind == K_STR else s + 64
                                 t_val[nt] = sid
                                 nt += 1
-                                i = e + 1
+                                i = e
                             elif c == 110 and (kind == K_STR or kind == K_INT_OR_NULL):
                                 e = _literal_end(p, i, n)
                                 if e < 0:
@@ -716,16 +726,11 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 i = e
                             else:
                                 return ODD, row
-                        i = _ws(p, i, n)
-                        if i >= n:
+                        i, closed = _next_member(p, i, n)
+                        if i < 0:
                             return ODD, row
-                        if u8(p, i) == 44:
-                            i = _ws(p, i + 1, n)
-                            continue
-                        if u8(p, i) == 125:
-                            i += 1
+                        if closed:
                             break
-                        return ODD, row
             else:
                 if f >= 0 and layout < 0:
                     return ODD, row  # a layout-dependent key before ph
@@ -733,16 +738,11 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                 if e < 0:
                     return ODD, row
                 i = e
-            i = _ws(p, i, n)
-            if i >= n:
+            i, closed = _next_member(p, i, n)
+            if i < 0:
                 return ODD, row
-            if u8(p, i) == 44:
-                i = _ws(p, i + 1, n)
-                continue
-            if u8(p, i) == 125:
-                i += 1
+            if closed:
                 break
-            return ODD, row
         if layout < 0:
             return ODD, row
         row += 1

@@ -1,7 +1,8 @@
 """`load` and `load_all`: trace files in, Trace objects out.
 
 Owns the orchestration of reading (analyze.files), cutting the events array into chunks at event
-boundaries (no first pass over the whole document), decoding them (analyze.decode, with
+boundaries (no first pass over the whole document), decoding them (the compiled scanner of
+jit_columns for large traces, chunk by chunk with msgspec's json_decode wherever it declines, and
 analyze.repair as the slow path for damaged files) and building the Trace: rows sorted by time,
 normalised kinds, GPU device/stream, and the link columns kernel -> launch -> op (analyze.links).
 
