@@ -51,7 +51,7 @@ from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -187,8 +187,8 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
-    names = ev["name"].to_numpy()
-    cat = ev["cat"].to_numpy(dtype=object)[call_rows]
+    names = trace.names
+    cat = values_at(ev["cat"], call_rows)
     calls = pd.DataFrame({
         "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
         **shape_cols,

@@ -185,7 +185,7 @@ def attention_op_spec(trace: Trace) -> np.ndarray:
     Read-only: callers derive masks from it."""
     ev = trace.events
     spec = match_categories(ev["name"].array, OPS_RE)
-    spec[~(ev["kind"] == "cpu_op").to_numpy()] = -1
+    spec[~trace.kind_mask("cpu_op")] = -1
     spec.setflags(write=False)
     return spec
 

@@ -168,13 +168,13 @@ def host_type(name: str) -> str | None:
 def collective_kernel_mask(trace: Trace) -> np.ndarray:
     """Per event row: a kernel recognised as collective communication."""
     ev = trace.events
-    return _category_mask(ev["name"], lambda n: kernel_match(n) is not None) & (ev["kind"] == "kernel").to_numpy()
+    return _category_mask(ev["name"], lambda n: kernel_match(n) is not None) & trace.kind_mask("kernel")
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:
     """Per event row: a host op or record_function range of a collective call (or a wait on one)."""
     ev = trace.events
-    return _category_mask(ev["name"], is_host_collective) & ev["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
+    return _category_mask(ev["name"], is_host_collective) & trace.kind_mask("cpu_op", "user_annotation")
 
 
 def tensor_bytes(dims: Any, types: Any) -> int | None:

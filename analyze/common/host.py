@@ -12,8 +12,9 @@ from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
 class HostLookup:
     """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
 
-    Each thread's ops and frames are selected once; a lookup scans that thread's rows, so it is
-    meant for a handful of instants (top gaps, longest syncs), not for every event."""
+    Each thread's ops and frames are selected once (sorted by start: a lookup scans only the rows
+    that start before its instant), so it is meant for a handful of instants (top gaps, longest
+    syncs), not for every event."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
@@ -24,19 +25,23 @@ class HostLookup:
         if key not in self._cache:
             df = self.trace.cpu_ops if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
             on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
-            self._cache[key] = (df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on])
+            ts, end, rows = df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on]
+            if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # views follow the events' start order; else sort (stable: ties keep theirs)
+                o = np.argsort(ts, kind="stable")
+                ts, end, rows = ts[o], end[o], rows[o]
+            self._cache[key] = (ts, end, rows)
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
         """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
         ts, end, rows = self._rows("op", pid, tid)
-        hit = iv.enclosing(ts, end, t)
+        hit = iv.enclosing_sorted(ts, end, t)
         return int(rows[hit[-1]]) if len(hit) else -1
 
     def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
         """Python frames enclosing instant t on the thread, outermost first; None without any."""
         ts, end, rows = self._rows("py", pid, tid)
-        hit = iv.enclosing(ts, end, t)
+        hit = iv.enclosing_sorted(ts, end, t)
         if not len(hit):
             return None
         names = self.trace.names

@@ -28,7 +28,7 @@ from tokentrace.analysis.apis import (
     SYNC_MEMSET_APIS,
 )
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
 # Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
@@ -79,7 +79,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     gpu_dev = pd.Series(dtype=np.int64)
     gpu_stream = pd.Series(dtype=np.int64)
     copy_name = pd.Series(dtype=object)
-    targets = ev.index[ev["kind"].isin(("gpu_memcpy", "gpu_memset", "cuda_sync")) & (ev["launch"] >= 0)]
+    targets = ev.index[trace.kind_mask("gpu_memcpy", "gpu_memset", "cuda_sync") & (ev["launch"].to_numpy() >= 0)]
     if len(targets):
         tl = ev.loc[targets, ["launch", "device", "stream"]]
         first = ~tl["launch"].duplicated()
@@ -93,7 +93,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     if len(rows) and len(copy_name):
         is_pageable = copy_name.map(lambda c: isinstance(c, str) and PAGEABLE in c)
         pageable = is_pageable.reindex(rows).fillna(False).to_numpy(bool)
-        is_memcpy = rt["name"].isin(MEMCPY_APIS).to_numpy()
+        is_memcpy = isin_mask(rt["name"], MEMCPY_APIS)
         kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
     keep = kinds != None  # noqa: E711
     if keep.any():
@@ -147,7 +147,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
         return _empty_calls()
     names = trace.names
     is_sync_op = np.zeros(len(ev), dtype=bool)
-    sync_rows = ops.index[ops["name"].isin(SYNC_CAUSING_OPS)].to_numpy(np.int64)
+    sync_rows = ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
     if not len(sync_rows):
         return _empty_calls()
     is_sync_op[sync_rows] = True

@@ -37,7 +37,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_containing
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, values_at
 
 NAME = "communication"
 NEEDS = ("phases", "gaps")
@@ -204,7 +204,12 @@ def _args_frame(ev: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     """The collective args of some rows, absent values as NaN/None."""
     d: dict[str, Any] = {}
     for c in ARG_STR:
-        d[c] = ev[c].to_numpy(dtype=object)[rows] if c in ev.columns else np.full(len(rows), None, object)
+        if c not in ev.columns:
+            d[c] = np.full(len(rows), None, object)
+        elif isinstance(ev[c].dtype, pd.CategoricalDtype):  # the rows' values, not the whole column's
+            d[c] = values_at(ev[c], rows)
+        else:
+            d[c] = ev[c].to_numpy(dtype=object)[rows]
     for c in ARG_INT:
         d[c] = _int_or_nan(ev[c].to_numpy()[rows]) if c in ev.columns else np.full(len(rows), np.nan)
     df = pd.DataFrame(d)
@@ -792,8 +797,10 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
     key = np.where(kern["call"].to_numpy() >= 0, kern["call"].to_numpy(), -1)
-    anchor_of_call = {int(c): i for i, c in enumerate(inst["call"].to_numpy()) if c == c and c >= 0 and inst.at[i, "kind"] == "gpu"}
-    anchor_of_row = {int(r): i for i, r in enumerate(inst["anchor"].to_numpy()) if inst.at[i, "kind"] == "gpu"}
+    gpu_at = np.flatnonzero(inst["kind"].to_numpy() == "gpu").tolist()  # the kind column read once, not per row
+    inst_call, inst_anchor = inst["call"].to_numpy(), inst["anchor"].to_numpy()
+    anchor_of_call = {int(c): i for i, c in zip(gpu_at, inst_call[gpu_at].tolist(), strict=True) if c == c and c >= 0}
+    anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
                                for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
     compute = _compute_union(trace, kern["row"].to_numpy(np.int64))

@@ -52,7 +52,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFE
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
@@ -268,11 +268,11 @@ class _ThreadIntervals:
         ev = trace.events
         self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
         self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-        self.native = np.flatnonzero(ev["kind"].isin(("cpu_op",) + HOST_API_KINDS).to_numpy())
+        self.native = np.flatnonzero(trace.kind_mask("cpu_op", *HOST_API_KINDS))
         self.py = None
         # Ops that launched GPU work themselves or through a descendant.
         rt = trace.runtime
-        launch_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
+        launch_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         ops = trace.cpu_ops.index.to_numpy(np.int64)
         self.nolaunch = ops[~launching[ops]]

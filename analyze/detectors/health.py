@@ -31,7 +31,7 @@ import numpy as np
 from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_CAPTURE_END_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 
 NAME = "health"
 NEEDS = ("phases",)
@@ -136,17 +136,16 @@ class _Cols:
     @classmethod
     def of(cls, trace: Trace) -> _Cols:
         ev = trace.events
-        kind = ev["kind"]
-        api = kind.isin(HOST_API_KINDS).to_numpy()
+        api = trace.kind_mask(*HOST_API_KINDS)
         return cls(
             ts=ev["ts"].to_numpy(np.int64), end=ev["end"].to_numpy(np.int64), dur=ev["dur"].to_numpy(np.int64),
             launch=ev["launch"].to_numpy(np.int64), names=trace.names,
-            timed=~kind.isin(("flow", "metadata")).to_numpy(), gpu=kind.isin(GPU_KINDS).to_numpy(), api=api,
-            op=(kind == "cpu_op").to_numpy(),
-            host=kind.isin(("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS)).to_numpy(),
-            launch_call=api & ev["name"].isin(LAUNCH_APIS).to_numpy(),
-            capture_begin=api & ev["name"].isin(GRAPH_CAPTURE_BEGIN_APIS).to_numpy(),
-            capture_end=api & ev["name"].isin(GRAPH_CAPTURE_END_APIS).to_numpy(),
+            timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
+            op=trace.kind_mask("cpu_op"),
+            host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
+            launch_call=api & isin_mask(ev["name"], LAUNCH_APIS),
+            capture_begin=api & isin_mask(ev["name"], GRAPH_CAPTURE_BEGIN_APIS),
+            capture_end=api & isin_mask(ev["name"], GRAPH_CAPTURE_END_APIS),
         )
 
     def in_capture(self, rows: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_ca
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -55,7 +55,7 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # The categorical's rows first, then to objects: converting the whole column costs.
     kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
     inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
-    is_sync_op = ev["name"].isin(SYNC_CAUSING_OPS).to_numpy() & (ev["kind"] == "cpu_op").to_numpy()
+    is_sync_op = isin_mask(ev["name"], SYNC_CAUSING_OPS) & trace.kind_mask("cpu_op")
     parent = ev["parent"].to_numpy()
     out = inner.copy()
     cur = inner.copy()
