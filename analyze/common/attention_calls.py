@@ -51,7 +51,7 @@ from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -295,7 +295,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
 def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame:
     """matmul -> softmax -> matmul on one thread, outside any attention op."""
     ev = trace.events
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return _empty_calls()
     names = trace.names[ops.index.to_numpy(np.int64)]

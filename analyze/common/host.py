@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace
 
 
 class HostLookup:
@@ -23,7 +23,7 @@ class HostLookup:
     def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         key = (what, pid, tid)
         if key not in self._cache:
-            df = self.trace.cpu_ops if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
+            df = self.trace.narrow(("cpu_op",), OP_COLUMNS) if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
             on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
             ts, end, rows = df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on]
             if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # views follow the events' start order; else sort (stable: ties keep theirs)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 from tokentrace.analysis.segments import Segments
 
 # Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
@@ -64,7 +64,7 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np
     calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
     for earlier work; it is not the step's first operation."""
     rt = trace.runtime
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     launch = name_mask(rt["name"], LAUNCH_APIS)
     ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
     tid = np.concatenate([ops["tid"].to_numpy(np.int64), rt["tid"].to_numpy(np.int64)[launch]])

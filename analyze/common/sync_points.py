@@ -28,7 +28,7 @@ from tokentrace.analysis.apis import (
     SYNC_MEMSET_APIS,
 )
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
 # Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
@@ -142,7 +142,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
     went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
     ev = trace.events
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return _empty_calls()
     names = trace.names

@@ -37,7 +37,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_containing
-from tokentrace.analysis.loading.trace import Trace, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, values_at
 
 NAME = "communication"
 NEEDS = ("phases", "gaps")
@@ -483,9 +483,12 @@ def _world_size(trace: Trace) -> float | None:
 
 # ---- overlap, steps, lead-in --------------------------------------------------------------------
 
+# The kernel columns read here: a narrow frame, not the wide `trace.kernels` view (30 ms to build).
+KERNEL_COLUMNS = ("ts", "dur", "end", "device")
+
 def _compute_union(trace: Trace, coll_rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per device, merged intervals of compute: every kernel that is not communication."""
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     rows = k.index.to_numpy(np.int64)
     keep = ~np.isin(rows, coll_rows)
     dev = k["device"].to_numpy(np.int64)[keep]
@@ -543,7 +546,7 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     seg_of = g // ndev
     steps = pd.DataFrame({"seg": seg_of, "comm": comm, "cover": cover}).groupby("seg").sum()
     # Compute kernels of each step (located by launch time, as every per-step detector does).
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     krows = k.index.to_numpy(np.int64)
     comp = ~np.isin(krows, kern["row"].to_numpy(np.int64))
     kseg_all = segments.locate_rows(trace, krows[comp])
@@ -579,7 +582,7 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     comp = ~np.isin(k.index.to_numpy(np.int64), kern["row"].to_numpy(np.int64))
     kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
     kname = trace.names[k.index.to_numpy(np.int64)[comp]]
@@ -629,7 +632,7 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
 def host_ops_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Name of the innermost cpu op on each (pid, tid) at each instant (None outside every op)."""
     out = np.full(len(at), None, dtype=object)
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty or not len(at):
         return out
     rows_all = ops.index.to_numpy(np.int64)

@@ -52,7 +52,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFE
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
@@ -274,7 +274,7 @@ class _ThreadIntervals:
         rt = trace.runtime
         launch_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
-        ops = trace.cpu_ops.index.to_numpy(np.int64)
+        ops = trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64)
         self.nolaunch = ops[~launching[ops]]
         self.coll = np.flatnonzero(host_collective_mask(trace))
         self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]

@@ -28,7 +28,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_ops
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 from tokentrace.analysis.segments import Segments
 
 NAME = "memory"
@@ -53,7 +53,7 @@ def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     ev = trace.events
     return innermost_ops(ts=ev["ts"].to_numpy(), end=ev["end"].to_numpy(), pid=ev["pid"].to_numpy(),
                          tid=ev["tid"].to_numpy(), parent=ev["parent"].to_numpy(),
-                         op_rows=trace.cpu_ops.index.to_numpy(np.int64), at_rows=rows)
+                         op_rows=trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64), at_rows=rows)
 
 
 # ---- KV concatenation by shapes ------------------------------------------------------------------
@@ -81,7 +81,7 @@ def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
     """aten::cat calls that append to a cache tensor whose length grows across calls (`att`: the
     trace's op_gpu attribution)."""
     cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us", "cpu_us"]
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return pd.DataFrame(columns=cols)
     cats = ops[ops["name"].isin(CAT_OPS).to_numpy()]
@@ -275,7 +275,7 @@ def run(trace: Trace, ctx: Context) -> Memory:
     rows = mem.index.to_numpy(np.int64)
     enc = enclosing_ops(trace, rows)
     is_cat = np.zeros(len(ev), dtype=bool)
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if len(ops):
         is_cat[ops.index.to_numpy(np.int64)[ops["name"].isin(CAT_OPS).to_numpy()]] = True
     in_cat = climb_to(ev["parent"].to_numpy(), enc, is_cat) >= 0

@@ -34,7 +34,7 @@ from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 
 NAME = "roofline"
 NEEDS = ("phases", "attention")
@@ -135,7 +135,7 @@ class Roofline:
 
 def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     ev = trace.events
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return pd.DataFrame()
     names = trace.names[ops.index.to_numpy(np.int64)]
