@@ -24,8 +24,11 @@ def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     s, e = _arr(starts), _arr(ends)
     if len(s) == 0:
         return s.copy(), e.copy()
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], np.maximum(e[order], s[order])
+    if (s[1:] >= s[:-1]).all():  # already in start order (rows of one kind or thread): no reordering
+        e = np.maximum(e, s)
+    else:
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], np.maximum(e[order], s[order])
     reach = np.maximum.accumulate(e)
     # A new merged interval starts where the start lies beyond everything before it reached.
     new = np.empty(len(s), dtype=bool)

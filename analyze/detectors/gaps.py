@@ -255,8 +255,17 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
         p, t = rt.groupby(["pid", "tid"]).size().idxmax()
         return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
     ev = trace.events
-    df = pd.DataFrame({"device": gpu["device"].to_numpy()[ok], "pid": ev["pid"].to_numpy()[ln[ok]], "tid": ev["tid"].to_numpy()[ln[ok]]})
-    top = df.groupby(["device", "pid", "tid"]).size().reset_index(name="n").sort_values("n").drop_duplicates("device", keep="last")
+    keys = (gpu["device"].to_numpy()[ok], ev["pid"].to_numpy()[ln[ok]], ev["tid"].to_numpy()[ln[ok]])
+    # The counts groupby(["device", "pid", "tid"]).size() gives, in its (sorted) order, from factor
+    # codes and one bincount: only the few groups go through pandas' sorts and de-duplication.
+    codes, values = zip(*(pd.factorize(k) for k in keys), strict=True)
+    n1, n2 = len(values[1]), len(values[2])
+    counts = np.bincount((codes[0].astype(np.int64) * n1 + codes[1]) * n2 + codes[2])
+    at = np.flatnonzero(counts)
+    top = pd.DataFrame({"device": np.asarray(values[0])[at // (n1 * n2)], "pid": np.asarray(values[1])[at // n2 % n1],
+                        "tid": np.asarray(values[2])[at % n2], "n": counts[at]})
+    top = top.sort_values(["device", "pid", "tid"]).reset_index(drop=True)
+    top = top.sort_values("n").drop_duplicates("device", keep="last")
     return {int(r.device): (int(r.pid), int(r.tid)) for r in top.itertuples()}
 
 
@@ -369,10 +378,12 @@ def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     for ph, grp in g.groupby(phase.to_numpy()):
         n_steps = int(steps.get(ph, 0))
         tot = float(grp["dur_us"].sum())
+        cause, dur = grp["cause"].to_numpy(), grp["dur_us"].to_numpy(float)
         out[str(ph)] = {
             "count": len(grp), "total_us": round(tot, 3), "segments": n_steps,
             "per_step_us": round(tot / n_steps, 3) if n_steps else None,
-            "by_cause": {c: round(float(grp.loc[grp["cause"] == c, "dur_us"].sum()), 3) for c in CAUSES},
+            # np.nansum of the selected values: what Series.sum computes, without a frame per cause.
+            "by_cause": {c: round(float(np.nansum(dur[cause == c])), 3) for c in CAUSES},
         }
     return out
 
