@@ -251,19 +251,24 @@ def isin_mask(col: pd.Series, values: Any) -> np.ndarray:
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return col.isin(values).to_numpy()
     values = list(values)
-    arr = col.array
-    codes = arr.codes
-    hit = np.flatnonzero(arr.categories.isin(values)).tolist()
     # pandas: a missing value in `values` matches the missing rows (code -1).
-    if any(v is None or (isinstance(v, float) and np.isnan(v)) for v in values):
-        hit.append(-1)
-    if len(hit) <= 8:  # vectorised compares beat a gather by far
+    missing = any(v is None or (isinstance(v, float) and np.isnan(v)) for v in values)
+    return category_mask(col, np.asarray(col.array.categories.isin(values), dtype=bool), missing)
+
+
+def category_mask(col: pd.Series, hit: np.ndarray, missing: bool = False) -> np.ndarray:
+    """Per row of a categorical column, `hit[code]` (one bool per category; `missing` for rows
+    without a value): a few hit codes are compared (vectorised, far cheaper than a gather over
+    every row), more are looked up in a table."""
+    codes = col.array.codes
+    hits = np.flatnonzero(hit).tolist() + ([-1] if missing else [])
+    if len(hits) <= 8:
         out = np.zeros(len(codes), dtype=bool)
-        for c in hit:
+        for c in hits:
             out |= codes == c
         return out
-    table = np.zeros(len(arr.categories) + 1, dtype=bool)  # code -1 reads the last slot
-    table[hit] = True
+    table = np.zeros(len(hit) + 1, dtype=bool)  # code -1 reads the last slot
+    table[hits] = True
     return table[codes]
 
 
@@ -283,14 +288,17 @@ def take_rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] |
     """`events.iloc[rows]` (of `columns`, default all), except that columns absent on every row
     stay `absent_column` views instead of each becoming a filled array: the kind views of a
     trace together hold most of its rows, and a dozen absent columns would double them."""
-    cols = list(events.columns if columns is None else columns)
-    absent = [c for c in cols if not isinstance(events[c].dtype, pd.CategoricalDtype)
-              and is_absent_column(events[c].to_numpy())]
-    if not absent:
-        return events[cols].iloc[rows] if columns is not None else events.iloc[rows]
-    sub = events[[c for c in cols if c not in absent]].iloc[rows]
-    data = {c: absent_column(len(rows), events[c].dtype) if c in absent else sub[c] for c in cols}
-    return pd.DataFrame(data, index=sub.index, copy=False)
+    # Column by column (codes for categoricals): the same frame as events.iloc[rows] at a fraction
+    # of its fixed cost on small views (a few ms for 40-odd columns) and ~10% less on large ones.
+    data: dict[str, Any] = {}
+    for c in (events.columns if columns is None else columns):
+        col = events[c]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            data[c] = pd.Categorical.from_codes(col.array.codes[rows], dtype=col.dtype)
+        else:
+            arr = col.to_numpy()
+            data[c] = absent_column(len(rows), col.dtype) if is_absent_column(arr) else arr[rows]
+    return pd.DataFrame(data, index=events.index[rows], copy=False)
 
 
 def empty_int(n: int) -> np.ndarray:
