@@ -53,10 +53,12 @@ class Segments:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""
         rows = np.asarray(rows, dtype=np.int64)
         ev = trace.events
-        ts = ev["ts"].to_numpy()[rows]
+        all_ts = ev["ts"].to_numpy()
+        ts = all_ts[rows]
         launch = ev["launch"].to_numpy()[rows]
         has = launch >= 0
-        ts = np.where(has, ev["ts"].to_numpy()[np.maximum(launch, 0)], ts)
+        if has.any():  # host rows (most callers' cpu ops) have no launch: nothing to replace
+            ts[has] = all_ts[launch[has]]
         return self.locate_times(ts)
 
     def label(self, seg: int) -> tuple[str | None, int | None]:

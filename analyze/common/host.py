@@ -52,7 +52,16 @@ def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
     """The op's own call stack when the profiler recorded one (with_stack=True)."""
     if op_row < 0:
         return None
-    st = trace.events["stack"].to_numpy()[op_row]
+    return _stack_of(trace.events["stack"].to_numpy()[op_row])
+
+
+def recorded_stacks(trace: Trace, op_rows: np.ndarray) -> list[list[str] | None]:
+    """`recorded_stack` of each row (the column read once, not once per row)."""
+    col = trace.events["stack"].to_numpy()
+    return [None if r < 0 else _stack_of(col[r]) for r in np.asarray(op_rows, dtype=np.int64).tolist()]
+
+
+def _stack_of(st: object) -> list[str] | None:
     if isinstance(st, str) and st:
         return [s for s in st.split(";") if s]
     if isinstance(st, (list, tuple)) and st:

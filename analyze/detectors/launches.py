@@ -146,7 +146,12 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
         seg_phase = segments.table.set_index("seg")["phase"]
         steps = segments.table.groupby("phase").size()
         located = calls[calls["seg"] >= 0]
-        for ph, g in located.groupby(seg_phase.reindex(located["seg"]).to_numpy()):
+        # Grouped by the rank of the segment's phase text (integers, in the order the texts sort),
+        # not by a text per call: the same groups in the same order as grouping on the texts.
+        ph_text = sorted({str(p) for p in seg_phase.to_numpy(dtype=object).tolist()})
+        rank = seg_phase.map({p: i for i, p in enumerate(ph_text)}.get)
+        for code, g in located.groupby(rank.reindex(located["seg"]).to_numpy()):
+            ph = ph_text[int(code)]
             n_steps = int(steps.get(ph, 0)) or 1
             by_phase[str(ph)] = {"launches": len(g), "graph_launches": int(g["graph"].sum()),
                                  "launches_per_step": round(len(g) / n_steps, 3),
@@ -173,7 +178,8 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
 
 
 def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
-    own = act[trace.kind_mask("kernel")[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)]
+    # The three columns read here, not every column of the activities.
+    own = act[["row", "dur_us", "launch_dur_us"]][trace.kind_mask("kernel")[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)]
     if own.empty:
         return []
     small = own[own["dur_us"] * US < SMALL_KERNEL_NS]
