@@ -21,7 +21,7 @@ from tokentrace.analysis.apis import (
     HOST_COLLECTIVE_PREFIXES,
     RECORD_PARAM_COMMS,
 )
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, category_mask
 
 # Canonical collective types, in the order tables list them.
 TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
@@ -91,9 +91,7 @@ def busbw_factor(kind: str | None, n: float | None) -> float | None:
 
 def _category_mask(series: pd.Series, test: Any) -> np.ndarray:
     """Boolean per row of a categorical name column, testing each distinct name once."""
-    cat = series.cat
-    hits = np.array([bool(test(str(c))) for c in cat.categories] + [False], dtype=bool)
-    return hits[cat.codes.to_numpy()]
+    return category_mask(series, np.array([bool(test(str(c))) for c in series.array.categories], dtype=bool))
 
 
 @lru_cache(maxsize=1)

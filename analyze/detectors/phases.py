@@ -204,8 +204,10 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
         if shape["batch"] and shape["q_len"]:
             out.at[s, "att_batch"], out.at[s, "att_q"] = shape["batch"], shape["q_len"]
             out.at[s, "att_kv"] = shape["kv_len"] or -1
-    marks = _matching((cpu, trace.annotations), _TRAINING)
-    tseg = segs.locate_times(marks["ts"].to_numpy(np.int64))
+    # Start times of the training markers only (a training trace's backward ops are most of its ops:
+    # no frame of them is built).
+    marks = np.concatenate([f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)] for f in (cpu, trace.annotations)])
+    tseg = segs.locate_times(marks)
     out.loc[np.unique(tseg[tseg >= 0]), "training"] = True
     return out
 

@@ -137,7 +137,14 @@ class Trace:
         """Every event's name as a read-only object array indexed by row position (NaN where
         none), converted from the categorical once per trace: detectors index it by row instead of
         each converting the whole column (tens of milliseconds per million events)."""
-        names = self.events["name"].astype(object).to_numpy()
+        col = self.events["name"]
+        if isinstance(col.dtype, pd.CategoricalDtype):  # the categories gathered by code: half of astype(object)'s time
+            cats = np.empty(len(col.array.categories) + 1, dtype=object)
+            cats[:-1] = np.asarray(col.array.categories, dtype=object)
+            cats[-1] = np.nan  # code -1 (no name)
+            names = cats[col.array.codes]
+        else:
+            names = col.astype(object).to_numpy()
         names.setflags(write=False)
         return names
 
