@@ -151,7 +151,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     nxt, prv = gaps["next_row"].to_numpy(np.int64), gaps["prev_row"].to_numpy(np.int64)
     ln = launch[nxt] if n else np.zeros(0, np.int64)
     lp = launch[prv] if n else np.zeros(0, np.int64)
-    is_graph = np.isin(names[np.maximum(ln, 0)], GRAPH_LAUNCH_APIS) & (ln >= 0) if n else np.zeros(0, bool)
+    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)[np.maximum(ln, 0)] & (ln >= 0) if n else np.zeros(0, bool)
     graph_replay = is_graph & (ln == lp)
     # The host thread that launched the next work; unlinked work falls back to the thread that
     # launched most work on that device.
