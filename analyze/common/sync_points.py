@@ -94,9 +94,9 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
         # Per row through a full-length mask (the launch rows are unique), the name tested once per
         # distinct text: a map and reindex over every runtime row cost 30 ms on 200k calls.
         by_launch = np.zeros(len(ev), dtype=bool)
-        texts = copy_name.to_numpy(dtype=object)
-        hit = {c: isinstance(c, str) and PAGEABLE in c for c in set(texts.tolist()) if isinstance(c, str)}
-        by_launch[copy_name.index.to_numpy(np.int64)] = [hit.get(c, False) if isinstance(c, str) else False for c in texts.tolist()]
+        code, texts = pd.factorize(copy_name.to_numpy(dtype=object))  # missing names get code -1
+        hit = np.array([isinstance(c, str) and PAGEABLE in c for c in texts] + [False], dtype=bool)
+        by_launch[copy_name.index.to_numpy(np.int64)] = hit[code]
         pageable = by_launch[rows]
         is_memcpy = isin_mask(rt["name"], MEMCPY_APIS)
         kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
