@@ -219,6 +219,7 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
     carry = [-1] * len(chains)  # per stream: its last node so far (internal index), -1 none
     blocking = np.flatnonzero(hblock).tolist() if nh else []
     prev_out, prev_w = iS, (w_s if nh else max(0, host_end - start))
+    block_lo = np.zeros(nh, dtype=np.int64)  # per host start: the first start of its run (pred i -> i - 1 inside a run)
     lo = 0
     for hi in blocking + ([nh - 1] if nh and (not blocking or blocking[-1] != nh - 1) else []) + ([] if nh else [-1]):
         # Host starts lo..hi: one predecessor each, so a prefix sum.
@@ -227,6 +228,7 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
             dist[lo:hi + 1] = d0 + np.r_[0, np.cumsum(w[lo:hi])]
             pred[lo] = prev_out
             pred[lo + 1:hi + 1] = np.arange(lo, hi)
+            block_lo[lo:hi + 1] = lo
         ci_lo = -1 if lo == 0 else lo
         for k, js in enumerate(chains):
             a, b = np.searchsorted(chain_ci[k], ci_lo, side="left"), np.searchsorted(chain_ci[k], hi, side="right")
@@ -291,10 +293,18 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
     end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
     path = [end]
     pl = pred.tolist()
-    cur, nxt = end, pl[end]
-    while nxt != cur:  # follow predecessors back to S (its own predecessor)
+    run_lo = block_lo.tolist()
+    cur = end
+    while True:  # follow predecessors back to S (its own predecessor)
+        if cur < nh and run_lo[cur] < cur:  # a run of host starts, each preceded by the one before
+            path.extend(range(cur - 1, run_lo[cur] - 1, -1))
+            cur = run_lo[cur]
+            continue
+        nxt = pl[cur]
+        if nxt == cur:
+            break
         path.append(nxt)
-        cur, nxt = nxt, pl[nxt]
+        cur = nxt
     path.reverse()
     p = np.asarray(path, np.int64)
     step = dist[p[1:]] - dist[p[:-1]]

@@ -177,7 +177,10 @@ class Trace:
         timed = ~self.kind_mask("flow", "metadata")
         if not timed.any():
             return (0, 0)
-        return int(self.events["ts"].to_numpy()[timed].min()), int(self.events["end"].to_numpy()[timed].max())
+        ts, end = self.events["ts"].to_numpy(), self.events["end"].to_numpy()
+        # In start order (as loaded) the first timed row starts first: no gather of the timed rows.
+        first = ts[int(timed.argmax())] if (ts[1:] >= ts[:-1]).all() else ts[timed].min()
+        return int(first), int(np.where(timed, end, np.iinfo(end.dtype).min).max())
 
     @property
     def duration_ns(self) -> int:
