@@ -138,7 +138,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
 
 
 def _empty_calls() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+    return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in (
         ("row", np.int64), ("api", object), ("kind", object), ("ts", np.int64), ("end", np.int64), ("pid", np.int64),
         ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
 

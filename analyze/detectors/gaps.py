@@ -136,7 +136,7 @@ def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame
         }))
     cols = {"device": np.int64, "start": np.int64, "end": np.int64, "prev_row": np.int64, "next_row": np.int64}
     if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+        return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in cols.items()})
     return pd.concat(parts, ignore_index=True).astype(cols)
 
 

@@ -206,7 +206,7 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
     """One row per sync point: its calls (API names in order), whether it blocked, when, for how
     long (the calls' blocked time summed), the op behind it, and the GPU idle it caused."""
     if items.empty or "point" not in items.columns:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in POINT_COLUMNS})
+        return pd.DataFrame({c: np.empty(0, dtype=object) for c in POINT_COLUMNS})
     it = items.sort_values(["point", "start_us"], kind="stable")
     g = it.groupby("point", sort=True)
     # Sorted by point, each point's calls are one run of rows: lists from slices, not agg(list).
