@@ -37,22 +37,28 @@ class Segments:
         ts = np.asarray(ts, dtype=np.int64)
         if self.table.empty:
             return np.full(len(ts), -1, dtype=np.int64)
-        t = self.table.sort_values("start")
+        t = self.table
         starts = t["start"].to_numpy(np.int64)
-        ends = t["end"].to_numpy(np.int64)
-        segs = t["seg"].to_numpy(np.int64)
+        order = np.argsort(starts, kind="quicksort")  # the order sort_values("start") gives
+        starts = starts[order]
+        ends = t["end"].to_numpy(np.int64)[order]
+        segs = t["seg"].to_numpy(np.int64)[order]
         i = np.searchsorted(starts, ts, side="right") - 1
-        ok = (i >= 0) & (ts < ends[np.maximum(i, 0)])
-        return np.where(ok, segs[np.maximum(i, 0)], -1)
+        np.maximum(i, 0, out=i)
+        ok = ts < ends[i]
+        ok &= ts >= starts[i]  # before the first segment (i was -1)
+        return np.where(ok, segs[i], -1)
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""
         rows = np.asarray(rows, dtype=np.int64)
         ev = trace.events
-        ts = ev["ts"].to_numpy()[rows]
+        all_ts = ev["ts"].to_numpy()
+        ts = all_ts[rows]
         launch = ev["launch"].to_numpy()[rows]
         has = launch >= 0
-        ts = np.where(has, ev["ts"].to_numpy()[np.maximum(launch, 0)], ts)
+        if has.any():  # host rows (most callers' cpu ops) have no launch: nothing to replace
+            ts[has] = all_ts[launch[has]]
         return self.locate_times(ts)
 
     def label(self, seg: int) -> tuple[str | None, int | None]:

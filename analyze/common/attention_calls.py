@@ -51,7 +51,7 @@ from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -75,7 +75,7 @@ def _causal(concrete: Any, index: int | None) -> bool | None:
 
 
 def _empty_calls() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in CALL_COLUMNS})
+    return pd.DataFrame({c: np.empty(0, dtype=object) for c in CALL_COLUMNS})  # arrays: a fifth of the cost of Series
 
 
 def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray,
@@ -84,7 +84,7 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
     ok = call_of_gpu >= 0
     c = call_of_gpu[ok]
     dur = gpu["dur"].to_numpy()[ok]
-    names = gpu["name"].to_numpy(dtype=object)[ok]
+    name_codes = np.asarray(gpu["name"].array.codes)[ok]
     kb = kclass[ok]
     kl = klib[ok] if klib is not None else np.full(len(kb), None, dtype=object)
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
@@ -93,18 +93,37 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
     kback = np.full(n_calls, None, dtype=object)
     klib_of = np.full(n_calls, None, dtype=object)
     if len(c):
-        df = pd.DataFrame({"c": c, "k": names, "d": dur, "b": kb, "l": kl})
-        by = df.groupby(["c", "k"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
-        first = by.drop_duplicates("c")
-        top[first["c"].to_numpy()] = first["k"].to_numpy()
-        named = df[df["b"].notna()]
-        if len(named):
-            bb = named.groupby(["c", "b"], sort=False)["d"].sum().reset_index().sort_values(["c", "d"], ascending=[True, False])
-            bfirst = bb.drop_duplicates("c")
-            kback[bfirst["c"].to_numpy()] = bfirst["b"].to_numpy()
-        lib = df[df["l"].notna()].drop_duplicates("c")
-        klib_of[lib["c"].to_numpy()] = lib["l"].to_numpy()
+        # The kernel name with the most time per call (unnamed kernels left out, as groupby drops
+        # them), ties to the (call, name) pair seen first, on integer codes (groupby(["c", "k"])
+        # of the name strings, then a sort by call and time, did the same).
+        named_k = name_codes >= 0
+        best = _top_per_call(c[named_k], name_codes[named_k].astype(np.int64), dur[named_k])
+        top[best[0]] = np.asarray(gpu["name"].array.categories, dtype=object)[best[1]]
+        has_b = pd.notna(kb)
+        if has_b.any():
+            bcodes, bvals = pd.factorize(kb[has_b])
+            bbest = _top_per_call(c[has_b], bcodes.astype(np.int64), dur[has_b])
+            kback[bbest[0]] = np.asarray(bvals, dtype=object)[bbest[1]]
+        has_l = pd.notna(kl)
+        lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
+        klib_of[lc] = kl[has_l][first_l]
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
+
+
+def _top_per_call(call: np.ndarray, key: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(calls, key) of the key with the largest summed dur within each call; ties go to the
+    (call, key) pair that appears first."""
+    if not len(call):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    pair, pair_first = pd.factorize(call.astype(np.int64) * (int(key.max()) + 1) + key)
+    pair_first_pos = np.full(len(pair_first), len(call), dtype=np.int64)
+    np.minimum.at(pair_first_pos, pair, np.arange(len(call)))
+    total = np.zeros(len(pair_first), dtype=np.int64)
+    np.add.at(total, pair, dur.astype(np.int64))
+    pc, pk = call[pair_first_pos], key[pair_first_pos]
+    order = np.lexsort((np.arange(len(pair_first)), -total, pc))  # pairs numbered in order of appearance
+    keep = order[np.r_[True, pc[order][1:] != pc[order][:-1]]]
+    return pc[keep], pk[keep]
 
 
 def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
@@ -187,8 +206,8 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
-    names = ev["name"].to_numpy()
-    cat = ev["cat"].to_numpy(dtype=object)[call_rows]
+    names = trace.names
+    cat = values_at(ev["cat"], call_rows)
     calls = pd.DataFrame({
         "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
         **shape_cols,
@@ -295,12 +314,11 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
 def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame:
     """matmul -> softmax -> matmul on one thread, outside any attention op."""
     ev = trace.events
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return _empty_calls()
-    names = trace.names[ops.index.to_numpy(np.int64)]
-    is_mm = np.isin(names, MATMUL_OPS)
-    is_sm = np.isin(names, SOFTMAX_OPS)
+    is_mm = isin_mask(ops["name"], MATMUL_OPS)  # from the category codes, not an object-array isin
+    is_sm = isin_mask(ops["name"], SOFTMAX_OPS)
     if not is_sm.any() or is_mm.sum() < 2:
         return _empty_calls()
     n = len(ev)

@@ -166,26 +166,32 @@ OPS_RE: list[tuple[re.Pattern[str], OpKind]] = [(re.compile(p), kind) for p, kin
 KERNELS_RE = compile_table(ATTENTION_KERNELS)
 
 
-def match_categories(names: pd.Categorical, compiled: list) -> np.ndarray:
-    """Index into `compiled` of each event's name (-1: no match), regexes run once per distinct name."""
+def match_categories(names: pd.Categorical, compiled: list, where: np.ndarray | None = None) -> np.ndarray:
+    """Index into `compiled` of each event's name (-1: no match), regexes run once per distinct name
+    that occurs (in the rows of the mask `where` when given; the other rows get -1). A view's
+    categories are every name of the trace: only its own are matched."""
     cats = names.categories
+    codes = np.asarray(names.codes)
+    sel = codes if where is None else codes[where]
+    present = np.bincount(sel.astype(np.int64) + 1, minlength=len(cats) + 1)[1:] > 0  # code -1 counts in bin 0
     idx = np.full(len(cats) + 1, -1, dtype=np.int64)
-    for i, c in enumerate(cats):
-        s = str(c)
+    for i in np.flatnonzero(present).tolist():
+        s = str(cats[i])
         for j, (pat, _) in enumerate(compiled):
             if pat.search(s):
                 idx[i] = j
                 break
-    codes = np.asarray(names.codes, dtype=np.int64)
-    return idx[np.where(codes >= 0, codes, len(cats))]
+    out = idx[np.where(codes >= 0, codes, len(cats))]
+    if where is not None:
+        out[~where] = -1
+    return out
 
 
 def attention_op_spec(trace: Trace) -> np.ndarray:
     """Per event row, the index of the ATTENTION_OPS entry its cpu_op name matches (-1: none).
     Read-only: callers derive masks from it."""
     ev = trace.events
-    spec = match_categories(ev["name"].array, OPS_RE)
-    spec[~(ev["kind"] == "cpu_op").to_numpy()] = -1
+    spec = match_categories(ev["name"].array, OPS_RE, trace.kind_mask("cpu_op"))  # -1 off the cpu ops
     spec.setflags(write=False)
     return spec
 

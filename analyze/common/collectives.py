@@ -21,7 +21,7 @@ from tokentrace.analysis.apis import (
     HOST_COLLECTIVE_PREFIXES,
     RECORD_PARAM_COMMS,
 )
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, category_mask
 
 # Canonical collective types, in the order tables list them.
 TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
@@ -91,9 +91,7 @@ def busbw_factor(kind: str | None, n: float | None) -> float | None:
 
 def _category_mask(series: pd.Series, test: Any) -> np.ndarray:
     """Boolean per row of a categorical name column, testing each distinct name once."""
-    cat = series.cat
-    hits = np.array([bool(test(str(c))) for c in cat.categories] + [False], dtype=bool)
-    return hits[cat.codes.to_numpy()]
+    return category_mask(series, np.array([bool(test(str(c))) for c in series.array.categories], dtype=bool))
 
 
 @lru_cache(maxsize=1)
@@ -168,13 +166,13 @@ def host_type(name: str) -> str | None:
 def collective_kernel_mask(trace: Trace) -> np.ndarray:
     """Per event row: a kernel recognised as collective communication."""
     ev = trace.events
-    return _category_mask(ev["name"], lambda n: kernel_match(n) is not None) & (ev["kind"] == "kernel").to_numpy()
+    return _category_mask(ev["name"], lambda n: kernel_match(n) is not None) & trace.kind_mask("kernel")
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:
     """Per event row: a host op or record_function range of a collective call (or a wait on one)."""
     ev = trace.events
-    return _category_mask(ev["name"], is_host_collective) & ev["kind"].isin(("cpu_op", "user_annotation")).to_numpy()
+    return _category_mask(ev["name"], is_host_collective) & trace.kind_mask("cpu_op", "user_annotation")
 
 
 def tensor_bytes(dims: Any, types: Any) -> int | None:

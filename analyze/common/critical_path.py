@@ -219,6 +219,7 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
     carry = [-1] * len(chains)  # per stream: its last node so far (internal index), -1 none
     blocking = np.flatnonzero(hblock).tolist() if nh else []
     prev_out, prev_w = iS, (w_s if nh else max(0, host_end - start))
+    block_lo = np.zeros(nh, dtype=np.int64)  # per host start: the first start of its run (pred i -> i - 1 inside a run)
     lo = 0
     for hi in blocking + ([nh - 1] if nh and (not blocking or blocking[-1] != nh - 1) else []) + ([] if nh else [-1]):
         # Host starts lo..hi: one predecessor each, so a prefix sum.
@@ -227,6 +228,7 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
             dist[lo:hi + 1] = d0 + np.r_[0, np.cumsum(w[lo:hi])]
             pred[lo] = prev_out
             pred[lo + 1:hi + 1] = np.arange(lo, hi)
+            block_lo[lo:hi + 1] = lo
         ci_lo = -1 if lo == 0 else lo
         for k, js in enumerate(chains):
             a, b = np.searchsorted(chain_ci[k], ci_lo, side="left"), np.searchsorted(chain_ci[k], hi, side="right")
@@ -291,8 +293,18 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
     end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
     path = [end]
     pl = pred.tolist()
-    while pl[path[-1]] != path[-1]:
-        path.append(pl[path[-1]])
+    run_lo = block_lo.tolist()
+    cur = end
+    while True:  # follow predecessors back to S (its own predecessor)
+        if cur < nh and run_lo[cur] < cur:  # a run of host starts, each preceded by the one before
+            path.extend(range(cur - 1, run_lo[cur] - 1, -1))
+            cur = run_lo[cur]
+            continue
+        nxt = pl[cur]
+        if nxt == cur:
+            break
+        path.append(nxt)
+        cur = nxt
     path.reverse()
     p = np.asarray(path, np.int64)
     step = dist[p[1:]] - dist[p[:-1]]
@@ -351,7 +363,12 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
 
     wanted = set(seg_ids.tolist())
     host_by = {k: v for k, v in host[host["seg"].isin(wanted)].groupby("seg")}
-    gpu_by = {k: v for k, v in g[g["seg"].isin(wanted)].groupby("seg")}
+    # Each step's GPU rows as positions in g (in g's order, as a groupby keeps them); its frame is
+    # built once from the columns, not by iloc, copy and concat per step.
+    in_wanted = np.flatnonzero(np.isin(g_seg, seg_ids))
+    gpu_pos = {int(k): v for k, v in pd.Series(in_wanted).groupby(g_seg[in_wanted]).groups.items()} if len(in_wanted) else {}
+    g_cols = {c: g[c].to_numpy() for c in g.columns}
+    g_ts = g_cols["ts"]
     starts = table["start"].to_numpy(np.int64)
     rows = []
     for s in seg_ids:
@@ -360,11 +377,11 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
         p = int(np.searchsorted(g_launch_ts, start, side="left"))
         lo = max(0, p - CARRY_WINDOW)
         carried = np.flatnonzero((g_end[lo:p] > start) & (g_seg[lo:p] != s)) + lo
-        mine = gpu_by.get(s, g.iloc[:0])
-        if len(carried):
-            c = g.iloc[carried].copy()
-            c["ts"] = np.maximum(c["ts"].to_numpy(np.int64), start)
-            mine = pd.concat([c, mine])
+        own = in_wanted[np.asarray(gpu_pos.get(int(s), []), dtype=np.int64)]
+        at = np.concatenate([carried, own])
+        part = {c: v[at] for c, v in g_cols.items()}
+        part["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_ts[own]])
+        mine = pd.DataFrame(part, index=g.index[at])
         h = host_by.get(s, host.iloc[:0])
         if 2 * len(h) + len(mine) <= NX_MAX_NODES:
             path = longest_path(step_graph(h, mine, start, hend))

@@ -24,8 +24,11 @@ def union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     s, e = _arr(starts), _arr(ends)
     if len(s) == 0:
         return s.copy(), e.copy()
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], np.maximum(e[order], s[order])
+    if (s[1:] >= s[:-1]).all():  # already in start order (rows of one kind or thread): no reordering
+        e = np.maximum(e, s)
+    else:
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], np.maximum(e[order], s[order])
     reach = np.maximum.accumulate(e)
     # A new merged interval starts where the start lies beyond everything before it reached.
     new = np.empty(len(s), dtype=bool)
@@ -176,6 +179,18 @@ def enclosing(starts: np.ndarray, ends: np.ndarray, t: int) -> np.ndarray:
     return hit[order]
 
 
+def enclosing_sorted(starts: np.ndarray, ends: np.ndarray, t: int) -> np.ndarray:
+    """`enclosing(starts, ends, t)` for intervals sorted by start: only those starting at or
+    before t are tested (the same positions in the same order: ties keep their given order)."""
+    s, e = _arr(starts), _arr(ends)
+    k = int(np.searchsorted(s, t, side="right"))
+    hit = np.flatnonzero(e[:k] > t)
+    if not len(hit):
+        return hit
+    order = np.lexsort((-e[hit], s[hit]))
+    return hit[order]
+
+
 def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Boolean mask over positions: `rows` and every ancestor reachable through `parent` (-1 = none).
 
@@ -183,11 +198,16 @@ def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
     One vectorised step per nesting level (op trees are tens of levels deep, not thousands).
     """
     mark = np.zeros(len(parent), dtype=bool)
-    cur = np.unique(np.asarray(rows, dtype=I64))
+    slot = np.empty(len(parent), dtype=I64)  # scratch for dropping repeats without sorting
+    cur = np.asarray(rows, dtype=I64)
     cur = cur[cur >= 0]
     while len(cur):
         mark[cur] = True
         nxt = parent[cur]
-        nxt = np.unique(nxt[nxt >= 0])
-        cur = nxt[~mark[nxt]]
+        nxt = nxt[nxt >= 0]
+        nxt = nxt[~mark[nxt]]
+        # One of each position (siblings share a parent): the last write to a slot wins.
+        pos = np.arange(len(nxt))
+        slot[nxt] = pos
+        cur = nxt[slot[nxt] == pos]
     return mark

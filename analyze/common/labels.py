@@ -37,10 +37,29 @@ def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.
     table = segments.table
     # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
     text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
-    pos = pd.Index(table["seg"].to_numpy(np.int64)).get_indexer(seg)
+    ids = table["seg"].to_numpy(np.int64)
+    if np.array_equal(ids, np.arange(len(ids))):  # as phases numbers them: the id is the position
+        pos = seg
+    else:
+        pos = pd.Index(ids).get_indexer(seg)
     text_of_row = np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
-    codes, used = pd.factorize(text_of_row)
-    return codes.astype(np.int64, copy=False), np.asarray(texts, dtype=object)[used], seg
+    codes, used = _factorize_small(text_of_row, len(texts))
+    return codes, np.asarray(texts, dtype=object)[used], seg
+
+
+def _factorize_small(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize of integers in 0..k-1 (k a handful of phase texts): codes in order of first
+    appearance and the values they stand for, from one compare per value instead of a hash."""
+    first = np.full(k, len(values), dtype=np.int64)
+    for v in range(k):
+        hit = values == v
+        if hit.any():
+            first[v] = int(hit.argmax())
+    used = np.flatnonzero(first < len(values))
+    used = used[np.argsort(first[used], kind="stable")]
+    remap = np.full(k, -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    return remap[values], used
 
 
 def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

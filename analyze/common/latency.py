@@ -24,7 +24,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
 from tokentrace.analysis.segments import Segments
 
 # Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
@@ -42,20 +42,16 @@ MEASURE_COLUMNS = (
 def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray:
     """Boolean mask of a categorical name column against a set of names (tested once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = np.fromiter((str(c) in wanted for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+        cats = names.array.categories
+        return category_mask(names, np.fromiter((str(c) in wanted for c in cats), dtype=bool, count=len(cats)))
     return names.astype(str).isin(wanted).to_numpy()
 
 
 def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of names matching a regex (searched once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        hit = np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats))
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, hit[np.maximum(codes, 0)], False)
+        cats = names.array.categories
+        return category_mask(names, np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats)))
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
@@ -64,7 +60,7 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np
     calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
     for earlier work; it is not the step's first operation."""
     rt = trace.runtime
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     launch = name_mask(rt["name"], LAUNCH_APIS)
     ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
     tid = np.concatenate([ops["tid"].to_numpy(np.int64), rt["tid"].to_numpy(np.int64)[launch]])
@@ -72,6 +68,9 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np
     ok = seg >= 0
     ok[ok] = tid[ok] == tid_of_seg[seg[ok]]
     return seg[ok], ts[ok]
+
+
+_NO_TIME = np.iinfo(np.int64).max  # "no value yet" for per-segment minima
 
 
 def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
@@ -89,9 +88,9 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
 
     # First host operation of each step on the step's own thread.
     hseg, hts = _first_ops(trace, segs, tid_of_seg)
-    first = pd.Series(hts).groupby(hseg).min()
-    first_op = start.copy()
-    first_op[first.index.to_numpy(np.int64)] = first.to_numpy(np.int64)
+    first = np.full(n, _NO_TIME, np.int64)
+    np.minimum.at(first, hseg, hts)  # per-segment minimum of integers: no groupby needed
+    first_op = np.where(first != _NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
     rt = trace.runtime
@@ -116,8 +115,8 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
         "seg": gseg[gk],
         "ts": gpu["ts"].to_numpy(np.int64)[gk],
         "end": gpu["end"].to_numpy(np.int64)[gk],
-        "kernel": (gpu["kind"] == "kernel").to_numpy()[gk],
-        "dtoh": ((gpu["kind"] == "gpu_memcpy").to_numpy() & regex_mask(gpu["name"], _DTOH))[gk],
+        "kernel": isin_mask(gpu["kind"], ("kernel",))[gk],
+        "dtoh": (isin_mask(gpu["kind"], ("gpu_memcpy",)) & regex_mask(gpu["name"], _DTOH))[gk],
         "launch": gpu["launch"].to_numpy(np.int64)[gk],
     })
     gpu_first = np.full(n, -1, np.int64)
@@ -125,10 +124,14 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     busy = np.zeros(n, np.int64)
     kernels = np.zeros(n, np.int64)
     if len(g):
-        by = g.groupby("seg")
-        idx = by.size().index.to_numpy(np.int64)
-        gpu_first[idx] = by["ts"].min().to_numpy(np.int64)
-        gpu_last[idx] = by["end"].max().to_numpy(np.int64)
+        gs = g["seg"].to_numpy(np.int64)
+        idx = np.flatnonzero(np.bincount(gs, minlength=n))
+        lo = np.full(n, _NO_TIME, np.int64)
+        hi = np.full(n, -_NO_TIME, np.int64)
+        np.minimum.at(lo, gs, g["ts"].to_numpy(np.int64))
+        np.maximum.at(hi, gs, g["end"].to_numpy(np.int64))
+        gpu_first[idx] = lo[idx]
+        gpu_last[idx] = hi[idx]
         kernels[:] = np.bincount(g["seg"].to_numpy(np.int64), weights=g["kernel"].to_numpy(), minlength=n).astype(np.int64)
         ms, s0, e0 = iv.union_grouped(g["seg"].to_numpy(np.int64), g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
         busy[:] = np.bincount(ms, weights=(e0 - s0), minlength=n).astype(np.int64)

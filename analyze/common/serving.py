@@ -27,7 +27,7 @@ import pandas as pd
 from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.latency import percentiles
 from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 from tokentrace.analysis.segments import Segments
 
 US = 1000.0
@@ -67,7 +67,7 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
     (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say)."""
     n = len(segs)
     out = pd.DataFrame({"calls": 0, "q_tokens": -1, "heads": -1, "head_dim": -1, "head_dim_v": -1}, index=pd.RangeIndex(n))
-    cpu = trace.cpu_ops
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rows = cpu.index.to_numpy(np.int64)
     att = is_attention[rows]
     if not n or not att.any():

@@ -58,8 +58,11 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     rows = gpu.index.to_numpy(np.int64)
     seg = segs.locate_rows(trace, rows)
     table = segs.table.set_index("seg")
-    is_step = np.isin(table["phase"].reindex(np.maximum(seg, 0)).astype(str).to_numpy(), STEP_PHASES)
-    ok = (seg >= 0) & is_step
+    # Whether each segment is a step, then per row through its segment (a text per row cost).
+    seg_is_step = np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)
+    pos = table.index.get_indexer(np.maximum(seg, 0))
+    ok = (seg >= 0) & (pos >= 0)
+    ok[ok] = seg_is_step[pos[ok]]
     if not ok.any():
         return None
     ts, end = gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)

@@ -25,6 +25,7 @@ import pandas as pd
 from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.latency import regex_mask
 from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
+from tokentrace.analysis.loading.trace import category_mask
 
 # Columns an engine step adds to the segment table (-1 / None where unknown or not an engine step).
 ENGINE_COLUMNS: tuple[str, ...] = ("kind", "engine", "form") + tuple(
@@ -119,6 +120,18 @@ def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
     return values.map(roles).to_numpy(object)
 
 
+def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of the names with a role, their roles): `_roles` and `!= ""`, the mask from the
+    category codes (no comparison of a text per row)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories] + [""], dtype=object)
+        hit = category_mask(names, cats[:-1] != "")
+        return hit, cats[names.array.codes[hit]]
+    role = _roles(names, patterns)
+    hit = role != ""
+    return hit, role[hit]
+
+
 def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> tuple[pd.DataFrame | None, pd.DataFrame]:
     """(prefill/decode segments from the user's annotations or None, the `request` ranges).
 
@@ -126,10 +139,9 @@ def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> 
     matched once."""
     parts = []
     for f in frames:
-        role = _roles(f["name"], patterns)
-        hit = role != ""
+        hit, role = _role_hits(f["name"], patterns)
         sub = f.loc[hit, ["ts", "end", "name", "tid"]].copy()
-        sub["role"] = role[hit]
+        sub["role"] = role
         parts.append(sub)
     found = pd.concat(parts) if parts else pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
     requests = outermost(found[found["role"] == "request"]) if (found["role"] == "request").any() else found.iloc[:0]

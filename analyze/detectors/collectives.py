@@ -37,7 +37,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_containing
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, values_at
 
 NAME = "communication"
 NEEDS = ("phases", "gaps")
@@ -204,7 +204,12 @@ def _args_frame(ev: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     """The collective args of some rows, absent values as NaN/None."""
     d: dict[str, Any] = {}
     for c in ARG_STR:
-        d[c] = ev[c].to_numpy(dtype=object)[rows] if c in ev.columns else np.full(len(rows), None, object)
+        if c not in ev.columns:
+            d[c] = np.full(len(rows), None, object)
+        elif isinstance(ev[c].dtype, pd.CategoricalDtype):  # the rows' values, not the whole column's
+            d[c] = values_at(ev[c], rows)
+        else:
+            d[c] = ev[c].to_numpy(dtype=object)[rows]
     for c in ARG_INT:
         d[c] = _int_or_nan(ev[c].to_numpy()[rows]) if c in ev.columns else np.full(len(rows), np.nan)
     df = pd.DataFrame(d)
@@ -478,9 +483,12 @@ def _world_size(trace: Trace) -> float | None:
 
 # ---- overlap, steps, lead-in --------------------------------------------------------------------
 
+# The kernel columns read here: a narrow frame, not the wide `trace.kernels` view (30 ms to build).
+KERNEL_COLUMNS = ("ts", "dur", "end", "device")
+
 def _compute_union(trace: Trace, coll_rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per device, merged intervals of compute: every kernel that is not communication."""
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     rows = k.index.to_numpy(np.int64)
     keep = ~np.isin(rows, coll_rows)
     dev = k["device"].to_numpy(np.int64)[keep]
@@ -538,7 +546,7 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     seg_of = g // ndev
     steps = pd.DataFrame({"seg": seg_of, "comm": comm, "cover": cover}).groupby("seg").sum()
     # Compute kernels of each step (located by launch time, as every per-step detector does).
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     krows = k.index.to_numpy(np.int64)
     comp = ~np.isin(krows, kern["row"].to_numpy(np.int64))
     kseg_all = segments.locate_rows(trace, krows[comp])
@@ -574,7 +582,7 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
-    k = trace.kernels
+    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     comp = ~np.isin(k.index.to_numpy(np.int64), kern["row"].to_numpy(np.int64))
     kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
     kname = trace.names[k.index.to_numpy(np.int64)[comp]]
@@ -624,7 +632,7 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
 def host_ops_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Name of the innermost cpu op on each (pid, tid) at each instant (None outside every op)."""
     out = np.full(len(at), None, dtype=object)
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty or not len(at):
         return out
     rows_all = ops.index.to_numpy(np.int64)
@@ -792,8 +800,10 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
     key = np.where(kern["call"].to_numpy() >= 0, kern["call"].to_numpy(), -1)
-    anchor_of_call = {int(c): i for i, c in enumerate(inst["call"].to_numpy()) if c == c and c >= 0 and inst.at[i, "kind"] == "gpu"}
-    anchor_of_row = {int(r): i for i, r in enumerate(inst["anchor"].to_numpy()) if inst.at[i, "kind"] == "gpu"}
+    gpu_at = np.flatnonzero(inst["kind"].to_numpy() == "gpu").tolist()  # the kind column read once, not per row
+    inst_call, inst_anchor = inst["call"].to_numpy(), inst["anchor"].to_numpy()
+    anchor_of_call = {int(c): i for i, c in zip(gpu_at, inst_call[gpu_at].tolist(), strict=True) if c == c and c >= 0}
+    anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
                                for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
     compute = _compute_union(trace, kern["row"].to_numpy(np.int64))

@@ -52,7 +52,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFE
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
@@ -136,7 +136,7 @@ def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame
         }))
     cols = {"device": np.int64, "start": np.int64, "end": np.int64, "prev_row": np.int64, "next_row": np.int64}
     if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
+        return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in cols.items()})
     return pd.concat(parts, ignore_index=True).astype(cols)
 
 
@@ -151,7 +151,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     nxt, prv = gaps["next_row"].to_numpy(np.int64), gaps["prev_row"].to_numpy(np.int64)
     ln = launch[nxt] if n else np.zeros(0, np.int64)
     lp = launch[prv] if n else np.zeros(0, np.int64)
-    is_graph = np.isin(names[np.maximum(ln, 0)], GRAPH_LAUNCH_APIS) & (ln >= 0) if n else np.zeros(0, bool)
+    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)[np.maximum(ln, 0)] & (ln >= 0) if n else np.zeros(0, bool)
     graph_replay = is_graph & (ln == lp)
     # The host thread that launched the next work; unlinked work falls back to the thread that
     # launched most work on that device.
@@ -255,8 +255,17 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
         p, t = rt.groupby(["pid", "tid"]).size().idxmax()
         return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
     ev = trace.events
-    df = pd.DataFrame({"device": gpu["device"].to_numpy()[ok], "pid": ev["pid"].to_numpy()[ln[ok]], "tid": ev["tid"].to_numpy()[ln[ok]]})
-    top = df.groupby(["device", "pid", "tid"]).size().reset_index(name="n").sort_values("n").drop_duplicates("device", keep="last")
+    keys = (gpu["device"].to_numpy()[ok], ev["pid"].to_numpy()[ln[ok]], ev["tid"].to_numpy()[ln[ok]])
+    # The counts groupby(["device", "pid", "tid"]).size() gives, in its (sorted) order, from factor
+    # codes and one bincount: only the few groups go through pandas' sorts and de-duplication.
+    codes, values = zip(*(pd.factorize(k) for k in keys), strict=True)
+    n1, n2 = len(values[1]), len(values[2])
+    counts = np.bincount((codes[0].astype(np.int64) * n1 + codes[1]) * n2 + codes[2])
+    at = np.flatnonzero(counts)
+    top = pd.DataFrame({"device": np.asarray(values[0])[at // (n1 * n2)], "pid": np.asarray(values[1])[at // n2 % n1],
+                        "tid": np.asarray(values[2])[at % n2], "n": counts[at]})
+    top = top.sort_values(["device", "pid", "tid"]).reset_index(drop=True)
+    top = top.sort_values("n").drop_duplicates("device", keep="last")
     return {int(r.device): (int(r.pid), int(r.tid)) for r in top.itertuples()}
 
 
@@ -268,13 +277,13 @@ class _ThreadIntervals:
         ev = trace.events
         self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
         self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-        self.native = np.flatnonzero(ev["kind"].isin(("cpu_op",) + HOST_API_KINDS).to_numpy())
+        self.native = np.flatnonzero(trace.kind_mask("cpu_op", *HOST_API_KINDS))
         self.py = None
         # Ops that launched GPU work themselves or through a descendant.
         rt = trace.runtime
-        launch_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
+        launch_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
-        ops = trace.cpu_ops.index.to_numpy(np.int64)
+        ops = trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64)
         self.nolaunch = ops[~launching[ops]]
         self.coll = np.flatnonzero(host_collective_mask(trace))
         self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]
@@ -369,10 +378,12 @@ def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     for ph, grp in g.groupby(phase.to_numpy()):
         n_steps = int(steps.get(ph, 0))
         tot = float(grp["dur_us"].sum())
+        cause, dur = grp["cause"].to_numpy(), grp["dur_us"].to_numpy(float)
         out[str(ph)] = {
             "count": len(grp), "total_us": round(tot, 3), "segments": n_steps,
             "per_step_us": round(tot / n_steps, 3) if n_steps else None,
-            "by_cause": {c: round(float(grp.loc[grp["cause"] == c, "dur_us"].sum()), 3) for c in CAUSES},
+            # np.nansum of the selected values: what Series.sum computes, without a frame per cause.
+            "by_cause": {c: round(float(np.nansum(dur[cause == c])), 3) for c in CAUSES},
         }
     return out
 

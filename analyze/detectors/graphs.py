@@ -31,7 +31,7 @@ from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
 from tokentrace.analysis.loading.graph_map import MODULE_FRAME
 from tokentrace.analysis.loading.graph_replay import GraphReplays, attribute
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, values_at
 from tokentrace.analysis.segments import Segments
 
 NAME = "graphs"
@@ -261,8 +261,7 @@ def run(trace: Trace, ctx: Context) -> GraphsResult:
     rows, rep = rows[order], rep[order]
     dur = ev["dur"].to_numpy()[rows]
     op = ev["op"].to_numpy()[rows]
-    cat = ev["cat"].to_numpy()
-    attributed = (op >= 0) & (cat[np.maximum(op, 0)] == GRAPH_MAP_CATEGORY)
+    attributed = (op >= 0) & (values_at(ev["cat"], np.maximum(op, 0)) == GRAPH_MAP_CATEGORY)
     seg, phase = _phase_of(segments, trace, rows)
 
     status = replays["status"].to_numpy(dtype=object)

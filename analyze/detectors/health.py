@@ -31,7 +31,7 @@ import numpy as np
 from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_CAPTURE_END_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 
 NAME = "health"
 NEEDS = ("phases",)
@@ -132,21 +132,31 @@ class _Cols:
     launch_call: np.ndarray
     capture_begin: np.ndarray
     capture_end: np.ndarray
+    ts_sorted: bool  # the events' start order (as the loader writes them): a mask's earliest start is its first row
+
+    def min_ts(self, mask: np.ndarray) -> int:
+        """`ts[mask].min()` (mask has a True), without gathering the masked rows when ts is sorted."""
+        return int(self.ts[int(mask.argmax())]) if self.ts_sorted else int(self.ts[mask].min())
+
+    def max_ts(self, mask: np.ndarray) -> int:
+        """`ts[mask].max()` (mask has a True), likewise."""
+        return int(self.ts[len(mask) - 1 - int(mask[::-1].argmax())]) if self.ts_sorted else int(self.ts[mask].max())
 
     @classmethod
     def of(cls, trace: Trace) -> _Cols:
         ev = trace.events
-        kind = ev["kind"]
-        api = kind.isin(HOST_API_KINDS).to_numpy()
+        api = trace.kind_mask(*HOST_API_KINDS)
+        ts = ev["ts"].to_numpy(np.int64)
         return cls(
-            ts=ev["ts"].to_numpy(np.int64), end=ev["end"].to_numpy(np.int64), dur=ev["dur"].to_numpy(np.int64),
-            launch=ev["launch"].to_numpy(np.int64), names=trace.names,
-            timed=~kind.isin(("flow", "metadata")).to_numpy(), gpu=kind.isin(GPU_KINDS).to_numpy(), api=api,
-            op=(kind == "cpu_op").to_numpy(),
-            host=kind.isin(("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS)).to_numpy(),
-            launch_call=api & ev["name"].isin(LAUNCH_APIS).to_numpy(),
-            capture_begin=api & ev["name"].isin(GRAPH_CAPTURE_BEGIN_APIS).to_numpy(),
-            capture_end=api & ev["name"].isin(GRAPH_CAPTURE_END_APIS).to_numpy(),
+            ts=ts, end=ev["end"].to_numpy(np.int64), dur=ev["dur"].to_numpy(np.int64),
+            launch=ev["launch"].to_numpy(), names=trace.names,
+            timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
+            op=trace.kind_mask("cpu_op"),
+            host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
+            launch_call=api & isin_mask(ev["name"], LAUNCH_APIS),
+            capture_begin=api & isin_mask(ev["name"], GRAPH_CAPTURE_BEGIN_APIS),
+            capture_end=api & isin_mask(ev["name"], GRAPH_CAPTURE_END_APIS),
+            ts_sorted=bool((ts[1:] >= ts[:-1]).all()),
         )
 
     def in_capture(self, rows: np.ndarray) -> np.ndarray:
@@ -176,8 +186,8 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
     """Zero or constant timestamps; also returns the mask of rows whose times are not real."""
     ts, dur = c.ts, c.dur
     bad = np.zeros(len(ts), dtype=bool)
-    nonzero = ts[c.timed & (ts != 0)]
-    far = len(nonzero) > 0 and int(nonzero.min()) >= ZERO_FAR_NS
+    nonzero = c.timed & (ts != 0)
+    far = bool(nonzero.any()) and c.min_ts(nonzero) >= ZERO_FAR_NS
     parts: list[str] = []
     counts: dict[str, int] = {}
     groups = (("GPU activities", c.gpu), ("runtime/driver calls", c.api), ("CPU ops", c.op))
@@ -192,7 +202,7 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
             counts[label] = nz
             all_dur0 = bool((dur[zero] == 0).all())
             parts.append(f"{nz} of {n} {label} at timestamp 0" + (" with duration 0" if all_dur0 else ""))
-        elif n >= MIN_CONSTANT_EVENTS and np.ptp(ts[sel]) == 0:
+        elif n >= MIN_CONSTANT_EVENTS and c.max_ts(sel) == c.min_ts(sel):
             bad |= sel
             counts[label] = n
             parts.append(f"all {n} {label} at one timestamp ({ts[sel][0] / US:.3f} us)")
@@ -249,7 +259,7 @@ def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = masks
-    first_host = int(c.ts[host].min())
+    first_host = c.min_ts(host)
     early = gpu & (c.launch < 0) & (c.ts < first_host)
     n = int(early.sum())
     if not n:
@@ -269,7 +279,7 @@ def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
     gpu, host = masks
     host_end = int(c.end[host].max())
     gpu_end = int(c.end[gpu].max())
-    span = max(gpu_end, host_end) - min(int(c.ts[gpu].min()), int(c.ts[host].min()))
+    span = max(gpu_end, host_end) - min(c.min_ts(gpu), c.min_ts(host))
     tail = gpu_end - host_end
     after = gpu & (c.ts > host_end)
     n_after = int(after.sum())
@@ -278,7 +288,7 @@ def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
         return HealthCheck("gpu_beyond_host", "ok", "GPU activity ends with the host events", 0, [], evidence)
     if n_after == int(gpu.sum()):
         # Not one GPU activity overlaps the host side: a clock offset is as likely as a cut window.
-        lag = int(c.ts[gpu].min()) - host_end
+        lag = c.min_ts(gpu) - host_end
         msg = (f"all {n_after} GPU activities start after the last CPU event (the first {lag / US:.1f} us after it): "
                "the GPU and CPU clocks disagree or the host side of the window was cut, so launch-to-GPU times, gaps "
                "and step times are unreliable")
@@ -334,7 +344,7 @@ def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
         return masks
     gpu, host = np.flatnonzero(masks[0]), masks[1]
     g1 = int(c.end[gpu].max())
-    h0 = int(c.ts[host].min())
+    h0 = c.min_ts(host)
     if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock
         msg = (f"all GPU activity ends {(h0 - g1) / US:.1f} us before the first host event: GPU and CPU timestamps are "
                "on different clock bases, so no gap, launch latency or step time that mixes them means anything")

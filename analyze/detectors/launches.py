@@ -19,7 +19,7 @@ from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -54,32 +54,34 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     ev = trace.events
     names = trace.names
     rt = trace.runtime
-    call_rows = rt.index[rt["name"].isin(LAUNCH_APIS)].to_numpy(np.int64)
+    call_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
+    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)  # per event row, from the category codes
     segments = ctx.segments
     calls = pd.DataFrame({
         "row": call_rows, "api": names[call_rows], "ts": ev["ts"].to_numpy()[call_rows],
         "dur_us": ev["dur"].to_numpy()[call_rows] / US,
     })
-    calls["graph"] = calls["api"].isin(GRAPH_LAUNCH_APIS)
+    calls["graph"] = is_graph[call_rows]
     calls["seg"] = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and len(segments) else -1
-    act = _activities(trace, names)
+    act = _activities(trace, names, is_graph)
     summary = _summary(trace, calls, act, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
     res.findings = _findings(trace, ctx, act, summary)
     return res
 
 
-def _activities(trace: Trace, names: np.ndarray) -> pd.DataFrame:
+def _activities(trace: Trace, names: np.ndarray, is_graph: np.ndarray) -> pd.DataFrame:
     ev = trace.events
     gpu = trace.gpu
-    gpu = gpu[gpu["launch"] >= 0]
-    ln = gpu["launch"].to_numpy(np.int64)
+    # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
+    keep = gpu["launch"].to_numpy() >= 0
+    ln = gpu["launch"].to_numpy(np.int64)[keep]
     api = names[ln]
-    graph = np.isin(api, GRAPH_LAUNCH_APIS)
+    graph = is_graph[ln]
     act = pd.DataFrame({
-        "row": gpu.index.to_numpy(np.int64), "kind": gpu["kind"].astype(object).to_numpy(), "device": gpu["device"].to_numpy(),
-        "stream": gpu["stream"].to_numpy(), "ts": gpu["ts"].to_numpy(), "end": gpu["end"].to_numpy(),
-        "dur_us": gpu["dur"].to_numpy() / US, "launch": ln, "api": api, "graph": graph,
+        "row": gpu.index.to_numpy(np.int64)[keep], "kind": gpu["kind"].astype(object).to_numpy()[keep],
+        "device": gpu["device"].to_numpy()[keep], "stream": gpu["stream"].to_numpy()[keep], "ts": gpu["ts"].to_numpy()[keep],
+        "end": gpu["end"].to_numpy()[keep], "dur_us": gpu["dur"].to_numpy()[keep] / US, "launch": ln, "api": api, "graph": graph,
         "launch_ts": ev["ts"].to_numpy()[ln], "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
     })
     # A graph replay's kernels share one launch: only the first one started "because of" it.
@@ -106,18 +108,28 @@ def _queue_depth(act: pd.DataFrame) -> np.ndarray:
 
 
 def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any) -> dict[str, Any]:
-    per_api = {str(a): {"count": int(len(g)), "total_us": round(float(g["dur_us"].sum()), 3),
-                        **{f"{k}_us": v for k, v in _stats(g["dur_us"].to_numpy()).items()}}
-               for a, g in calls.groupby("api", sort=True)}
-    kern = act[act["kind"] == "kernel"]
-    own = kern[~kern["graph"]]
-    # Counted on the columns: building the trace.kernels view (every column) only to count is costly.
     ev = trace.events
-    is_kernel = (ev["kind"] == "kernel").to_numpy()
+    # Grouped by the api's rank among the distinct names (integers), in the order groupby("api")
+    # sorts the texts: hashing every call's name string is what would cost.
+    codes = ev["name"].array.codes[calls["row"].to_numpy(np.int64)]
+    uniq = np.unique(codes[codes >= 0])
+    labels = [str(c) for c in np.asarray(ev["name"].array.categories, dtype=object)[uniq]]
+    by_label = sorted(range(len(uniq)), key=labels.__getitem__)
+    rank = np.full(int(uniq.max()) + 1 if len(uniq) else 0, -1, dtype=np.int64)
+    rank[uniq[by_label]] = np.arange(len(uniq))
+    key = np.where(codes >= 0, rank[np.maximum(codes, 0)] if len(rank) else -1, -1)
+    per_api = {labels[by_label[int(a)]]: {"count": int(len(g)), "total_us": round(float(g.sum()), 3),
+                                     **{f"{k}_us": v for k, v in _stats(g.to_numpy()).items()}}
+               for a, g in calls["dur_us"].groupby(np.where(key >= 0, key, np.nan), sort=True)}
+    # Counted on the columns: building the trace.kernels view (every column) only to count is costly.
+    is_kernel = trace.kind_mask("kernel")
+    own = is_kernel[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)  # kernels launched singly
+    own_dur = act["dur_us"].to_numpy()[own]
+    n_own = int(own.sum())
     n_kernels = int(is_kernel.sum())
     small_all = int((is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)).sum())
-    small_own = int((own["dur_us"] * US < SMALL_KERNEL_NS).sum())
-    shorter = own[own["dur_us"] < own["launch_dur_us"]]
+    small_own = int((own_dur * US < SMALL_KERNEL_NS).sum())
+    n_shorter = int((own_dur < act["launch_dur_us"].to_numpy()[own]).sum())
     counted = act[act["counts_launch"] & ~act["graph"]]
     depth = counted["depth"].to_numpy()
     streams = []
@@ -134,7 +146,12 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
         seg_phase = segments.table.set_index("seg")["phase"]
         steps = segments.table.groupby("phase").size()
         located = calls[calls["seg"] >= 0]
-        for ph, g in located.groupby(seg_phase.reindex(located["seg"]).to_numpy()):
+        # Grouped by the rank of the segment's phase text (integers, in the order the texts sort),
+        # not by a text per call: the same groups in the same order as grouping on the texts.
+        ph_text = sorted({str(p) for p in seg_phase.to_numpy(dtype=object).tolist()})
+        rank = seg_phase.map({p: i for i, p in enumerate(ph_text)}.get)
+        for code, g in located.groupby(rank.reindex(located["seg"]).to_numpy()):
+            ph = ph_text[int(code)]
             n_steps = int(steps.get(ph, 0)) or 1
             by_phase[str(ph)] = {"launches": len(g), "graph_launches": int(g["graph"].sum()),
                                  "launches_per_step": round(len(g) / n_steps, 3),
@@ -146,12 +163,12 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
         "by_api": per_api,
         "launch_to_start_us": _stats(act["delay_us"].dropna().to_numpy()),
         "kernels": n_kernels,
-        "kernels_launched_singly": len(own),
-        "shorter_than_launch": {"count": len(shorter), "share": round(len(shorter) / len(own), 4) if len(own) else None},
+        "kernels_launched_singly": n_own,
+        "shorter_than_launch": {"count": n_shorter, "share": round(n_shorter / n_own, 4) if n_own else None},
         "small_kernel_us": SMALL_KERNEL_NS / US,
         "small_kernels": {"count": small_all, "share": round(small_all / n_kernels, 4) if n_kernels else None,
                           "launched_singly": small_own,
-                          "share_of_singly_launched": round(small_own / len(own), 4) if len(own) else None},
+                          "share_of_singly_launched": round(small_own / n_own, 4) if n_own else None},
         "queue_depth": {**_stats(depth.astype(float)), "starved_share": round(float((depth == 0).mean()), 4) if len(depth) else None,
                         "streams": streams},
         "graphs": {"launches": len(graph_calls), "kernels": len(graph_kernels),
@@ -161,7 +178,8 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
 
 
 def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
-    own = act[(act["kind"] == "kernel") & ~act["graph"]]
+    # The three columns read here, not every column of the activities.
+    own = act[["row", "dur_us", "launch_dur_us"]][trace.kind_mask("kernel")[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)]
     if own.empty:
         return []
     small = own[own["dur_us"] * US < SMALL_KERNEL_NS]

@@ -46,7 +46,7 @@ from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, 
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace
 from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments
 from tokentrace.profiling.conventions import ANNOTATION_PREFIX, decode_step_name
 from tokentrace.profiling.conventions import PREFILL as PREFILL_ANNOTATION
@@ -130,13 +130,13 @@ def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.
 
 def _profiler_steps(trace: Trace) -> pd.DataFrame:
     # Current traces record ProfilerStep#N as a user_annotation, 2021-era ones as a cpu_op.
-    ps = _matching((trace.annotations, trace.cpu_ops), _PROFILER_STEP)
+    ps = _matching((trace.annotations, trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP)
     return _outermost(ps) if not ps.empty else ps
 
 
 def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """(start ns, embedding row) of each forward pass, and the thread they run on."""
-    cpu = trace.cpu_ops
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
     if emb.empty:
         return np.empty(0, np.int64), np.empty(0, np.int64), -1
@@ -164,7 +164,7 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
         k = np.searchsorted(cs, starts, side="right") - 1
         inside = (k >= 0) & (starts < ce[np.maximum(k, 0)])
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
-    cpu = trace.cpu_ops
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     top = cpu[(cpu["tid"] == tid) & (cpu["parent"] < 0)]
     rt = trace.runtime
     host = pd.concat([top[["ts", "end"]], rt[rt["tid"] == tid][["ts", "end"]]]).sort_values("ts")
@@ -183,7 +183,7 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     n = len(segs)
     out = pd.DataFrame({"emb_batch": -1, "emb_len": -1, "att_batch": -1, "att_q": -1, "att_kv": -1, "training": False},
                        index=pd.RangeIndex(n))
-    cpu = trace.cpu_ops
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
     eseg = segs.locate_times(emb["ts"].to_numpy(np.int64))
     first = pd.Series(emb.index.to_numpy(), index=eseg)[eseg >= 0]
@@ -204,8 +204,10 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
         if shape["batch"] and shape["q_len"]:
             out.at[s, "att_batch"], out.at[s, "att_q"] = shape["batch"], shape["q_len"]
             out.at[s, "att_kv"] = shape["kv_len"] or -1
-    marks = _matching((cpu, trace.annotations), _TRAINING)
-    tseg = segs.locate_times(marks["ts"].to_numpy(np.int64))
+    # Start times of the training markers only (a training trace's backward ops are most of its ops:
+    # no frame of them is built).
+    marks = np.concatenate([f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)] for f in (cpu, trace.annotations)])
+    tseg = segs.locate_times(marks)
     out.loc[np.unique(tseg[tseg >= 0]), "training"] = True
     return out
 
@@ -226,7 +228,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
         if table is not None:
             method = "framework_markers"
         else:
-            table, requests = sm.user_segments((trace.annotations, trace.cpu_ops), patterns or pp.compile_patterns())
+            table, requests = sm.user_segments((trace.annotations, trace.narrow(("cpu_op",), OP_COLUMNS)), patterns or pp.compile_patterns())
             if table is not None:
                 method = "user_annotations"
                 table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])

@@ -34,7 +34,7 @@ from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 
 NAME = "roofline"
 NEEDS = ("phases", "attention")
@@ -133,13 +133,25 @@ class Roofline:
         }
 
 
+def _dtype_names(types: np.ndarray) -> list[str | None]:
+    """dtype_name of each row's input types, computed once per distinct list object (the loader
+    shares one object among equal texts)."""
+    seen: dict[int, str | None] = {}
+    out = []
+    for t in types.tolist():
+        k = id(t)
+        if k not in seen:
+            seen[k] = dtype_name(t)
+        out.append(seen[k])
+    return out
+
+
 def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     ev = trace.events
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return pd.DataFrame()
-    names = trace.names[ops.index.to_numpy(np.int64)]
-    sel = np.isin(names, GEMM_OPS)
+    sel = isin_mask(ops["name"], GEMM_OPS)  # from the category codes, not an object-array isin
     if not sel.any():
         return pd.DataFrame()
     n = len(ev)
@@ -160,7 +172,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         phase = inferred if inferred is not None else phase
     df = pd.DataFrame({"row": rows, "name": trace.names[rows],
                        "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
-                       "dtype": [dtype_name(t) for t in ev["input_type"].to_numpy()[rows]],
+                       "dtype": _dtype_names(ev["input_type"].to_numpy()[rows]),
                        "phase": phase, "gpu_ns": gpu_ns})
     g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
         first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()

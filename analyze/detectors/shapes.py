@@ -25,7 +25,7 @@ from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 from tokentrace.analysis.segments import Segments
 
 NAME = "shapes"
@@ -106,7 +106,7 @@ def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
 
 
 def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     cols = ["name", "input_dims", "input_types", "phase", "calls", "cpu_total_us", "gpu_total_us", "gpu_self_us",
             "gpu_mean_us", "kernels", "top_kernel", "top_kernel_us"]
     if ops.empty:

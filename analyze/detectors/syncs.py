@@ -26,7 +26,7 @@ from tokentrace.analysis.apis import (
 )
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import device_busy
-from tokentrace.analysis.common.host import HostLookup, recorded_stack
+from tokentrace.analysis.common.host import HostLookup, recorded_stacks
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
 from tokentrace.analysis.common.steady_state import Window, window_of
@@ -34,7 +34,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_ca
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -55,7 +55,7 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # The categorical's rows first, then to objects: converting the whole column costs.
     kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
     inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
-    is_sync_op = ev["name"].isin(SYNC_CAUSING_OPS).to_numpy() & (ev["kind"] == "cpu_op").to_numpy()
+    is_sync_op = isin_mask(ev["name"], SYNC_CAUSING_OPS) & trace.kind_mask("cpu_op")
     parent = ev["parent"].to_numpy()
     out = inner.copy()
     cur = inner.copy()
@@ -195,19 +195,31 @@ def point_ids(op: np.ndarray, op_row: np.ndarray) -> np.ndarray:
     return rank[inverse].astype(np.int64)
 
 
+def _object_array(values: list) -> np.ndarray:
+    """A 1-D object array of `values` (lists stay elements, as agg(list) leaves them)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def _points(items: pd.DataFrame) -> pd.DataFrame:
     """One row per sync point: its calls (API names in order), whether it blocked, when, for how
     long (the calls' blocked time summed), the op behind it, and the GPU idle it caused."""
     if items.empty or "point" not in items.columns:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in POINT_COLUMNS})
+        return pd.DataFrame({c: np.empty(0, dtype=object) for c in POINT_COLUMNS})
     it = items.sort_values(["point", "start_us"], kind="stable")
     g = it.groupby("point", sort=True)
+    # Sorted by point, each point's calls are one run of rows: lists from slices, not agg(list).
+    pt = it["point"].to_numpy()
+    bounds = np.flatnonzero(np.r_[True, pt[1:] != pt[:-1], True]).tolist()
+    api, stk = it["api"].to_numpy(dtype=object), it["stack"].to_numpy(dtype=object)
+    runs = list(zip(bounds[:-1], bounds[1:], strict=True))
     # The kind of a point is that of the call it spent longest in (blocking calls first).
     lead = it.assign(_b=it["blocking"].astype(int)).sort_values(["point", "_b", "blocked_us"], ascending=[True, False, False],
                                                                  kind="stable").drop_duplicates("point").set_index("point")
     out = pd.DataFrame({
         "point": g.size().index.to_numpy(np.int64),
-        "calls": g["api"].agg(list).to_numpy(),
+        "calls": _object_array([api[a:b].tolist() for a, b in runs]),
         "n_calls": g.size().to_numpy(np.int64),
         "blocking": g["blocking"].any().to_numpy(bool),
         "start_us": g["start_us"].min().to_numpy(float),
@@ -216,7 +228,7 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
         "gpu_busy_us": g["gpu_busy_us"].sum().to_numpy(float),
         "idle_caused_us": g["idle_caused_us"].sum().to_numpy(float),
         "copy": g["copy"].first().reindex(g.size().index).to_numpy(dtype=object),
-        "stack": [next((s for s in st if s), None) for _, st in g["stack"]],
+        "stack": [next((s for s in stk[a:b] if s), None) for a, b in runs],
     })
     for col in ("kind", "api", "op", "op_row", "seg", "phase", "step", "region", "device", "waited_for", "source"):
         out[col] = lead[col].reindex(out["point"]).to_numpy(dtype=object)
@@ -275,7 +287,7 @@ def _idle_caused(gaps: Any, calls: pd.DataFrame) -> np.ndarray:
 
 
 def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list[str] | None]:
-    out: list[list[str] | None] = [recorded_stack(trace, int(r)) for r in items["op_row"].to_numpy()]
+    out = recorded_stacks(trace, items["op_row"].to_numpy())
     if trace.narrow(("python_function",), PYTHON_COLUMNS).empty or not len(items):
         return out
     host = HostLookup(trace)

@@ -24,7 +24,7 @@ from tokentrace.analysis.common.nsys_rules import evaluate
 from tokentrace.analysis.common.sync_points import sync_calls
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "gpu"
@@ -130,7 +130,7 @@ def _streams(trace: Trace, t0: int) -> pd.DataFrame:
     codes, uniq = iv.pair_codes(dev, stream)
     idx, s, e, b = iv.group_extents(*iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)))
     counts = np.bincount(codes, minlength=len(uniq))
-    kernels = np.bincount(codes, weights=(gpu["kind"] == "kernel").to_numpy(), minlength=len(uniq))
+    kernels = np.bincount(codes, weights=isin_mask(gpu["kind"], ("kernel",)), minlength=len(uniq))
     span = e - s
     out = pd.DataFrame({
         "device": uniq[idx, 0],
