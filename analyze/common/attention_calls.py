@@ -129,7 +129,7 @@ def _top_per_call(call: np.ndarray, key: np.ndarray, dur: np.ndarray) -> tuple[n
 def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
     """Per GPU row: is it one of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
     cats = gpu["name"].array.categories
-    own = np.array([PYTORCH_KERNEL in str(c) for c in cats] + [False])
+    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])
     codes = np.asarray(gpu["name"].array.codes, dtype=np.int64)
     return own[np.where(codes >= 0, codes, len(cats))].astype(float)
 
@@ -259,7 +259,7 @@ def _modules_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) 
         return out
     # The regex runs once per distinct function name, not per event.
     cats = py["name"].array.categories
-    label = np.array([(lambda m: (m.group(1) or m.group(2)) if m else None)(ATTENTION_MODULE_RE.search(str(c))) for c in cats]
+    label = np.array([(lambda m: (m.group(1) or m.group(2)) if m else None)(ATTENTION_MODULE_RE.search(str(c))) for c in cats.tolist()]
                      + [None], dtype=object)
     codes = np.asarray(py["name"].array.codes, dtype=np.int64)
     mod = label[np.where(codes >= 0, codes, len(cats))]

@@ -175,8 +175,9 @@ def match_categories(names: pd.Categorical, compiled: list, where: np.ndarray | 
     sel = codes if where is None else codes[where]
     present = np.bincount(sel.astype(np.int64) + 1, minlength=len(cats) + 1)[1:] > 0  # code -1 counts in bin 0
     idx = np.full(len(cats) + 1, -1, dtype=np.int64)
+    texts = cats.tolist()  # one conversion, not an Index lookup per name
     for i in np.flatnonzero(present).tolist():
-        s = str(cats[i])
+        s = str(texts[i])
         for j, (pat, _) in enumerate(compiled):
             if pat.search(s):
                 idx[i] = j

@@ -91,7 +91,7 @@ def busbw_factor(kind: str | None, n: float | None) -> float | None:
 
 def _category_mask(series: pd.Series, test: Any) -> np.ndarray:
     """Boolean per row of a categorical name column, testing each distinct name once."""
-    return category_mask(series, np.array([bool(test(str(c))) for c in series.array.categories], dtype=bool))
+    return category_mask(series, np.array([bool(test(str(c))) for c in series.array.categories.tolist()], dtype=bool))
 
 
 @lru_cache(maxsize=1)

@@ -43,7 +43,7 @@ def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray
     """Boolean mask of a categorical name column against a set of names (tested once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.array.categories
-        return category_mask(names, np.fromiter((str(c) in wanted for c in cats), dtype=bool, count=len(cats)))
+        return category_mask(names, np.fromiter((str(c) in wanted for c in cats.tolist()), dtype=bool, count=len(cats)))
     return names.astype(str).isin(wanted).to_numpy()
 
 
@@ -51,7 +51,7 @@ def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of names matching a regex (searched once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.array.categories
-        return category_mask(names, np.fromiter((bool(pattern.search(str(c))) for c in cats), dtype=bool, count=len(cats)))
+        return category_mask(names, np.fromiter((bool(pattern.search(str(c))) for c in cats.tolist()), dtype=bool, count=len(cats)))
     return names.astype(str).str.contains(pattern).to_numpy()
 
 

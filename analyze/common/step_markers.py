@@ -113,7 +113,7 @@ def _tokens_per_request(t: pd.DataFrame) -> np.ndarray:
 def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
     """Role of each name ("" for none), matched once per distinct name (views hold millions of ops)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = np.array([patterns.role_of(str(c)) or "" for c in names.cat.categories] + [""], dtype=object)
+        cats = np.array([patterns.role_of(str(c)) or "" for c in names.cat.categories.tolist()] + [""], dtype=object)
         return cats[names.cat.codes.to_numpy()]  # code -1 (no name) picks the trailing ""
     values = names.astype(str)
     roles = {c: patterns.role_of(c) or "" for c in pd.unique(values)}
@@ -124,7 +124,7 @@ def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, n
     """(mask of the names with a role, their roles): `_roles` and `!= ""`, the mask from the
     category codes (no comparison of a text per row)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories] + [""], dtype=object)
+        cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories.tolist()] + [""], dtype=object)
         hit = category_mask(names, cats[:-1] != "")
         return hit, cats[names.array.codes[hit]]
     role = _roles(names, patterns)

@@ -73,7 +73,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     rows = rt.index.to_numpy(np.int64)
     cats = rt["name"].cat
     # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
-    by_cat = np.array([api_kind(str(c)) for c in cats.categories] + [None], dtype=object)
+    by_cat = np.array([api_kind(str(c)) for c in cats.categories.tolist()] + [None], dtype=object)
     kinds = by_cat[cats.codes.to_numpy()]
     # Pageable async copies: the activity's name says the host side is pageable memory.
     gpu_dev = pd.Series(dtype=np.int64)
