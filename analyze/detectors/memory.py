@@ -27,7 +27,7 @@ from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.links import innermost_containing, innermost_ops
+from tokentrace.analysis.loading.links import innermost_ops
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
@@ -49,49 +49,11 @@ JSON_STEPS = 64
 
 
 def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """Innermost cpu_op on the same thread around each event row's start (-1: none): what
-    loading.links.innermost_ops answers, with the ops' order taken from the events' start order
-    (a stable sort by thread, ties in start re-sorted longer first) and each row's last started op
-    found by one binary search on (thread, start) keys, instead of two three-key lexsorts."""
+    """Innermost cpu_op on the same thread around each event row's start (-1: none)."""
     ev = trace.events
-    ts, end, pid, tid = ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy()
-    parent = ev["parent"].to_numpy()
-    op_rows = trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64)
-    at_rows = np.asarray(rows, dtype=np.int64)
-    if not len(op_rows) or not len(at_rows):
-        return np.full(len(at_rows), -1, dtype=np.int64)
-    o_ts = ts[op_rows].astype(np.int64)
-    lo, hi = int(min(o_ts.min(), ts[at_rows].min())), int(max(o_ts.max(), ts[at_rows].max()))
-    pair = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)  # one integer per (pid, tid)
-    thread, uniq = pd.factorize(np.concatenate([pair[op_rows], pair[at_rows]]))
-    span = hi - lo + 1
-    if len(uniq) * span >= 2**62 or len(uniq) > 2**15 or (o_ts[1:] < o_ts[:-1]).any():
-        return innermost_ops(ts=ts, end=end, pid=pid, tid=tid, parent=parent, op_rows=op_rows, at_rows=at_rows)
-    op_thread, at_thread = thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):]
-    order = np.argsort(op_thread, kind="stable")  # (thread, start, row) order: the rows are in start order
-    o_thread, o_ts = op_thread[order], o_ts[order]
-    o_end = end[op_rows][order].astype(np.int64)
-    # Ties in (thread, start) go longer first, then by row, as the lexsort (-end, ts, thread) orders them.
-    tie = np.flatnonzero((o_thread[1:] == o_thread[:-1]) & (o_ts[1:] == o_ts[:-1]))
-    if len(tie):
-        at = np.unique(np.r_[tie, tie + 1])
-        sub_order = at[np.lexsort((at, -o_end[at], o_ts[at], o_thread[at]))]
-        order[at] = order[sub_order]
-        o_thread, o_ts, o_end = op_thread[order], ts[op_rows][order].astype(np.int64), end[op_rows][order].astype(np.int64)
-    o_rows = op_rows[order]
-    pos = np.full(len(ts), -1, dtype=np.int64)
-    pos[o_rows] = np.arange(len(o_rows))
-    pr = parent[o_rows]
-    p = np.where(pr >= 0, pos[np.maximum(pr, 0)], -1)
-    # The last op of the row's thread starting at or before it (an op before an instant at the same time).
-    key = o_thread.astype(np.int64) * span + (o_ts - lo)
-    a_ts = ts[at_rows].astype(np.int64)
-    last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
-    ok = last >= 0
-    ok[ok] = o_thread[last[ok]] == at_thread[ok]
-    last = np.where(ok, last, -1)
-    hit = innermost_containing(o_ts, o_end, p, a_ts, last)
-    return np.where(hit >= 0, o_rows[np.maximum(hit, 0)], -1)
+    return innermost_ops(ts=ev["ts"].to_numpy(), end=ev["end"].to_numpy(), pid=ev["pid"].to_numpy(),
+                         tid=ev["tid"].to_numpy(), parent=ev["parent"].to_numpy(),
+                         op_rows=trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64), at_rows=rows)
 
 
 # ---- KV concatenation by shapes ------------------------------------------------------------------

@@ -134,8 +134,8 @@ def _build_tables() -> dict[str, Any]:
 
 
 def _fnv(data: bytes) -> int:
-    """jit_scan.fnv in Python, for the few key texts (calling a compiled function here would
-    start numba's compiler engine before it is needed)."""
+    """The FNV-1a hash jit_scan._key computes while it reads a key, in Python, for the few key
+    texts (calling a compiled function here would start numba's engine before it is needed)."""
     h = 0xCBF29CE484222325
     for c in data:
         h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
@@ -248,11 +248,10 @@ class JitDecoder:
             codes = lut[ids]
         return codes
 
-    def _value(self, i: int) -> Any:
+    def _value(self, i: int, cache: dict[bytes, Any]) -> Any:
         """The parsed value of a raw JSON text (shared with the msgspec path's cache by text)."""
         if i not in self.values:
             key = self._bytes(i)
-            cache = self.chunk_cols._raw_cache
             if key not in cache:
                 cache[key] = dec._parse_json(key)
             self.values[i] = cache[key]
@@ -294,11 +293,10 @@ class JitDecoder:
         if not self._decode_texts(np.concatenate(text_ids).astype(np.int64)):
             self.odd_chunks += 1
             return False
-        self.chunk_cols = cols
         codes = self.ph[:n]
         layouts = dec._CLASS_LAYOUT[codes]
         out: dict[str, np.ndarray] = {}
-        out["ph"] = self._ph(cols, codes)
+        out["ph"] = cols.ph_codes(codes)
         out["ts_ns"] = self.ts[:n].copy()
         if (layouts == 0).any():  # complete events: the msgspec path's dur column
             d = self.dur[:n]
@@ -328,19 +326,12 @@ class JitDecoder:
                 out[col] = arr
             else:  # text (stack) or raw JSON (parsed once per distinct text): one object per id
                 ids, inverse = np.unique(v, return_inverse=True)
-                get = self.texts.__getitem__ if kind == "text" else self._value
-                cols._sparse(col, r, dec._objects([get(i) for i in ids.tolist()])[inverse], None)
+                objs = [self.texts[i] if kind == "text" else self._value(i, cols._raw_cache) for i in ids.tolist()]
+                cols._sparse(col, r, dec._objects(objs)[inverse], None)
         for col in dec._DENSE_COLS:
             cols._append(col, out.get(col), n)
         cols.n += n
         return True
-
-    def _ph(self, cols: dec.Columns, codes: np.ndarray) -> np.ndarray:
-        table = cols.categories["ph"]
-        lut = np.full(len(dec._CLASS_PH), dec._STR_DEFAULT, dtype=np.int32)
-        for c in np.unique(codes).tolist():
-            lut[c] = dec._code_of(table, dec._CLASS_PH[c])
-        return lut[codes]
 
     def _text_ids(self, cols: dec.Columns, layouts: np.ndarray, groups: dict, pid: np.ndarray, tid: np.ndarray) -> None:
         """pid/tid written as text: their values (and new labels) in the order the msgspec path
@@ -355,9 +346,8 @@ class JitDecoder:
                     target[row] = cols._id_value(self.texts[i])
 
     def _int_texts(self, cols: dec.Columns, col: str, r: np.ndarray, v: np.ndarray) -> None:
-        values = np.array([dec._to_int(self.texts[i]) for i in v.tolist()], dtype=object)
-        ok = np.array([x is not None for x in values], bool)
-        cols.note(f"ignored unusable '{dec._public(col)}' values in {{events}}", int((~ok).sum()))
-        good = values[ok].astype(np.int64)
-        keep = good != dec.MISSING
-        cols._sparse(col, r[ok][keep], good[keep], None)
+        """Args written as text where an int belongs: coerced (and counted when unusable) by
+        the msgspec path's own reader of such values."""
+        vals = cols._ints(col, tuple(self.texts[i] for i in v.tolist()))
+        keep = vals != dec.MISSING
+        cols._sparse(col, r[keep], vals[keep], None)

@@ -25,6 +25,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from tokentrace.analysis.loading import json_decode as dec
+
 # Status of a scan.
 OK, ODD, FULL_ROWS, FULL_INTERN = 0, 1, 2, 3
 MAX_DEPTH = 64  # deeper values are left to the msgspec path (which flattens them)
@@ -41,8 +43,8 @@ S_PID, S_TID, S_FLOW_ID, S_BP = 0, 1, 2, 3
 # Layouts (the order of json_decode._LAYOUT_NAMES): which args struct an event reads.
 L_COMPLETE, L_INSTANT, L_FLOW, L_META, L_COUNTER = 0, 1, 2, 3, 4
 
-NO_TS = np.iinfo(np.int64).min
-FLOAT_SAFE_US_INT = 2**42  # must equal json_decode.FLOAT_SAFE_US
+NO_TS = dec.NO_TS
+FLOAT_SAFE_US_INT = int(dec.FLOAT_SAFE_US)  # a decimal dur from here on is left to msgspec's float
 MAX_US = 9_000_000_000_000_000  # 9e15 us: the msgspec path reads exactly below this
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
@@ -96,17 +98,11 @@ def ctz(typingctx, x):
 
 u8, i8, i16, i32, i64 = (_loader(types.uint8, 8), _loader(types.int8, 8), _loader(types.int16, 16),
                          _loader(types.int32, 32), _loader(types.int64, 64))
-put_u8, put_i32, put_i64 = _storer(types.uint8, 8), _storer(types.int32, 32), _storer(types.int64, 64)
+put_u8, put_i8, put_i32, put_i64 = (_storer(types.uint8, 8), _storer(types.int8, 8), _storer(types.int32, 32),
+                                   _storer(types.int64, 64))
 
 
-@njit(cache=True, nogil=True)
-def fnv(b, lo, hi):  # pragma: no cover - compiled
-    h = FNV_OFFSET
-    for i in range(lo, hi):
-        h = (h ^ np.uint64(u8(b, i))) * FNV_PRIME
-    return h
-
-
+# Eight-byte patterns of the SWAR tests (a byte's worth repeated), and the hash's length mix.
 ONES = np.uint64(0x0101010101010101)
 HIGHS = np.uint64(0x8080808080808080)
 QUOTES = np.uint64(0x2222222222222222)
@@ -492,6 +488,18 @@ def _key(b, i, n, key_tab, key_mask, key_off, key_len, key_bytes):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
+def _push(rows, slots, vals, cap, nt, row, slot, val):  # pragma: no cover - compiled
+    """Write the triple (row, slot, val) at position nt of the triple arrays (addresses, `cap`
+    long): the next position, or -1 when they are full (the caller grows them)."""
+    if nt >= cap:
+        return -1
+    put_i32(rows, nt, np.int32(row))
+    put_i8(slots, nt, np.int8(slot))
+    put_i64(vals, nt, np.int64(val))
+    return nt + 1
+
+
+@njit(cache=True, nogil=True)
 def _text_id(b, i, n, tab, mask, arena, arena_cap, off, ln, id_cap, state):  # pragma: no cover - compiled
     """i at a string: (index after it, intern id of its content); index -1 if it is not a
     valid string, id -1 if the intern table is full (see _intern)."""
@@ -545,6 +553,7 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
     kt, kmask, ko, kl, kb = key_tab.ctypes.data, len(key_tab) - 1, key_off.ctypes.data, key_len.ctypes.data, key_bytes.ctypes.data
     tab, tmask, ar, acap = tab_id.ctypes.data, len(tab_id) - 1, arena.ctypes.data, len(arena)
     io, il, icap, st = id_off.ctypes.data, id_len.ctypes.data, len(id_off), state.ctypes.data
+    tr, tsl, tv = t_row.ctypes.data, t_slot.ctypes.data, t_val.ctypes.data
     i = _ws(p, 0, n)
     if i >= n or u8(p, i) != 91:
         return ODD, 0
@@ -605,12 +614,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                     elif f == T_NAME:
                         name[row] = sid
                     else:
-                        if nt >= tcap:
+                        nt = _push(tr, tsl, tv, tcap, nt, row, S_BP, sid)
+                        if nt < 0:
                             return FULL_ROWS, row
-                        t_row[nt] = row
-                        t_slot[nt] = S_BP
-                        t_val[nt] = sid
-                        nt += 1
                     i = e
                 else:
                     e = _literal_end(p, i, n)
@@ -624,12 +630,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                         return ODD, row
                     if sid < 0:
                         return FULL_INTERN, row
-                    if nt >= tcap:
+                    nt = _push(tr, tsl, tv, tcap, nt, row, 64 + S_PID + f - T_PID, sid)
+                    if nt < 0:
                         return FULL_ROWS, row
-                    t_row[nt] = row
-                    t_slot[nt] = 64 + S_PID + f - T_PID
-                    t_val[nt] = sid
-                    nt += 1
                     i = e
                 else:
                     e, v = _int_value(p, i, n)
@@ -653,12 +656,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                 e, v = _int_value(p, i, n)
                 if e < 0:
                     return ODD, row
-                if nt >= tcap:
+                nt = _push(tr, tsl, tv, tcap, nt, row, S_FLOW_ID, v)
+                if nt < 0:
                     return FULL_ROWS, row
-                t_row[nt] = row
-                t_slot[nt] = S_FLOW_ID
-                t_val[nt] = v
-                nt += 1
                 i = e
             elif f == T_ARGS and (layout == L_COMPLETE or layout == L_INSTANT or layout == L_META):
                 # The args object: its known keys become triples.
@@ -685,8 +685,6 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                             seen_args |= bit
                             kind = slot_kind[s]
                             c = u8(p, i)
-                            if nt >= tcap:
-                                return FULL_ROWS, row
                             if kind == K_RAW:
                                 e = _value_end(p, i, n, 3)
                                 if e < 0:
@@ -694,10 +692,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 sid = _intern(p, i, e, text_hash(p, i, e), tab, tmask, ar, acap, io, il, icap, st)
                                 if sid < 0:
                                     return FULL_INTERN, row
-                                t_row[nt] = row
-                                t_slot[nt] = s
-                                t_val[nt] = sid
-                                nt += 1
+                                nt = _push(tr, tsl, tv, tcap, nt, row, s, sid)
+                                if nt < 0:
+                                    return FULL_ROWS, row
                                 i = e
                             elif c == 34 and (kind == K_STR or kind == K_INT_OR_STR):
                                 e, sid = _text_id(p, i, n, tab, tmask, ar, acap, io, il, icap, st)
@@ -705,10 +702,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                     return ODD, row
                                 if sid < 0:
                                     return FULL_INTERN, row
-                                t_row[nt] = row
-                                t_slot[nt] = s if kind == K_STR else s + 64
-                                t_val[nt] = sid
-                                nt += 1
+                                nt = _push(tr, tsl, tv, tcap, nt, row, s if kind == K_STR else s + 64, sid)
+                                if nt < 0:
+                                    return FULL_ROWS, row
                                 i = e
                             elif c == 110 and (kind == K_STR or kind == K_INT_OR_NULL):
                                 e = _literal_end(p, i, n)
@@ -719,10 +715,9 @@ def scan(b, key_tab, key_off, key_len, key_bytes, top_of_key, slot_of_key, slot_
                                 e, v = _int_value(p, i, n)
                                 if e < 0:
                                     return ODD, row
-                                t_row[nt] = row
-                                t_slot[nt] = s
-                                t_val[nt] = v
-                                nt += 1
+                                nt = _push(tr, tsl, tv, tcap, nt, row, s, v)
+                                if nt < 0:
+                                    return FULL_ROWS, row
                                 i = e
                             else:
                                 return ODD, row

@@ -425,13 +425,20 @@ class Columns:
             at = (rows if idx is None else idx[rows]) + self.n
             self.sparse.setdefault(col, []).append((at, values))
 
-    def _ph(self, codes: np.ndarray, events: list, out: dict[str, np.ndarray]) -> None:
+    def ph_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Category codes of `ph` for event class codes (EVENT_CLASSES indices); the Other class,
+        whose text is its own, gets -1. Only phases present become categories."""
         table = self.categories["ph"]
         lut = np.full(len(_CLASS_PH), _STR_DEFAULT, dtype=np.int32)
-        for c in np.unique(codes).tolist():  # only phases present become categories
-            if _CLASS_PH[c] is not None:
-                lut[c] = _code_of(table, _CLASS_PH[c])
-        ph = lut[codes]
+        for c in np.unique(codes).tolist():
+            tag = _CLASS_PH[c]
+            if tag is not None:
+                lut[c] = _code_of(table, tag)
+        return lut[codes]
+
+    def _ph(self, codes: np.ndarray, events: list, out: dict[str, np.ndarray]) -> None:
+        table = self.categories["ph"]
+        ph = self.ph_codes(codes)
         other = np.flatnonzero(codes == _CLASS_CODE[Other])
         if len(other):
             texts = [events[i].ph_text for i in other.tolist()]

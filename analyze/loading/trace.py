@@ -139,10 +139,7 @@ class Trace:
         each converting the whole column (tens of milliseconds per million events)."""
         col = self.events["name"]
         if isinstance(col.dtype, pd.CategoricalDtype):  # the categories gathered by code: half of astype(object)'s time
-            cats = np.empty(len(col.array.categories) + 1, dtype=object)
-            cats[:-1] = np.asarray(col.array.categories, dtype=object)
-            cats[-1] = np.nan  # code -1 (no name)
-            names = cats[col.array.codes]
+            names = category_values(col)[col.array.codes]
         else:
             names = col.astype(object).to_numpy()
         names.setflags(write=False)
@@ -288,10 +285,16 @@ def values_at(col: pd.Series, rows: np.ndarray) -> np.ndarray:
     looked up through the codes of `rows` only)."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
         return col.to_numpy()[rows]
-    cats = np.empty(len(col.cat.categories) + 1, dtype=object)
-    cats[:-1] = np.asarray(col.cat.categories, dtype=object)
-    cats[-1] = np.nan  # code -1 (missing) reads the last slot
-    return cats[col.cat.codes.to_numpy()[rows]]
+    return category_values(col)[col.array.codes[rows]]
+
+
+def category_values(col: pd.Series) -> np.ndarray:
+    """A categorical column's categories as an object array with NaN after them, so that
+    indexing it with the codes (-1 for missing reads the last slot) gives the values."""
+    cats = np.empty(len(col.array.categories) + 1, dtype=object)
+    cats[:-1] = np.asarray(col.array.categories, dtype=object)
+    cats[-1] = np.nan
+    return cats
 
 
 def take_rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
