@@ -7,6 +7,11 @@ declared; reading an undeclared result, one that failed, or one that has not run
 `DependencyError` (the runner records it as the reader's error too). `ctx.segments` is the phase
 segmentation, the phases result's `segments` (so it needs "phases").
 
+`ctx.options` in a detector's view holds only the options it declared in `OPTIONS` (names of
+Options fields); reading another raises `DependencyError`. The results cache (analysis.result_cache)
+keys each result by exactly those options and the results it NEEDS, so a repeat run with another
+min_gap_us reuses every result that cannot depend on it; an undeclared read would make it stale.
+
 `ctx.shared(fn)` memoises a pure function of the trace for the whole run (`sync_calls`,
 `device_busy`, `op_gpu`, `attention_op_spec`): computed by the first detector that asks, the
 same object for every later one. Nothing is cached in module globals.
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
@@ -32,6 +37,22 @@ T = TypeVar("T")
 
 class DependencyError(RuntimeError):
     """A detector read a result it did not declare, or one that failed or did not run."""
+
+
+class OptionsView:
+    """The options one detector declared in OPTIONS; reading any other raises DependencyError."""
+
+    __slots__ = ("_options", "_reads", "_who")
+
+    def __init__(self, options: Options, reads: frozenset[str], who: str) -> None:
+        self._options = options
+        self._reads = reads
+        self._who = who
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._reads:
+            raise DependencyError(f"{self._who} reads the option {name!r} but does not declare it in OPTIONS")
+        return getattr(self._options, name)
 
 
 @dataclass
@@ -47,9 +68,11 @@ class Context:
     detector: str | None = None
     needs: frozenset[str] | None = None
 
-    def for_detector(self, name: str, needs: tuple[str, ...]) -> Context:
-        """A view for one detector: same results, errors and memo, reads limited to `needs`."""
-        return replace(self, detector=name, needs=frozenset(needs))
+    def for_detector(self, name: str, needs: tuple[str, ...], reads: tuple[str, ...] | None = None) -> Context:
+        """A view for one detector: same results, errors and memo, reads limited to `needs` and,
+        when `reads` is given, options limited to those names."""
+        options = self.options if reads is None else cast("Options", OptionsView(self.options, frozenset(reads), name))
+        return replace(self, detector=name, needs=frozenset(needs), options=options)
 
     def result(self, name: str) -> Any:
         """The result of detector `name`, which this detector must have declared in NEEDS."""

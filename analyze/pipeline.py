@@ -6,6 +6,8 @@ A detector is one module under analysis/detectors/ that declares
 - `NAME`: its section in the JSON summary (and its attribute on the Analysis: `analysis.gaps`);
 - `NEEDS`: the names of the detectors whose results it reads (`ctx.result("gaps")`; `ctx.segments`
   needs "phases"); it can read nothing else;
+- `OPTIONS` (optional, default none): the fields of Options it reads (`ctx.options.min_gap_us`);
+  reading another raises. The results cache keys each result by these and its NEEDS;
 - `run(trace, ctx) -> result`: a dataclass with `to_json() -> dict`, a `findings` list, and
   DataFrames for notebook users.
 It imports helpers from analysis.common and the model from analysis.loading, never another
@@ -27,8 +29,10 @@ from __future__ import annotations
 import heapq
 import os
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields
 from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -53,6 +57,7 @@ from tokentrace.analysis.findings import Finding, rank
 from tokentrace.analysis.loading.graph_replay import apply_graph_maps
 from tokentrace.analysis.loading.loader import load
 from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.result_cache import MISS, open_results
 
 # Version of the JSON summary. Bump on any change that renames or removes a key; adding keys is
 # compatible. Scripts and `tokentrace check` rely on these keys.
@@ -114,10 +119,6 @@ def run_order(detectors: tuple[ModuleType, ...]) -> tuple[ModuleType, ...]:
     return tuple(by_name[n] for n in order)
 
 
-RUN_ORDER = run_order(DETECTORS)
-SECTIONS: tuple[str, ...] = tuple(mod.NAME for mod in DETECTORS)
-
-
 @dataclass
 class Options:
     """Analysis settings a user can change; each default is explained where it is used."""
@@ -140,9 +141,24 @@ class Options:
     phases: tuple[tuple[str, str], ...] = ()
     # Loading a path (analysis.loading.loader.load): the most uncompressed JSON to read (bytes
     # or text such as "8G"; None: $TOKENTRACE_MAX_TRACE_SIZE, else half of memory) and whether
-    # to use the cache of loaded traces (None: yes, unless $TOKENTRACE_NO_CACHE is set).
+    # to use the caches of loaded traces and of detector results (None: yes, unless
+    # $TOKENTRACE_NO_CACHE is set; a folder: that cache folder).
     max_trace_size: int | str | None = None
-    cache: bool | None = None
+    cache: bool | str | os.PathLike[str] | None = None
+
+
+def check_options(detectors: tuple[ModuleType, ...]) -> None:
+    """RegistryError for a detector whose OPTIONS names something that is not a field of Options."""
+    known = {f.name for f in fields(Options)}
+    for mod in detectors:
+        unknown = [n for n in getattr(mod, "OPTIONS", ()) if n not in known]
+        if unknown:
+            raise RegistryError(f"detector {mod.NAME!r} declares options {', '.join(map(repr, unknown))}, which Options does not have")
+
+
+RUN_ORDER = run_order(DETECTORS)
+check_options(DETECTORS)
+SECTIONS: tuple[str, ...] = tuple(mod.NAME for mod in DETECTORS)
 
 
 @dataclass(eq=False)
@@ -151,6 +167,10 @@ class Analysis:
     options: Options
     results: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)
+    # The sections read from the results cache (analysis.result_cache) instead of computed, and
+    # the wall seconds each detector took (reading it back, for those).
+    cached: tuple[str, ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict)
     # False: every detector's result is here (a SavedAnalysis, read back from a JSON summary, has none).
     summary_only = False
 
@@ -204,22 +224,56 @@ class Analysis:
 
 
 def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None = None) -> Analysis:
-    """Run every detector on a trace (or a path to one); `tokentrace.analyze` is the public face."""
+    """Run every detector on a trace (or a path to one); `tokentrace.analyze` is the public face.
+
+    For a path, results come from the results cache where their inputs are unchanged
+    (analysis.result_cache) and new ones are stored there."""
     opts = options or Options()
+    results_store = None
     if not isinstance(trace, Trace):
         trace = load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
-    trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
+        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
+        results_store = open_results(trace, opts.cache)
+    else:
+        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
     ctx = Context(trace=trace, options=opts)
+    cached: list[str] = []
+    seconds: dict[str, float] = {}
     for mod in RUN_ORDER:
         name = mod.NAME
+        reads = tuple(getattr(mod, "OPTIONS", ()))
+        t0 = time.perf_counter()
+        key = None
+        if results_store is not None:
+            key = results_store.key(name, {o: getattr(opts, o) for o in reads}, mod.NEEDS)
+            value = results_store.get(name, key) if key is not None else MISS
+            if value is not MISS:
+                ctx.results[name] = value
+                cached.append(name)
+                seconds[name] = time.perf_counter() - t0
+                continue
         try:
-            ctx.results[name] = mod.run(trace, ctx.for_detector(name, mod.NEEDS))
+            ctx.results[name] = mod.run(trace, ctx.for_detector(name, mod.NEEDS, reads))
         except Exception as exc:  # one detector's failure must not hide the others
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
             ctx.errors[name] = f"{type(exc).__name__}: {exc}"
+            if results_store is not None:
+                results_store.forget(name)
             from tokentrace.reports.format import visible
 
             print(visible(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})", one_line=True),
                   file=sys.stderr)
-    return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors)
+        else:
+            if results_store is not None and key is not None:
+                results_store.put(name, key, ctx.results[name])
+        seconds[name] = time.perf_counter() - t0
+    if results_store is not None:
+        results_store.evict()
+        if cached:
+            from tokentrace.reports.format import visible
+
+            print(visible(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
+                          f"in {sum(seconds[n] for n in cached):.2f} s ({results_store.dir}; --no-cache to bypass)", one_line=True),
+                  file=sys.stderr)
+    return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds)

@@ -186,16 +186,25 @@ def report(traces: Trace | Analysis | PathLike | Sequence[Trace | Analysis | Pat
         if output is not None:
             write_output(os.fspath(output), text, inputs=[str(p) for p in plain if isinstance(p, (str, os.PathLike))])
         return text
-    # Command-line order; a directory's traces (ranks, steps) in load_all's order within it.
-    loaded = [t for item in plain for t in ([item] if isinstance(item, (_Analysis, _Trace)) else load_all(item))]
+    # Command-line order; a directory's traces (ranks, steps) in load_all's order within it (rank,
+    # then path). Files are analysed from their paths, so their results can come from the cache.
+    from tokentrace.analysis.loading.files import find_trace_files
+
+    groups = [[item] if isinstance(item, (_Analysis, _Trace)) else [str(f) for f in find_trace_files([item])] for item in plain]
+    total = sum(map(len, groups))
     analyses: list[Analysis] = []
-    for i, item in enumerate(loaded, 1):
-        if isinstance(item, _Analysis):
-            analyses.append(item)
-            continue
-        if progress:
-            progress(f"analysing {i}/{len(loaded)}: {item.path}")
-        analyses.append(analyze(item, options=options))
+    done = 0
+    for group in groups:
+        done_here: list[Analysis] = []
+        for item in group:
+            done += 1
+            if isinstance(item, _Analysis):
+                done_here.append(item)
+                continue
+            if progress:
+                progress(f"analysing {done}/{total}: {item if isinstance(item, str) else item.path}")
+            done_here.append(analyze(item, options=options))
+        analyses.extend(sorted(done_here, key=lambda a: (a.trace.rank, a.trace.path)) if len(group) > 1 else done_here)
     text = render(analyses, kind, None if output is None else os.fspath(output), sweeps)
     if output is not None:
         write_output(os.fspath(output), text, inputs=[a.trace.path for a in analyses if getattr(a, "trace", None) is not None])

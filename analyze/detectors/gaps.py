@@ -57,6 +57,7 @@ from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
 NEEDS = ("phases",)
+OPTIONS = ("min_gap_us",)
 CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "collective", "outside_steps")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not

@@ -54,6 +54,7 @@ from tokentrace.profiling.conventions import TOKENIZE as TOKENIZE_ANNOTATION
 
 NAME = "phases"
 NEEDS: tuple[str, ...] = ()
+OPTIONS = ("phases",)
 
 # The capture module's annotation names come from its conventions (stdlib only: no torch). A
 # decode step's name is decode_step_name(i); the text around the index is matched here.

@@ -29,6 +29,7 @@ from tokentrace.analysis.segments import Segments
 
 NAME = "gpu"
 NEEDS = ("phases",)
+OPTIONS = ("nsys_gap_ms", "nsys_util_chunks", "nsys_util_threshold")
 # Decimal places of the shares and times in this section.
 DIGITS = 6
 

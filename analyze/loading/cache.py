@@ -93,6 +93,38 @@ def loader_fingerprint() -> str:
     return h.hexdigest()
 
 
+def file_key(path: Path) -> str | None:
+    """The key of a file's entry: the loader's fingerprint, the file's identity and state, and its
+    first and last MiB (see the module docstring); None when the file cannot be read."""
+    try:
+        st = os.stat(path)
+        h = hashlib.blake2b(digest_size=20)
+        ident = (loader_fingerprint(), os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        h.update(repr(ident).encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read(EDGE_BYTES))
+            if st.st_size > EDGE_BYTES:
+                fh.seek(max(EDGE_BYTES, st.st_size - EDGE_BYTES))
+                h.update(fh.read(EDGE_BYTES))
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def worth_keeping(json_bytes: int) -> bool:
+    """Whether a trace of this much JSON is cached (MIN_JSON_BYTES, or $TOKENTRACE_CACHE_MIN_SIZE)."""
+    try:
+        least = _size(os.environ.get(CACHE_MIN_ENV))
+    except ValueError:
+        least = None
+    return json_bytes >= (MIN_JSON_BYTES if least is None else least)
+
+
+def _is_entry(d: Path) -> bool:
+    # An entry's folder is named by its key (40 hex digits); results/ and summaries/ share the root.
+    return len(d.name) == 40 and all(c in "0123456789abcdef" for c in d.name) and d.is_dir()
+
+
 class Store:
     """One cache folder."""
 
@@ -104,24 +136,13 @@ class Store:
             self.max_bytes = DEFAULT_SIZE_BYTES
 
     def key(self, path: Path) -> str | None:
-        try:
-            st = os.stat(path)
-            h = hashlib.blake2b(digest_size=20)
-            ident = (loader_fingerprint(), os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            h.update(repr(ident).encode())
-            with open(path, "rb") as fh:
-                h.update(fh.read(EDGE_BYTES))
-                if st.st_size > EDGE_BYTES:
-                    fh.seek(max(EDGE_BYTES, st.st_size - EDGE_BYTES))
-                    h.update(fh.read(EDGE_BYTES))
-        except OSError:
-            return None
-        return h.hexdigest()
+        return file_key(path)
 
     # ---- reading -------------------------------------------------------------------------
-    def get(self, path: Path) -> Trace | None:
-        """The cached Trace of this file, or None (absent, stale or corrupt: then removed)."""
-        key = self.key(path)
+    def get(self, path: Path, key: str | None = None) -> Trace | None:
+        """The cached Trace of this file (whose key is `key` if given), or None (absent, stale or
+        corrupt: then removed)."""
+        key = key or self.key(path)
         if key is None:
             return None
         entry = self.root / key
@@ -139,17 +160,14 @@ class Store:
         return trace
 
     # ---- writing -------------------------------------------------------------------------
-    def put(self, path: Path, trace: Trace) -> bool:
+    def put(self, path: Path, trace: Trace, key: str | None = None) -> bool:
         """Write the entry for this file (when it is large enough and every value round-trips
-        exactly); True when written. Never raises for a cache that cannot be written."""
+        exactly) under `key` (the key taken before the file was read, if given); True when
+        written. Never raises for a cache that cannot be written."""
         nbytes = trace.meta.get("_load", {}).get("bytes") or 0
-        try:
-            least = _size(os.environ.get(CACHE_MIN_ENV))
-        except ValueError:
-            least = None
-        if nbytes < (MIN_JSON_BYTES if least is None else least):
+        if not worth_keeping(nbytes):
             return False
-        key = self.key(path)
+        key = key or self.key(path)
         if key is None:
             return False
         entry = self.root / key
@@ -172,7 +190,7 @@ class Store:
     def _evict(self, keep: Path) -> None:
         entries = []
         for d in self.root.iterdir():
-            if d.name.startswith(".") or not d.is_dir():
+            if not _is_entry(d):
                 continue
             size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
             try:

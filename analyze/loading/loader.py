@@ -97,11 +97,13 @@ def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: i
     # a 1 GB trace's cache entry took 0.64-0.69 s of CPU with it off, 1.08-1.76 s with it on.
     hugepages = _set_numpy_hugepages(False)
     try:
-        cached = store.get(path) if store is not None else None
+        # Taken before the file is read: a file changed while it is parsed gets no entry it matches.
+        key = store.key(path) if store is not None else None
+        cached = store.get(path, key) if store is not None and key is not None else None
         if cached is not None:
             cached.rank = _rank(cached.meta, path)  # the name may differ (a link to the same file)
             cached.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": cached.meta.get("_load", {}).get("bytes"),
-                                    "cache": "hit"}
+                                    "cache": "hit", "key": key}
             meter.cached(store.root if store is not None else Path(), cached.meta["_load"]["seconds"])
             _print_warnings(path, cached.warnings)
             return cached
@@ -111,7 +113,9 @@ def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: i
     meter.done(nbytes)
     trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": nbytes, "cache": "off" if store is None else "miss",
                            **trace.meta.get("_load", {})}
-    if store is not None and store.put(path, trace):
+    if key is not None:  # also keys the results of this trace (analysis.result_cache)
+        trace.meta["_load"]["key"] = key
+    if store is not None and store.put(path, trace, key):
         trace.meta["_load"]["cache"] = "written"
     _print_warnings(path, warnings)
     return trace

@@ -60,8 +60,8 @@ def load_options(f: F) -> F:
                   help="Refuse a trace whose uncompressed JSON is larger than SIZE (e.g. 8G; default: half of this "
                        "machine's memory, or $TOKENTRACE_MAX_TRACE_SIZE).")
     @click.option("--no-cache", is_flag=True,
-                  help="Read every trace again: neither read nor write tokentrace's caches (loaded traces and, "
-                       "for many-trace commands, per-trace summaries).")
+                  help="Read every trace again: neither read nor write tokentrace's caches (loaded traces, "
+                       "detector results and, for many-trace commands, per-trace summaries).")
     @functools.wraps(f)
     def wrapper(*args: Any, max_trace_size: str | None, no_cache: bool, **kwargs: Any) -> Any:
         env = {MAX_SIZE_ENV: max_trace_size} if max_trace_size else {}

@@ -1,0 +1,185 @@
+"""The results cache: each detector's result for one trace file, so a repeat run on an unchanged
+trace (`analyze` again with other options, `report`, `diff`, `check`) reads the results it can
+instead of computing them, and computes only those whose inputs changed.
+
+Where: `results/` in the cache folder of loaded traces (analysis.loading.cache: the folder given
+as `cache=`, else $TOKENTRACE_CACHE_DIR, else $XDG_CACHE_HOME/tokentrace, else
+~/.cache/tokentrace). One file per detector result, `results/<two hex digits>/<key>.ttr`,
+written by analysis.result_codec: typed values and raw numpy buffers, never pickle.
+
+Size: at most an eighth of $TOKENTRACE_CACHE_SIZE (default 1 GiB of the 8 GiB); after a run that
+wrote results, the least recently used entries go until the rest fit. A result is 30 KB-16 MB on
+the shared and sample traces (most of it per-kernel and per-op columns).
+
+Key of a result (BLAKE2b): the trace's key in the trace cache (loader fingerprint, the file's
+identity and state, its first and last MiB; recorded by the load that read it), the analysis
+fingerprint (the source of every module of tokentrace.analysis and of the modules it reads
+outside it, numpy's and pandas' versions), the graph maps applied (each map file's own key, how it
+was found, the notes), the detector's NAME, the values of the options it declares in OPTIONS, and
+the keys of the results it NEEDS. So another min_gap_us reruns gaps and the detectors that read
+gaps (launches, syncs, communication), and nothing else; an edit to any analysis module, even an
+uncommitted one, misses everything.
+
+Used only for a trace given as a path (a Trace object may have been changed since its load), when
+the trace cache is on (`cache=False`, `--no-cache` or TOKENTRACE_NO_CACHE=1 bypass both) and for
+traces the trace cache would keep (16 MiB of JSON or more, TOKENTRACE_CACHE_MIN_SIZE): smaller
+ones analyse in about a second. A detector that failed is not stored; an entry that does not read
+back (torn, foreign, another class layout) is removed and the result computed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tokentrace.analysis import result_codec
+from tokentrace.analysis.loading import cache as trace_cache
+from tokentrace.analysis.loading.trace import Trace
+
+SUFFIX = ".ttr"
+# The results' share of $TOKENTRACE_CACHE_SIZE: they are a small fraction of a trace's columns.
+SHARE = 8
+_MISS = object()
+
+
+@cache
+def analysis_fingerprint() -> str:
+    """A hash of the source of everything that decides a detector's result."""
+    import tokentrace
+    import tokentrace.profiling.conventions as conventions
+
+    analysis = Path(__file__).resolve().parent
+    top = Path(tokentrace.__file__).resolve().parent  # errors, jsonout, ...: not cli/
+    files = sorted(analysis.rglob("*.py")) + sorted(top.glob("*.py")) + [Path(conventions.__file__).resolve()]
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"codec {result_codec.MAGIC!r} numpy {np.__version__} pandas {pd.__version__} msgspec {msgspec.__version__}".encode())
+    for f in files:
+        h.update(str(f.relative_to(f.parents[1])).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.blake2b(repr(parts).encode(), digest_size=20).hexdigest()
+
+
+class ResultStore:
+    """The results folder of one cache folder, and the keys of one trace's results."""
+
+    def __init__(self, store: trace_cache.Store, trace_key: str, maps: str) -> None:
+        self.dir = store.root / "results"
+        self.max_bytes = max(store.max_bytes // SHARE, 1 << 20)
+        self.base = _digest(analysis_fingerprint(), trace_key, maps)
+        self.keys: dict[str, str] = {}
+        self.wrote = False
+
+    def key(self, name: str, options: dict[str, Any], needs: tuple[str, ...]) -> str | None:
+        """The key of detector `name`'s result (None when a result it needs has none)."""
+        upstream = [self.keys.get(n) for n in needs]
+        if any(k is None for k in upstream):
+            return None
+        k = _digest(self.base, name, sorted(options.items()), upstream)
+        self.keys[name] = k
+        return k
+
+    def forget(self, name: str) -> None:
+        """`name` failed: the results that need it get no key (and are neither read nor stored)."""
+        self.keys.pop(name, None)
+
+    def _file(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}{SUFFIX}"
+
+    def get(self, name: str, key: str) -> Any:
+        """The stored result, or _MISS."""
+        f = self._file(key)
+        try:
+            data = bytearray(f.read_bytes())
+        except OSError:
+            return _MISS
+        try:
+            stored_name, value = result_codec.unpack(data)
+            if stored_name != name:
+                raise ValueError("another detector's result")
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, ImportError, msgspec.MsgspecError):
+            f.unlink(missing_ok=True)
+            return _MISS
+        try:
+            os.utime(f)  # recently used: kept longest
+        except OSError:
+            pass
+        return value
+
+    def put(self, name: str, key: str, value: Any) -> bool:
+        """Store a result; False (nothing written) for a value the codec does not hold or a folder
+        that cannot be written. Never raises for the cache's sake."""
+        try:
+            data = result_codec.pack([name, value])
+        except (result_codec.Unsupported, TypeError, ValueError, OverflowError, msgspec.MsgspecError):
+            return False
+        f = self._file(key)
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=f.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, f)
+            except OSError:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            return False
+        self.wrote = True
+        return True
+
+    def evict(self) -> None:
+        """Remove the least recently used results until the rest fit in max_bytes."""
+        if not self.wrote:
+            return
+        entries = []
+        for f in self.dir.glob(f"*/*{SUFFIX}"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            entries.append((st.st_mtime, st.st_size, f))
+        total = sum(s for _, s, _ in entries)
+        for _, size, f in sorted(entries, key=lambda e: e[0]):
+            if total <= self.max_bytes:
+                break
+            f.unlink(missing_ok=True)
+            total -= size
+
+
+def _maps_state(trace: Trace) -> str:
+    """What the graph maps applied to this trace depend on: each map's file and how it was found."""
+    info = trace.graph_replays
+    if info is None:
+        return "no graph maps"
+    sources = []
+    for s in getattr(info, "sources", []) or []:
+        path = Path(getattr(s, "path", s))
+        sources.append((str(path), getattr(s, "found_by", ""), repr(getattr(s, "details", None)), trace_cache.file_key(path)))
+    return repr((sources, list(getattr(info, "notes", []) or [])))
+
+
+def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None) -> ResultStore | None:
+    """The results store for a trace just loaded from a path with this `cache` setting, or None
+    when results are not cached for it (cache off, a small trace, a load without a key)."""
+    store = trace_cache.open_store(cache)
+    load = trace.meta.get("_load", {})
+    key = load.get("key")
+    if store is None or not key or not trace_cache.worth_keeping(load.get("bytes") or 0):
+        return None
+    return ResultStore(store, key, _maps_state(trace))
+
+
+MISS = _MISS

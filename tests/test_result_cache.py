@@ -1,0 +1,325 @@
+"""The results cache: detector results read back equal (typed, pickle-free), a repeat run reuses
+exactly the results whose inputs are unchanged, never stale, never trusted across versions or
+class layouts, corrupt entries recomputed, size limit, --no-cache; summaries identical with and
+without it on every real and sample trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from conftest import SAMPLE_TRACES, real_trace_params
+from tracebuilder import TraceBuilder
+
+import tokentrace
+from tokentrace.analysis import pipeline, result_cache, result_codec
+from tokentrace.analysis.context import Context, DependencyError
+from tokentrace.analysis.findings import Finding
+from tokentrace.analysis.loading import cache as trace_cache
+from tokentrace.analysis.pipeline import Options, RegistryError, run_pipeline
+from tokentrace.cli import main
+from tokentrace.jsonout import dumps
+
+ALL = tuple(pipeline.SECTIONS)
+GAP_READERS = {"gaps", "launches", "syncs", "communication"}  # gaps and what NEEDS it
+
+
+@pytest.fixture(autouse=True)
+def cache_small_traces(monkeypatch, tmp_path):
+    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)  # cache even these tiny traces
+    monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TOKENTRACE_NO_CACHE", raising=False)
+    monkeypatch.delenv("TOKENTRACE_CACHE_MIN_SIZE", raising=False)
+
+
+def same(a, b, path="value"):
+    """a and b are equal values of the same types, all the way down."""
+    assert type(a) is type(b), (path, type(a), type(b))
+    if isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+        same(dict(a.attrs), dict(b.attrs), path + ".attrs")
+    elif isinstance(a, pd.Series):
+        pd.testing.assert_series_equal(a, b, check_exact=True)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        if a.dtype.kind == "O":
+            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel(), strict=True)):
+                same(x, y, f"{path}[{i}]")
+        else:
+            assert np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"), path
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b, path
+    else:
+        assert a is b or a == b, (path, a, b)
+
+
+def gap_trace(second_gap_us: float = 5.0) -> TraceBuilder:
+    """Two GPU idle gaps: 500 us and `second_gap_us`."""
+    b = TraceBuilder()
+    b.cpu_op("aten::relu", 90, 20)
+    b.launch("k_a", 95, 100, 100)  # busy [100, 200)
+    b.cpu_op("aten::mm", 150, 560)
+    b.launch("k_b", 695, 700, 50)  # idle 500 us, busy [700, 750)
+    b.cpu_op("aten::add", 740, 30)
+    b.launch("k_c", 745, 750 + second_gap_us, 40)
+    return b
+
+
+# ---- the codec -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Foreign:
+    x: int = 1
+
+
+def test_codec_round_trips_every_kind_of_value():
+    frame = pd.DataFrame({
+        "i": np.arange(4, dtype=np.int32), "f": [0.5, np.nan, -0.0, np.inf], "b": [True, False, True, False],
+        "n": pd.array([1, None, 3, None], dtype="Int64"), "s": pd.Series(["a", None, "c", "d"], dtype="str"),
+        "o": pd.Series(["x", None, [1, 2], ("t", 1)], dtype=object), "c": pd.Categorical(["u", "v", "u", None]),
+    }, index=pd.RangeIndex(10, 14))
+    frame.attrs["unit"] = "us"
+    value = {
+        "frame": frame, "empty": pd.DataFrame(index=pd.RangeIndex(3)), "named": pd.Series([1.5, 2.5], index=["a", "b"], name="x"),
+        "arr": np.arange(12, dtype=np.float32).reshape(3, 4), "objs": np.array([[1], "a", None], dtype=object),
+        "text": np.array(["ab", "c"]), "scalars": (np.float64(1.25), np.int64(-3), np.str_("k"), np.bool_(True)),
+        "keys": {(1, 2): "tuple key", np.int64(5): "numpy key", 3: "int key"}, "sets": [{1, 2}, frozenset({"a"})],
+        "big": 2**64 - 1, "neg": -(2**63), "na": pd.NA, "finding": Finding(id="x", title="t", category="gaps", recommendation="r", time_range_us=(1.0, 2.0)),
+        "nested": [[], {}, (), ((),)], "none": None, "nan": float("nan"),
+    }
+    back = result_codec.unpack(result_codec.pack(value))
+    same(value, back)
+    back["arr"][0, 0] = 7.0  # arrays read back are writable: a later detector may work on them in place
+    assert back["arr"][0, 0] == 7.0
+
+
+def test_codec_refuses_what_it_cannot_hold_exactly():
+    for value in (Foreign(), object(), 2**64, pd.DataFrame([[1, 2]], columns=["a", "a"]),
+                  pd.DataFrame({"t": pd.to_datetime(["2024-01-01"])}), np.array(["2024-01-01"], dtype="datetime64[D]"),
+                  pd.DataFrame(index=pd.MultiIndex.from_tuples([(1, 2)]))):
+        with pytest.raises(result_codec.Unsupported):
+            result_codec.pack(value)
+
+
+def test_codec_reads_no_class_from_outside_tokentrace_and_no_stale_layout():
+    data = result_codec.pack(Finding(id="x", title="t", category="gaps", recommendation="r", time_range_us=(1.0, 2.0)))
+    forged = data.replace(b"tokentrace.analysis.findings", b"subprocess\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+    with pytest.raises(ValueError, match="refusing a class from subprocess"):
+        result_codec.unpack(forged)
+    renamed = data.replace(b"Finding", b"Findxng")
+    with pytest.raises(AttributeError):
+        result_codec.unpack(renamed)
+    with pytest.raises(ValueError, match="truncated|not a results"):
+        result_codec.unpack(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="not a results entry"):
+        result_codec.unpack(b"\x80\x04pickle")
+
+
+@pytest.mark.parametrize("path", real_trace_params() + [pytest.param(p, id=f"sample-{p.parent.name}-{p.name.split('.')[0]}")
+                                                         for p in sorted(SAMPLE_TRACES.glob("*/*/combined.pt.trace.json.gz"))])
+def test_every_result_of_real_traces_round_trips(path):
+    a = run_pipeline(path, Options(cache=False))
+    assert not a.errors
+    for name, value in a.results.items():
+        back = result_codec.unpack(result_codec.pack(value))
+        same(value, back, name)
+        assert dumps(back.to_json()) == dumps(value.to_json()), name
+
+
+# ---- the pipeline with the cache -------------------------------------------------------------------
+
+
+def test_repeat_run_reads_every_result_and_says_so(tmp_path, capsys):
+    p = gap_trace().write(tmp_path / "t.json")
+    first = run_pipeline(p)
+    assert first.cached == () and first.gaps.to_json()["count"] == 2
+    capsys.readouterr()
+    second = run_pipeline(p)
+    assert second.cached == ALL
+    assert "13 of 13 results from the cache" in capsys.readouterr().err
+    assert dumps(second.to_json()) == dumps(first.to_json())
+    assert len(list((tmp_path / "cache" / "results").glob("*/*.ttr"))) == len(ALL)
+
+
+def test_other_min_gap_reruns_only_gaps_and_its_readers(tmp_path):
+    p = gap_trace(second_gap_us=5.0).write(tmp_path / "t.json")
+    assert run_pipeline(p).gaps.to_json()["count"] == 2
+    wide = run_pipeline(p, Options(min_gap_us=10.0))
+    assert set(ALL) - set(wide.cached) == GAP_READERS
+    assert wide.gaps.to_json()["count"] == 1 and wide.gaps.to_json()["total_us"] == 500.0
+    assert dumps(wide.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=10.0, cache=False)).to_json())
+    assert run_pipeline(p, Options(min_gap_us=10.0)).cached == ALL  # both settings are kept
+    assert run_pipeline(p).gaps.to_json()["count"] == 2
+
+
+def test_other_phase_patterns_rerun_everything_that_reads_phases(tmp_path):
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    a = run_pipeline(p, Options(phases=(("decode", r"aten::add"),)))
+    assert a.cached == ("trace",)  # the overview reads neither options nor phases
+
+
+def test_changed_trace_misses(tmp_path):
+    p = tmp_path / "t.json"
+    gap_trace(second_gap_us=5.0).write(p)
+    assert run_pipeline(p).gaps.to_json()["count"] == 2
+    gap_trace(second_gap_us=1.0).write(p)  # same size class, new bytes
+    again = run_pipeline(p)
+    assert again.cached == ()
+    assert again.gaps.to_json()["count"] == 1
+
+
+def test_no_cache_neither_reads_nor_writes(tmp_path, monkeypatch):
+    p = gap_trace().write(tmp_path / "t.json")
+    assert run_pipeline(p, Options(cache=False)).cached == ()
+    assert not (tmp_path / "cache" / "results").exists()
+    run_pipeline(p)
+    assert run_pipeline(p, Options(cache=False)).cached == ()
+    monkeypatch.setenv("TOKENTRACE_NO_CACHE", "1")
+    assert run_pipeline(p).cached == ()
+
+
+def test_a_trace_object_is_never_served_from_the_cache(tmp_path):
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    trace = tokentrace.load(p)
+    trace.events = trace.events[trace.events["name"] != "k_c"].reset_index(drop=True)  # changed after its load
+    a = run_pipeline(trace)
+    assert a.cached == () and a.gaps.to_json()["count"] == 1
+
+
+def test_small_traces_are_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 1 << 20)
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    assert run_pipeline(p).cached == ()
+
+
+def test_another_analysis_version_misses(tmp_path, monkeypatch):
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    monkeypatch.setattr(result_cache, "analysis_fingerprint", lambda: "an edited detector")
+    assert run_pipeline(p).cached == ()
+
+
+def test_corrupt_and_foreign_entries_are_recomputed(tmp_path):
+    p = gap_trace().write(tmp_path / "t.json")
+    ref = dumps(run_pipeline(p).to_json())
+    files = sorted((tmp_path / "cache" / "results").glob("*/*.ttr"))
+    files[0].write_bytes(files[0].read_bytes()[:40])  # torn
+    files[1].write_bytes(files[2].read_bytes())  # another detector's result under this key
+    files[3].write_bytes(b"")
+    a = run_pipeline(p)
+    assert len(a.cached) == len(ALL) - 3
+    assert dumps(a.to_json()) == ref
+    assert run_pipeline(p).cached == ALL  # rewritten
+
+
+def test_failed_detector_is_not_stored_nor_are_its_readers(tmp_path, monkeypatch):
+    from tokentrace.analysis.detectors import gaps
+
+    p = gap_trace().write(tmp_path / "t.json")
+
+    def broken(trace, ctx):
+        raise RuntimeError("odd input")
+
+    monkeypatch.setattr(gaps, "run", broken)
+    failed = run_pipeline(p)
+    assert "gaps" in failed.errors
+    monkeypatch.undo()
+    monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)
+    a = run_pipeline(p)
+    assert set(ALL) - set(a.cached) == GAP_READERS and not a.errors
+    assert a.gaps.to_json()["count"] == 2
+
+
+def test_results_stay_within_their_share_of_the_cache_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENTRACE_CACHE_SIZE", "8M")  # results get an eighth: 1 MiB
+    paths = [gap_trace(second_gap_us=4.0 + i).write(tmp_path / f"t{i}.json") for i in range(3)]
+    b = TraceBuilder()
+    for i in range(3000):  # results of a few hundred KB
+        b.cpu_op("aten::mm", 10.0 * i, 5, input_dims=[[16, 64], [64, 64]])
+        b.launch(f"gemm_{i % 50}", 10.0 * i + 1, 10.0 * i + 2, 4)
+    paths.append(b.write(tmp_path / "big.json"))
+    for p in paths:
+        run_pipeline(p)
+    total = sum(f.stat().st_size for f in (tmp_path / "cache" / "results").glob("*/*.ttr"))
+    assert 0 < total <= 1 << 20
+    assert trace_cache.default_root() == tmp_path / "cache"
+    assert any(trace_cache._is_entry(d) for d in (tmp_path / "cache").iterdir())  # trace entries kept too
+
+
+def test_trace_cache_eviction_leaves_results_and_summaries_alone(tmp_path, monkeypatch):
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    (tmp_path / "cache" / "summaries").mkdir()
+    monkeypatch.setenv("TOKENTRACE_CACHE_SIZE", "1")  # every trace entry must go but the newest
+    q = gap_trace(second_gap_us=7.0).write(tmp_path / "u.json")
+    run_pipeline(q)
+    assert (tmp_path / "cache" / "results").is_dir() and (tmp_path / "cache" / "summaries").is_dir()
+
+
+def test_report_and_check_from_the_cli_reuse_results(tmp_path):
+    p = gap_trace().write(tmp_path / "t.json")
+    runner = CliRunner()
+    first = runner.invoke(main, ["analyze", str(p), "--json", str(tmp_path / "a.json")])
+    assert first.exit_code == 0, first.output
+    out = runner.invoke(main, ["report", str(p), "-o", str(tmp_path / "r.md")])
+    assert out.exit_code == 0, out.output
+    assert "13 of 13 results from the cache" in out.output
+    again = runner.invoke(main, ["analyze", str(p), "--json", str(tmp_path / "b.json"), "--no-cache"])
+    assert again.exit_code == 0 and "from the cache" not in again.output
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+
+
+# ---- declared options -------------------------------------------------------------------------------
+
+
+def test_a_detector_reads_only_the_options_it_declares(builder, tmp_path):
+    ctx = Context(builder.load(tmp_path), Options(min_gap_us=7.0))
+    view = ctx.for_detector("gaps", ("phases",), ("min_gap_us",))
+    assert view.options.min_gap_us == 7.0
+    with pytest.raises(DependencyError, match="reads the option 'phases' but does not declare it in OPTIONS"):
+        _ = view.options.phases
+    assert ctx.for_detector("x", ()).options.phases == ()  # no `reads`: unrestricted (notebooks, tests)
+
+
+def test_registry_refuses_an_unknown_option():
+    import types
+
+    mod = types.ModuleType("fake")
+    mod.NAME, mod.NEEDS, mod.OPTIONS, mod.run = "fake", (), ("min_gap",), lambda trace, ctx: None
+    with pytest.raises(RegistryError, match="declares options 'min_gap', which Options does not have"):
+        pipeline.check_options((mod,))
+
+
+# ---- acceptance: summaries identical with and without the cache --------------------------------------
+
+
+@pytest.mark.parametrize("path", real_trace_params() + [pytest.param(p, id=f"sample-{p.parent.parent.name}-{p.name.split('.')[0]}")
+                                                         for p in sorted(SAMPLE_TRACES.glob("*/*/*.pt.trace.json.gz"))])
+def test_summary_identical_with_and_without_the_cache(path):
+    plain = dumps(run_pipeline(path, Options(cache=False)).to_json())
+    assert run_pipeline(path).cached == ()
+    again = run_pipeline(path)
+    assert again.cached == ALL
+    assert dumps(again.to_json()) == plain
+    assert Path(again.trace.path) == Path(path)
