@@ -101,8 +101,11 @@ class ResultStore:
         """The stored result, or _MISS."""
         f = self._file(key)
         try:
-            data = bytearray(f.read_bytes())
-        except OSError:
+            with open(f, "rb") as fh:
+                data = bytearray(os.fstat(fh.fileno()).st_size)
+                if fh.readinto(data) != len(data):  # one copy: the arrays read back are views of it
+                    raise ValueError("results entry changed while read")
+        except (OSError, ValueError):
             return _MISS
         try:
             stored_name, value = result_codec.unpack(data)

@@ -34,7 +34,10 @@ _ALIGN = 64
 _TRUSTED = "tokentrace."
 
 EXT_TUPLE, EXT_ARRAY, EXT_SCALAR, EXT_FRAME, EXT_SERIES, EXT_DATACLASS, EXT_SET, EXT_FROZENSET, EXT_DICT, EXT_NA, \
-    EXT_OBJECT_ARRAY = range(1, 12)
+    EXT_OBJECT_ARRAY, EXT_SPARSE = range(1, 13)
+# A 1-D numeric array of at least this many values, at most a quarter of them non-zero (about),
+# is stored as the positions and values of those.
+SPARSE_MIN = 1 << 16
 
 _PLAIN = (str, int, float, bool, type(None))
 _Ext = msgspec.msgpack.Ext
@@ -63,6 +66,12 @@ class _Packer:
 
     def array(self, arr: np.ndarray) -> _Ext:
         if arr.dtype.kind in "biufc" and not arr.dtype.hasobject and arr.dtype.fields is None:
+            if arr.ndim == 1 and len(arr) >= SPARSE_MIN and arr.dtype.kind in "biuf":
+                # Per-event columns (an op's GPU time on every row of the trace) are mostly zero.
+                # Floats by their bits: -0.0 is not dropped as a zero.
+                where = np.flatnonzero(arr.view(f"u{arr.dtype.itemsize}") if arr.dtype.kind == "f" else arr)
+                if len(where) * (8 + arr.dtype.itemsize) < arr.nbytes // 2:
+                    return self.ext(EXT_SPARSE, [arr.dtype.str, len(arr), self.buffer(where), self.buffer(arr[where])])
             return self.ext(EXT_ARRAY, [arr.dtype.str, list(arr.shape), self.buffer(arr)])
         if arr.dtype == object:
             return self.ext(EXT_OBJECT_ARRAY, [list(arr.shape), self.items(arr.ravel().tolist())])
@@ -175,6 +184,14 @@ class _Unpacker:
         self.base = base
         self.spans = spans
 
+    def buffer(self, i: int, dt: np.dtype, count: int | None = None) -> np.ndarray:
+        start, n = self.spans[i]
+        if count is None:
+            count = n // dt.itemsize
+        if count * dt.itemsize != n:
+            raise ValueError("array size does not match its buffer")
+        return np.frombuffer(self.data, dtype=dt, count=count, offset=self.base + start)
+
     def hook(self, code: int, payload: memoryview) -> Any:
         if code == EXT_NA:  # the one code without a payload
             return pd.NA
@@ -189,12 +206,16 @@ class _Unpacker:
             return {k: val for k, val in v}
         if code == EXT_ARRAY:
             dtype, shape, i = v
-            start, n = self.spans[i]
+            return self.buffer(i, np.dtype(dtype), int(np.prod(shape)) if shape else 1).reshape(shape)
+        if code == EXT_SPARSE:
+            dtype, n, where, values = v
             dt = np.dtype(dtype)
-            count = int(np.prod(shape)) if shape else 1
-            if count * dt.itemsize != n:
-                raise ValueError("array size does not match its buffer")
-            return np.frombuffer(self.data, dtype=dt, count=count, offset=self.base + start).reshape(shape)
+            pos = self.buffer(where, np.dtype(np.int64))
+            out = np.zeros(n, dtype=dt)  # calloc: pages of zeros cost nothing until written
+            if len(pos) and (pos.min() < 0 or pos.max() >= n):
+                raise ValueError("sparse array position out of range")
+            out[pos] = self.buffer(values, dt, len(pos))
+            return out
         if code == EXT_OBJECT_ARRAY:
             shape, values = v[0], v[1]
             if len(v) > 2:

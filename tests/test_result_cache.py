@@ -104,8 +104,14 @@ def test_codec_round_trips_every_kind_of_value():
         "big": 2**64 - 1, "neg": -(2**63), "na": pd.NA, "finding": Finding(id="x", title="t", category="gaps", recommendation="r", time_range_us=(1.0, 2.0)),
         "nested": [[], {}, (), ((),)], "none": None, "nan": float("nan"),
     }
-    back = result_codec.unpack(result_codec.pack(value))
+    sparse = np.zeros(result_codec.SPARSE_MIN + 5, dtype=np.float64)
+    sparse[[0, 7, -1]] = [-0.0, np.nan, 2.5]  # stored as positions and values; -0.0 kept
+    value["sparse"] = [sparse, (sparse != 0).astype(np.int32), np.zeros(result_codec.SPARSE_MIN, dtype=bool)]
+    data = result_codec.pack(value)
+    assert len(data) < sparse.nbytes // 4
+    back = result_codec.unpack(data)
     same(value, back)
+    assert np.signbit(back["sparse"][0][0])
     back["arr"][0, 0] = 7.0  # arrays read back are writable: a later detector may work on them in place
     assert back["arr"][0, 0] == 7.0
 
