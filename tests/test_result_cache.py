@@ -329,3 +329,27 @@ def test_summary_identical_with_and_without_the_cache(path):
     assert again.cached == ALL
     assert dumps(again.to_json()) == plain
     assert Path(again.trace.path) == Path(path)
+
+
+def test_flipped_bytes_in_an_entry_never_raise(tmp_path):
+    """Whatever a damaged entry holds, reading it gives a value or a miss (then the entry is gone)."""
+    p = gap_trace().write(tmp_path / "t.json")
+    a = run_pipeline(p)
+    store = result_cache.open_results(a.trace, None)
+    assert store is not None
+    for mod in pipeline.RUN_ORDER:
+        store.key(mod.NAME, {o: getattr(a.options, o) for o in getattr(mod, "OPTIONS", ())}, mod.NEEDS)
+    key = store.keys["gaps"]
+    entry = store._file(key)
+    good = entry.read_bytes()
+    rng = np.random.default_rng(17)
+    misses = 0
+    for pos in rng.integers(0, len(good), 60):
+        damaged = bytearray(good)
+        damaged[pos] ^= 0xFF
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_bytes(bytes(damaged))
+        value = store.get("gaps", key)
+        misses += value is result_cache.MISS
+        assert value is result_cache.MISS or type(value).__name__ == "GapsResult"
+    assert misses > 0
