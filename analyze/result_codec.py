@@ -34,10 +34,13 @@ _ALIGN = 64
 _TRUSTED = "tokentrace."
 
 EXT_TUPLE, EXT_ARRAY, EXT_SCALAR, EXT_FRAME, EXT_SERIES, EXT_DATACLASS, EXT_SET, EXT_FROZENSET, EXT_DICT, EXT_NA, \
-    EXT_OBJECT_ARRAY, EXT_SPARSE = range(1, 13)
+    EXT_OBJECT_ARRAY, EXT_SPARSE, EXT_TEXTS = range(1, 14)
 # A 1-D numeric array of at least this many values, at most a quarter of them non-zero (about),
 # is stored as the positions and values of those.
 SPARSE_MIN = 1 << 16
+# A text column of at least this many values, a quarter of them distinct or fewer, is stored as
+# its distinct texts and int32 codes: read back as one str object per distinct text.
+TEXTS_MIN = 1 << 12
 
 _PLAIN = (str, int, float, bool, type(None))
 _Ext = msgspec.msgpack.Ext
@@ -85,12 +88,20 @@ class _Packer:
             return values
         return [self.pack(v) for v in values]
 
+    def texts(self, values: list[Any]) -> Any:
+        """A column's values: dictionary-encoded when they are many repeated texts (and None)."""
+        if len(values) >= TEXTS_MIN and all(type(v) is str or v is None for v in values):
+            codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
+            if len(uniques) * 4 <= len(values):
+                return self.ext(EXT_TEXTS, [list(uniques), self.buffer(codes.astype(np.int32))])
+        return self.items(values)
+
     def column(self, col: pd.Series) -> list[Any]:
         """[kind, dtype name, data...] for one column of a frame (or a Series' values)."""
         dtype = col.dtype
         if isinstance(dtype, np.dtype):
             if dtype.kind == "O":
-                return ["object", "object", self.items(col.tolist())]
+                return ["object", "object", self.texts(col.tolist())]
             return ["numpy", dtype.str, self.array(col.to_numpy())]
         name = str(dtype)
         if isinstance(dtype, pd.CategoricalDtype):  # its name does not say its categories
@@ -102,7 +113,7 @@ class _Packer:
         if not same:
             raise Unsupported(f"column dtype {dtype!r}")
         if isinstance(dtype, pd.StringDtype):
-            return ["string", name, self.items(col.to_numpy(dtype=object, na_value=None).tolist())]
+            return ["string", name, self.texts(col.to_numpy(dtype=object, na_value=None).tolist())]
         arr = col.array
         if isinstance(arr, pd.api.extensions.ExtensionArray) and hasattr(arr, "_mask") and hasattr(dtype, "numpy_dtype"):
             mask = col.isna().to_numpy()
@@ -207,6 +218,17 @@ class _Unpacker:
         if code == EXT_ARRAY:
             dtype, shape, i = v
             return self.buffer(i, np.dtype(dtype), int(np.prod(shape)) if shape else 1).reshape(shape)
+        if code == EXT_TEXTS:
+            uniques, i = v
+            if not all(type(t) is str for t in uniques):
+                raise ValueError("texts entry holds a non-text")
+            table = np.empty(len(uniques) + 1, dtype=object)
+            table[:-1] = uniques
+            table[-1] = None  # code -1: absent
+            codes = self.buffer(i, np.dtype(np.int32))
+            if len(codes) and (codes.min() < -1 or codes.max() >= len(uniques)):
+                raise ValueError("text code out of range")
+            return table[codes]
         if code == EXT_SPARSE:
             dtype, n, where, values = v
             dt = np.dtype(dtype)
@@ -245,7 +267,9 @@ class _Unpacker:
         raise ValueError(f"unknown extension code {code}")
 
 
-def _objects(values: list[Any]) -> np.ndarray:
+def _objects(values: list[Any] | np.ndarray) -> np.ndarray:
+    if isinstance(values, np.ndarray):  # dictionary-encoded texts, already an object array
+        return values
     out = np.empty(len(values), dtype=object)
     for i, x in enumerate(values):  # element by element: numpy would nest lists into dimensions
         out[i] = x

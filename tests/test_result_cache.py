@@ -107,8 +107,12 @@ def test_codec_round_trips_every_kind_of_value():
     sparse = np.zeros(result_codec.SPARSE_MIN + 5, dtype=np.float64)
     sparse[[0, 7, -1]] = [-0.0, np.nan, 2.5]  # stored as positions and values; -0.0 kept
     value["sparse"] = [sparse, (sparse != 0).astype(np.int32), np.zeros(result_codec.SPARSE_MIN, dtype=bool)]
+    n = result_codec.TEXTS_MIN + 3  # repeated texts: stored as distinct texts and codes
+    value["texts"] = pd.DataFrame({"s": pd.Series((["launch", None, "sync"] * n)[:n], dtype="str"),
+                                   "o": pd.Series((["a", "b", None, "c"] * n)[:n], dtype=object)})
     data = result_codec.pack(value)
     assert len(data) < sparse.nbytes // 4
+    assert data.count(b"launch") == 1
     back = result_codec.unpack(data)
     same(value, back)
     assert np.signbit(back["sparse"][0][0])
