@@ -229,13 +229,11 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     For a path, results come from the results cache where their inputs are unchanged
     (analysis.result_cache) and new ones are stored there."""
     opts = options or Options()
-    results_store = None
-    if not isinstance(trace, Trace):
-        trace = load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
-        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
-        results_store = open_results(trace, opts.cache)
-    else:
-        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
+    from_path = not isinstance(trace, Trace)
+    loaded = trace if isinstance(trace, Trace) else load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
+    trace = apply_graph_maps(loaded, opts.graph_maps, find=opts.find_graph_maps)
+    # A Trace given in may have been changed since its load: its results are never cached.
+    results_store = open_results(trace, opts.cache) if from_path else None
     ctx = Context(trace=trace, options=opts)
     cached: list[str] = []
     seconds: dict[str, float] = {}
@@ -260,10 +258,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
             ctx.errors[name] = f"{type(exc).__name__}: {exc}"
             if results_store is not None:
                 results_store.forget(name)
-            from tokentrace.reports.format import visible
-
-            print(visible(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})", one_line=True),
-                  file=sys.stderr)
+            _say(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})")
         else:
             if results_store is not None and key is not None:
                 results_store.put(name, key, ctx.results[name])
@@ -271,9 +266,13 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if results_store is not None:
         results_store.evict()
         if cached:
-            from tokentrace.reports.format import visible
-
-            print(visible(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
-                          f"in {sum(seconds[n] for n in cached):.2f} s ({results_store.dir}; --no-cache to bypass)", one_line=True),
-                  file=sys.stderr)
+            _say(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
+                 f"in {sum(seconds[n] for n in cached):.2f} s ({results_store.dir}; --no-cache to bypass)")
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds)
+
+
+def _say(text: str) -> None:
+    """One line on stderr, with trace-borne text made visible (no terminal escapes)."""
+    from tokentrace.reports.format import visible
+
+    print(visible(text, one_line=True), file=sys.stderr)

@@ -47,7 +47,7 @@ from tokentrace.analysis.loading.trace import Trace
 SUFFIX = ".ttr"
 # The results' share of $TOKENTRACE_CACHE_SIZE: they are a small fraction of a trace's columns.
 SHARE = 8
-_MISS = object()
+MISS = object()  # what `get` returns for a result it does not have
 
 
 @cache
@@ -98,7 +98,7 @@ class ResultStore:
         return self.dir / key[:2] / f"{key}{SUFFIX}"
 
     def get(self, name: str, key: str) -> Any:
-        """The stored result, or _MISS."""
+        """The stored result, or MISS."""
         f = self._file(key)
         try:
             with open(f, "rb") as fh:
@@ -106,14 +106,14 @@ class ResultStore:
                 if fh.readinto(data) != len(data):  # one copy: the arrays read back are views of it
                     raise ValueError("results entry changed while read")
         except (OSError, ValueError):
-            return _MISS
+            return MISS
         try:
             stored_name, value = result_codec.unpack(data)
             if stored_name != name:
                 raise ValueError("another detector's result")
         except Exception:  # anything an odd entry raises (MemoryError from a forged length too): compute again
             f.unlink(missing_ok=True)
-            return _MISS
+            return MISS
         try:
             os.utime(f)  # recently used: kept longest
         except OSError:
@@ -125,7 +125,7 @@ class ResultStore:
         that cannot be written. Never raises for the cache's sake."""
         try:
             data = result_codec.pack([name, value])
-        except (result_codec.Unsupported, TypeError, ValueError, OverflowError, msgspec.MsgspecError):
+        except (TypeError, ValueError, OverflowError, msgspec.MsgspecError):  # Unsupported is a TypeError
             return False
         f = self._file(key)
         try:
@@ -154,12 +154,7 @@ class ResultStore:
             except OSError:
                 continue
             entries.append((st.st_mtime, st.st_size, f))
-        total = sum(s for _, s, _ in entries)
-        for _, size, f in sorted(entries, key=lambda e: e[0]):
-            if total <= self.max_bytes:
-                break
-            f.unlink(missing_ok=True)
-            total -= size
+        trace_cache.drop_least_recent(entries, self.max_bytes, lambda f: f.unlink(missing_ok=True))
 
 
 def _maps_state(trace: Trace) -> str:
@@ -167,11 +162,8 @@ def _maps_state(trace: Trace) -> str:
     info = trace.graph_replays
     if info is None:
         return "no graph maps"
-    sources = []
-    for s in getattr(info, "sources", []) or []:
-        path = Path(getattr(s, "path", s))
-        sources.append((str(path), getattr(s, "found_by", ""), repr(getattr(s, "details", None)), trace_cache.file_key(path)))
-    return repr((sources, list(getattr(info, "notes", []) or [])))
+    sources = [(s.path, s.found_by, repr(s.details), trace_cache.file_key(Path(s.path))) for s in info.sources]
+    return repr((sources, info.notes))
 
 
 def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None) -> ResultStore | None:
@@ -184,5 +176,3 @@ def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None) -> R
         return None
     return ResultStore(store, key, _maps_state(trace))
 
-
-MISS = _MISS

@@ -31,7 +31,7 @@ import pandas as pd
 MAGIC = b"TTR1"
 _ALIGN = 64
 # Modules whose dataclasses may be rebuilt from an entry.
-_TRUSTED = "tokentrace."
+_TRUSTED = "tokentrace.analysis."
 
 EXT_TUPLE, EXT_ARRAY, EXT_SCALAR, EXT_FRAME, EXT_SERIES, EXT_DATACLASS, EXT_SET, EXT_FROZENSET, EXT_DICT, EXT_NA, \
     EXT_OBJECT_ARRAY, EXT_SPARSE, EXT_TEXTS = range(1, 14)
@@ -68,8 +68,8 @@ class _Packer:
         return _Ext(code, msgspec.msgpack.encode(payload))
 
     def array(self, arr: np.ndarray) -> _Ext:
-        if arr.dtype.kind in "biufc" and not arr.dtype.hasobject and arr.dtype.fields is None:
-            if arr.ndim == 1 and len(arr) >= SPARSE_MIN and arr.dtype.kind in "biuf":
+        if arr.dtype.kind in "biufc":  # plain numbers (object and structured dtypes are other kinds)
+            if arr.ndim == 1 and len(arr) >= SPARSE_MIN and arr.dtype.kind != "c":
                 # Per-event columns (an op's GPU time on every row of the trace) are mostly zero.
                 # Floats by their bits: -0.0 is not dropped as a zero.
                 where = np.flatnonzero(arr.view(f"u{arr.dtype.itemsize}") if arr.dtype.kind == "f" else arr)
@@ -82,26 +82,23 @@ class _Packer:
             return self.ext(EXT_OBJECT_ARRAY, [list(arr.shape), arr.ravel().tolist(), arr.dtype.str])
         raise Unsupported(f"numpy array of {arr.dtype}")
 
-    def items(self, values: list[Any]) -> list[Any]:
-        # Most object columns hold only str and None: kept as they are, without a call per value.
-        if all(type(v) is str or v is None for v in values):
-            return values
-        return [self.pack(v) for v in values]
-
-    def texts(self, values: list[Any]) -> Any:
-        """A column's values: dictionary-encoded when they are many repeated texts (and None)."""
-        if len(values) >= TEXTS_MIN and all(type(v) is str or v is None for v in values):
+    def items(self, values: list[Any], *, texts: bool = False) -> Any:
+        """A list's values. Most object columns hold only str and None: kept as they are, without
+        a call per value, and for a column (`texts`) of many repeated ones, dictionary-encoded."""
+        if not all(type(v) is str or v is None for v in values):
+            return [self.pack(v) for v in values]
+        if texts and len(values) >= TEXTS_MIN:
             codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
             if len(uniques) * 4 <= len(values):
                 return self.ext(EXT_TEXTS, [list(uniques), self.buffer(codes.astype(np.int32))])
-        return self.items(values)
+        return values
 
     def column(self, col: pd.Series) -> list[Any]:
         """[kind, dtype name, data...] for one column of a frame (or a Series' values)."""
         dtype = col.dtype
         if isinstance(dtype, np.dtype):
             if dtype.kind == "O":
-                return ["object", "object", self.texts(col.tolist())]
+                return ["object", "object", self.items(col.tolist(), texts=True)]
             return ["numpy", dtype.str, self.array(col.to_numpy())]
         name = str(dtype)
         if isinstance(dtype, pd.CategoricalDtype):  # its name does not say its categories
@@ -113,7 +110,7 @@ class _Packer:
         if not same:
             raise Unsupported(f"column dtype {dtype!r}")
         if isinstance(dtype, pd.StringDtype):
-            return ["string", name, self.texts(col.to_numpy(dtype=object, na_value=None).tolist())]
+            return ["string", name, self.items(col.to_numpy(dtype=object, na_value=None).tolist(), texts=True)]
         arr = col.array
         if isinstance(arr, pd.api.extensions.ExtensionArray) and hasattr(arr, "_mask") and hasattr(dtype, "numpy_dtype"):
             mask = col.isna().to_numpy()
@@ -171,7 +168,7 @@ class _Packer:
         raise Unsupported(f"{t.__module__}.{t.__qualname__}")
 
 
-def pack(value: Any) -> bytes:
+def pack(value: Any) -> bytearray:
     """The bytes of value (see the module docstring); Unsupported for a type it does not hold."""
     p = _Packer()
     tree = msgspec.msgpack.encode(p.pack(value))
@@ -182,7 +179,7 @@ def pack(value: Any) -> bytes:
     out[: len(head)] = head
     for (start, n), data in zip(p.spans, p.buffers, strict=True):
         out[base + start: base + start + n] = data
-    return bytes(out)
+    return out  # not copied into bytes: an entry can be 100 MB
 
 
 def _aligned(n: int) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from functools import cache
 from itertools import repeat
 from operator import is_not
@@ -198,13 +199,20 @@ class Store:
             except OSError:
                 used = 0.0
             entries.append((used, size, d))
-        total = sum(s for _, s, _ in entries)
-        for _, size, d in sorted(entries, key=lambda e: e[0]):
-            if total <= self.max_bytes:
-                break
-            if d != keep:
-                shutil.rmtree(d, ignore_errors=True)
-                total -= size
+        drop_least_recent(entries, self.max_bytes, lambda d: shutil.rmtree(d, ignore_errors=True), keep)
+
+
+def drop_least_recent(entries: list[tuple[float, int, Path]], max_bytes: int, remove: Callable[[Path], None],
+                      keep: Path | None = None) -> None:
+    """Remove (last used, size, path) entries, least recently used first, until the rest fit in
+    max_bytes; `keep` (the entry just written) stays. Both caches (traces, results) evict so."""
+    total = sum(s for _, s, _ in entries)
+    for _, size, p in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes:
+            break
+        if p != keep:
+            remove(p)
+            total -= size
 
 
 def _size(text: str | None) -> int | None:
