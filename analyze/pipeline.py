@@ -54,10 +54,10 @@ from tokentrace.analysis.detectors import (
     utilization,
 )
 from tokentrace.analysis.findings import Finding, rank
-from tokentrace.analysis.loading.graph_replay import apply_graph_maps
+from tokentrace.analysis.loading.graph_replay import apply_graph_maps, attribute_from, map_sources
 from tokentrace.analysis.loading.loader import load
-from tokentrace.analysis.loading.trace import Trace
-from tokentrace.analysis.result_cache import MISS, open_results
+from tokentrace.analysis.loading.trace import DeferredTrace, Trace
+from tokentrace.analysis.result_cache import MISS, ResultStore, open_results
 
 # Version of the JSON summary. Bump on any change that renames or removes a key; adding keys is
 # compatible. Scripts and `tokentrace check` rely on these keys.
@@ -171,6 +171,9 @@ class Analysis:
     # the wall seconds each detector took (reading it back, for those).
     cached: tuple[str, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)
+    # Where this trace's results are cached (None: they are not); an HTML report keeps its drawn
+    # figures there too (reports.figure_cache).
+    results_store: ResultStore | None = None
     # False: every detector's result is here (a SavedAnalysis, read back from a JSON summary, has none).
     summary_only = False
 
@@ -229,11 +232,12 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     For a path, results come from the results cache where their inputs are unchanged
     (analysis.result_cache) and new ones are stored there."""
     opts = options or Options()
-    from_path = not isinstance(trace, Trace)
-    loaded = trace if isinstance(trace, Trace) else load(trace, max_trace_size=opts.max_trace_size, cache=opts.cache)
-    trace = apply_graph_maps(loaded, opts.graph_maps, find=opts.find_graph_maps)
-    # A Trace given in may have been changed since its load: its results are never cached.
-    results_store = open_results(trace, opts.cache) if from_path else None
+    if isinstance(trace, Trace):
+        # A Trace given in may have been changed since its load: its results are never cached.
+        trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
+        results_store = None
+    else:
+        trace, results_store = _open(trace, opts)
     ctx = Context(trace=trace, options=opts)
     cached: list[str] = []
     seconds: dict[str, float] = {}
@@ -250,6 +254,10 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
                 cached.append(name)
                 seconds[name] = time.perf_counter() - t0
                 continue
+        if isinstance(trace, DeferredTrace) and trace.deferred:
+            # Read the columns here, not inside the detector: a trace that cannot be read (changed
+            # since its results were keyed) is the run's error, not one detector's.
+            _ = trace.events
         try:
             ctx.results[name] = mod.run(trace, ctx.for_detector(name, mod.NEEDS, reads))
         except Exception as exc:  # one detector's failure must not hide the others
@@ -266,9 +274,28 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if results_store is not None:
         results_store.evict()
         if cached:
+            unread = "; the trace's events were not read" if isinstance(trace, DeferredTrace) and trace.deferred else ""
             _say(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
-                 f"in {sum(seconds[n] for n in cached):.2f} s ({results_store.dir}; --no-cache to bypass)")
-    return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds)
+                 f"in {sum(seconds[n] for n in cached):.2f} s{unread} ({results_store.dir}; --no-cache to bypass)")
+    return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds,
+                    results_store=results_store)
+
+
+def _open(path: str | os.PathLike[str], opts: Options) -> tuple[Trace, ResultStore | None]:
+    """The trace at `path` attributed from its graph maps, and its results store (None when its
+    results are not cached). A trace in the trace cache comes back deferred (DeferredTrace): its
+    columns are read, and its graph maps applied, only when the first detector whose result is
+    not cached reads them, so a run whose every result is cached never reads them (nor do a
+    report or a check of it)."""
+    loaded = load(path, max_trace_size=opts.max_trace_size, cache=opts.cache, defer=True)
+    sources, notes = map_sources(loaded.path, opts.graph_maps, find=opts.find_graph_maps)
+    store = open_results(loaded, opts.cache, sources, notes)
+    if isinstance(loaded, DeferredTrace) and loaded.deferred:
+        head = {"path": loaded.path, "rank": loaded.rank, "meta": loaded.meta, "warnings": loaded.warnings,
+                "process_names": loaded.process_names}
+        # Graph maps add op rows inside their launch calls, so the span is the loaded trace's.
+        return DeferredTrace(build=lambda: attribute_from(loaded, sources, notes), span_ns=loaded.span_ns, **head), store
+    return attribute_from(loaded, sources, notes), store
 
 
 def _say(text: str) -> None:

@@ -20,6 +20,13 @@ the keys of the results it NEEDS. So another min_gap_us reruns gaps and the dete
 gaps (launches, syncs, communication), and nothing else; an edit to any analysis module, even an
 uncommitted one, misses everything.
 
+Beside the detectors' results the same store keeps two things derived from them, keyed the same
+way: a diff's kernel and op tables of the trace (`diff.items`, as if a detector that NEEDS phases;
+analysis.compare.diff) and an HTML report's drawn figures (keyed by their data instead of the
+trace; reports.figure_cache). With every result read back, the pipeline does not read the trace's
+columns at all (analysis.pipeline: a DeferredTrace), so a repeat `analyze`, `check`, `report` or
+`diff` of an unchanged trace reads a few small files.
+
 Used only for a trace given as a path (a Trace object may have been changed since its load), when
 the trace cache is on (`cache=False`, `--no-cache` or TOKENTRACE_NO_CACHE=1 bypass both) and for
 traces the trace cache would keep (16 MiB of JSON or more, TOKENTRACE_CACHE_MIN_SIZE): smaller
@@ -42,6 +49,7 @@ import pandas as pd
 
 from tokentrace.analysis import result_codec
 from tokentrace.analysis.loading import cache as trace_cache
+from tokentrace.analysis.loading.graph_map import MapSource
 from tokentrace.analysis.loading.trace import Trace
 
 SUFFIX = ".ttr"
@@ -157,22 +165,23 @@ class ResultStore:
         trace_cache.drop_least_recent(entries, self.max_bytes, lambda f: f.unlink(missing_ok=True))
 
 
-def _maps_state(trace: Trace) -> str:
-    """What the graph maps applied to this trace depend on: each map's file and how it was found."""
-    info = trace.graph_replays
-    if info is None:
-        return "no graph maps"
-    sources = [(s.path, s.found_by, repr(s.details), trace_cache.file_key(Path(s.path))) for s in info.sources]
-    return repr((sources, info.notes))
+def _maps_state(sources: list[MapSource], notes: list[str]) -> str:
+    """What the graph maps a trace is attributed from decide: each map's file (by its own cache key:
+    identity, state and edges, as for traces), how it was found and its details, and the notes on
+    maps that could not be looked for. Reading a map file gives the same maps or the same error
+    for the same key and code, so the attribution need not have run to know the key."""
+    state = [(s.path, s.found_by, repr(s.details), trace_cache.file_key(Path(s.path))) for s in sources]
+    return repr((state, notes))
 
 
-def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None) -> ResultStore | None:
-    """The results store for a trace just loaded from a path with this `cache` setting, or None
+def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None, sources: list[MapSource],
+                 notes: list[str]) -> ResultStore | None:
+    """The results store for a trace just loaded from a path with this `cache` setting, to be
+    attributed from these graph-map sources (analysis.loading.graph_replay.map_sources), or None
     when results are not cached for it (cache off, a small trace, a load without a key)."""
     store = trace_cache.open_store(cache)
     load = trace.meta.get("_load", {})
     key = load.get("key")
     if store is None or not key or not trace_cache.worth_keeping(load.get("bytes") or 0):
         return None
-    return ResultStore(store, key, _maps_state(trace))
-
+    return ResultStore(store, key, _maps_state(sources, notes))

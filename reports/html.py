@@ -25,6 +25,7 @@ from tokentrace.reports.model import Figure, ReportView, Stack
 if TYPE_CHECKING:
     from tokentrace.analysis.compare.sweep import SweepResult
     from tokentrace.analysis.pipeline import Analysis
+    from tokentrace.analysis.result_cache import ResultStore
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Nothing may load or run: no script, no fetch, no font, no frame. Inline style only (the page's
@@ -61,14 +62,16 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def draw(figure: Figure[Any] | None, salt: str) -> tuple[Markup | None, str]:
-    """The figure's SVG, or a note saying why it could not be drawn (odd data must not lose the report)."""
+def draw(figure: Figure[Any] | None, salt: str, store: ResultStore | None = None) -> tuple[Markup | None, str]:
+    """The figure's SVG (from `store`, the analyses' results cache, when it holds it: reports.figure_cache),
+    or a note saying why it could not be drawn (odd data must not lose the report)."""
     if figure is None:
         return None, ""
     from tokentrace.reports import figures
+    from tokentrace.reports.figure_cache import cached_svg
 
     try:
-        return Markup(figure.draw(figure.data, salt)), ""
+        return Markup(cached_svg(store, figure.draw, figure.data, salt)), ""
     except figures.UnsafeSVG:
         raise
     except Exception as exc:  # noqa: BLE001 - one figure that cannot be drawn must not lose the report
@@ -77,15 +80,15 @@ def draw(figure: Figure[Any] | None, salt: str) -> tuple[Markup | None, str]:
         return None, f"The figure could not be drawn from this data ({type(exc).__name__}: {exc})."
 
 
-def page(report: ReportView) -> str:
-    """The HTML text of a report view."""
+def page(report: ReportView, store: ResultStore | None = None) -> str:
+    """The HTML text of a report view (its figures kept in `store` when given)."""
     svgs: dict[str, tuple[Markup | None, str]] = {}
     for i, v in enumerate(report.traces):
-        svgs[f"t{i}-timeline"] = draw(v.timeline, f"t{i}-timeline")
+        svgs[f"t{i}-timeline"] = draw(v.timeline, f"t{i}-timeline", store)
         for s in v.sections:
-            svgs[f"t{i}-{s.key}"] = draw(s.figure, f"t{i}-{s.key}")
+            svgs[f"t{i}-{s.key}"] = draw(s.figure, f"t{i}-{s.key}", store)
     if report.ranks is not None:
-        svgs[report.ranks.key] = draw(report.ranks.figure, report.ranks.key)
+        svgs[report.ranks.key] = draw(report.ranks.figure, report.ranks.key, store)
     first = report.traces[0]
     title = os.path.basename(first.title) if len(report.traces) == 1 else f"{len(report.traces)} traces"
     return environment().get_template("report.html.j2").render(report=report, svgs=svgs, csp=CSP, title=title, version=report.version)
@@ -94,7 +97,12 @@ def page(report: ReportView) -> str:
 def render(analyses: Sequence[Analysis], output: str | None = None, sweeps: Sequence[SweepResult] = ()) -> str:
     """The HTML report of analyses (one block per trace, each sweep's table first); `output` is the file it
     goes to, for its reproduce line."""
-    return page(rv.build(analyses, "--html", output, sweeps=sweeps))
+    # Figures are kept where the analyses' results are (the first analysis whose results are cached).
+    store = next((a.results_store for a in analyses if getattr(a, "results_store", None) is not None), None)
+    html = page(rv.build(analyses, "--html", output, sweeps=sweeps), store)
+    if store is not None:
+        store.evict()  # figures count against the results' share of the cache
+    return html
 
 
 def render_html(analysis: Analysis | Sequence[Analysis], path: str | os.PathLike[str] | None = None) -> str:

@@ -42,3 +42,14 @@ def shared_trace(name: str) -> Path:
 @pytest.fixture
 def builder() -> TraceBuilder:
     return TraceBuilder()
+
+
+@pytest.fixture
+def cache_every_trace(monkeypatch, tmp_path):
+    """The trace and results caches on for traces of any size, in a folder of this test."""
+    from tokentrace.analysis.loading import cache as trace_cache
+
+    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)
+    monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TOKENTRACE_NO_CACHE", raising=False)
+    monkeypatch.delenv("TOKENTRACE_CACHE_MIN_SIZE", raising=False)

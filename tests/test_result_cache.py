@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from conftest import SAMPLE_TRACES, real_trace_params
-from tracebuilder import TraceBuilder
+from tracebuilder import TraceBuilder, gap_trace
 
 import tokentrace
 from tokentrace.analysis import pipeline, result_cache, result_codec
@@ -29,12 +29,7 @@ ALL = tuple(pipeline.SECTIONS)
 GAP_READERS = {"gaps", "launches", "syncs", "communication"}  # gaps and what NEEDS it
 
 
-@pytest.fixture(autouse=True)
-def cache_small_traces(monkeypatch, tmp_path):
-    monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)  # cache even these tiny traces
-    monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("TOKENTRACE_NO_CACHE", raising=False)
-    monkeypatch.delenv("TOKENTRACE_CACHE_MIN_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("cache_every_trace")
 
 
 def same(a, b, path="value"):
@@ -68,17 +63,6 @@ def same(a, b, path="value"):
     else:
         assert a is b or a == b, (path, a, b)
 
-
-def gap_trace(second_gap_us: float = 5.0) -> TraceBuilder:
-    """Two GPU idle gaps: 500 us and `second_gap_us`."""
-    b = TraceBuilder()
-    b.cpu_op("aten::relu", 90, 20)
-    b.launch("k_a", 95, 100, 100)  # busy [100, 200)
-    b.cpu_op("aten::mm", 150, 560)
-    b.launch("k_b", 695, 700, 50)  # idle 500 us, busy [700, 750)
-    b.cpu_op("aten::add", 740, 30)
-    b.launch("k_c", 745, 750 + second_gap_us, 40)
-    return b
 
 
 # ---- the codec -------------------------------------------------------------------------------------
@@ -327,19 +311,26 @@ def test_registry_refuses_an_unknown_option():
 @pytest.mark.parametrize("path", real_trace_params() + [pytest.param(p, id=f"sample-{p.parent.parent.name}-{p.name.split('.')[0]}")
                                                          for p in sorted(SAMPLE_TRACES.glob("*/*/*.pt.trace.json.gz"))])
 def test_summary_identical_with_and_without_the_cache(path):
-    plain = dumps(run_pipeline(path, Options(cache=False)).to_json())
+    fresh = run_pipeline(path, Options(cache=False))
+    plain = dumps(fresh.to_json())
     assert run_pipeline(path).cached == ()
     again = run_pipeline(path)
     assert again.cached == ALL
+    assert again.trace.deferred  # every result cached: the trace's columns were not read
     assert dumps(again.to_json()) == plain
     assert Path(again.trace.path) == Path(path)
+    # Read on first use, the columns and graph attribution are the fresh run's.
+    assert again.trace.span_ns == fresh.trace.span_ns
+    assert list(again.trace.events.columns) == list(fresh.trace.events.columns) and len(again.trace.events) == len(fresh.trace.events)
+    replays = (again.trace.graph_replays.replays, fresh.trace.graph_replays.replays)
+    pd.testing.assert_frame_equal(*replays, check_exact=True)
 
 
 def test_flipped_bytes_in_an_entry_never_raise(tmp_path):
     """Whatever a damaged entry holds, reading it gives a value or a miss (then the entry is gone)."""
     p = gap_trace().write(tmp_path / "t.json")
     a = run_pipeline(p)
-    store = result_cache.open_results(a.trace, None)
+    store = result_cache.open_results(a.trace, None, [], [])
     assert store is not None
     for mod in pipeline.RUN_ORDER:
         store.key(mod.NAME, {o: getattr(a.options, o) for o in getattr(mod, "OPTIONS", ())}, mod.NEEDS)

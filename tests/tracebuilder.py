@@ -268,3 +268,15 @@ class TraceBuilder:
         import tokentrace
 
         return tokentrace.load(self.write(tmp_path / name))
+
+
+def gap_trace(second_gap_us: float = 5.0) -> TraceBuilder:
+    """Two GPU idle gaps with known sizes: 500 us and `second_gap_us` (the caches' tests)."""
+    b = TraceBuilder()
+    b.cpu_op("aten::relu", 90, 20)
+    b.launch("k_a", 95, 100, 100)  # busy [100, 200)
+    b.cpu_op("aten::mm", 150, 560)
+    b.launch("k_b", 695, 700, 50)  # idle 500 us, busy [700, 750)
+    b.cpu_op("aten::add", 740, 30)
+    b.launch("k_c", 745, 750 + second_gap_us, 40)
+    return b

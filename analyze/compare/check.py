@@ -197,7 +197,7 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
         raise TokentraceError("check: no thresholds given (use options such as --max-tpot-us, or --config FILE.toml)")
     phases = phases if phases is not None else cfg.get("phases")
     options = {"phases": phases} if phases else None
-    side = side_of(trace, options)
+    side = side_of(trace, options, items=False)  # thresholds and regressions read summaries only
     notes: list[str] = []
     # Report in the registry's order (prefill, decode, whole trace), whatever order they were given in.
     order = {m.key: i for i, m in enumerate(METRICS)}
@@ -210,7 +210,7 @@ def check(trace: Any, *, baseline: Any = None, max_regression: float | None = No
     items = [_threshold_item(name, limits[name], side.summary) for name in names]
     base_label = None
     if baseline is not None and max_regression is not None:  # a baseline without max_regression was refused above
-        base_side = side_of(baseline, options)
+        base_side = side_of(baseline, options, items=False)
         base_label = base_side.label
         items.extend(_regression_items(side.summary, base_side.summary, float(max_regression), notes))
     return CheckResult(trace=side.label, items=items, baseline=base_label, notes=notes)

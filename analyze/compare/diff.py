@@ -67,6 +67,8 @@ PER_STEP_SAMPLES: dict[str, str] = {
 }
 # Sums over the prefill passes: comparable only when both runs have as many prefills.
 PREFILL_SUMS = ("prefill_gpu_busy_us", "prefill_kernels", "prefill_launches")
+# The name of a diff's item tables in the results cache (analysis.result_cache).
+ITEMS_ENTRY = "diff.items"
 # Verdict of a whole-trace total when the step counts differ (its per-step forms are compared instead).
 NOT_COMPARABLE = "not comparable"
 # How items of each phase are normalised when step counts differ; outside every step, not at all.
@@ -121,8 +123,10 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def side_of(x: Any, options: dict[str, Any] | None = None) -> Side:
-    """A Side from an Analysis, a Trace, a summary dict, or a path to a trace or a saved summary."""
+def side_of(x: Any, options: dict[str, Any] | None = None, *, items: bool = True) -> Side:
+    """A Side from an Analysis, a Trace, a summary dict, or a path to a trace or a saved summary;
+    `items=False`: its summary only, without the kernel and op tables (which read the trace's
+    events, so a check of a trace whose results are all cached reads none)."""
     from tokentrace.analysis.loading.trace import Trace
     from tokentrace.analysis.pipeline import Analysis
     from tokentrace.api import analyze
@@ -150,9 +154,29 @@ def side_of(x: Any, options: dict[str, Any] | None = None) -> Side:
     segments = getattr(x.results.get("phases"), "segments", None)
     trace = x.trace
     steps = {str(k): int(v) for k, v in segments.table["phase"].value_counts().items()} if segments is not None else {}
-    return Side(label=trace.path, summary=x.to_json(),
-                kernels=kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True)),
-                ops=op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False)), steps=steps)
+    if not items:
+        return Side(label=trace.path, summary=x.to_json(), steps=steps)
+    kernels, ops = _item_tables(x, segments)
+    return Side(label=trace.path, summary=x.to_json(), kernels=kernels, ops=ops, steps=steps)
+
+
+def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The kernel and op tables of an analysed trace, kept with its cached results (keyed like a
+    detector that NEEDS phases: the trace, the analysis code and the segmentation), so a repeat
+    diff of an unchanged trace reads neither the tables nor the trace's events again."""
+    store = getattr(analysis, "results_store", None)
+    key = store.key(ITEMS_ENTRY, {}, ("phases",)) if store is not None else None  # None: phases failed
+    if store is not None and key is not None:
+        got = store.get(ITEMS_ENTRY, key)
+        if isinstance(got, list) and len(got) == 2 and all(isinstance(t, pd.DataFrame) for t in got):
+            return got[0], got[1]
+    trace = analysis.trace
+    kernels = kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True))
+    ops = op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False))
+    if store is not None and key is not None:
+        store.put(ITEMS_ENTRY, key, [kernels, ops])
+        store.evict()
+    return kernels, ops
 
 
 def _phases(trace: Any, segments: Any, rows: pd.Index, *, gpu: bool) -> np.ndarray | None:

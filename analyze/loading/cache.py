@@ -27,6 +27,11 @@ too (new inode), which is safe.
 
 Corrupt entries (a truncated file, a manifest that does not parse, a code out of range, a column
 of the wrong length or type) are ignored and the load writes the entry again.
+
+Read in two steps when asked (`load(..., defer=True)`, which the pipeline uses): `Store.head`
+reads the manifest and trace.json only (rank, span, metadata, warnings: what a report shows of
+a trace), and the columns are read when something first needs them (a DeferredTrace,
+analysis.loading.trace). A run whose every result comes from the results cache reads no column.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from itertools import repeat
 from operator import is_not
@@ -58,7 +64,7 @@ MIN_JSON_BYTES = 16 << 20
 EDGE_BYTES = 1 << 20
 # An int column whose values are mostly -1 (absent) is stored as rows and values of the rest.
 SPARSE_SHARE = 0.5
-FORMAT = 1
+FORMAT = 2  # 2: the manifest records the trace's span (a DeferredTrace's head)
 MANIFEST = "manifest.json"
 
 
@@ -126,6 +132,18 @@ def _is_entry(d: Path) -> bool:
     return len(d.name) == 40 and all(c in "0123456789abcdef" for c in d.name) and d.is_dir()
 
 
+@dataclass
+class Head:
+    """The small part of a cache entry: enough for a DeferredTrace (analysis.loading.trace)."""
+
+    rank: int
+    json_bytes: int
+    span_ns: tuple[int, int]
+    meta: dict[str, Any]
+    warnings: list[str]
+    process_names: dict[int, str]
+
+
 class Store:
     """One cache folder."""
 
@@ -159,6 +177,22 @@ class Store:
         except OSError:
             pass
         return trace
+
+    def head(self, path: Path, key: str) -> Head | None:
+        """What the entry of this file says about the trace without reading its columns (for a
+        DeferredTrace), or None when there is no readable entry."""
+        entry = self.root / key
+        try:
+            man = msgspec.json.decode((entry / MANIFEST).read_bytes())
+            if man["format"] != FORMAT or man["fingerprint"] != loader_fingerprint():
+                return None
+            extra = msgspec.json.decode((entry / "trace.json").read_bytes())
+            a, b = (int(v) for v in man["span_ns"])
+            return Head(rank=int(man["rank"]), json_bytes=int(man["json_bytes"]), span_ns=(a, b), meta=dict(extra["meta"]),
+                        warnings=[str(w) for w in extra["warnings"]],
+                        process_names={int(k): str(v) for k, v in extra["process_names"]})
+        except (OSError, ValueError, KeyError, TypeError, msgspec.MsgspecError):
+            return None
 
     # ---- writing -------------------------------------------------------------------------
     def put(self, path: Path, trace: Trace, key: str | None = None) -> bool:
@@ -295,7 +329,7 @@ def _write_entry(folder: Path, trace: Trace, nbytes: int) -> bool:
         return False
     (folder / "trace.json").write_bytes(extra_text)
     manifest = {"format": FORMAT, "fingerprint": loader_fingerprint(), "rows": n, "json_bytes": nbytes,
-                "rank": int(trace.rank), "columns": columns}
+                "rank": int(trace.rank), "span_ns": [int(v) for v in trace.span_ns], "columns": columns}
     (folder / MANIFEST).write_bytes(_encode(manifest))  # last: an entry without it is never read
     return True
 

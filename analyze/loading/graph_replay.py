@@ -579,24 +579,30 @@ def _read_cached(source: MapSource) -> GraphMap:
     return gm
 
 
-def apply_graph_maps(trace: Trace, paths: tuple[str | os.PathLike[str], ...] | list[str] = (), find: bool = True) -> Trace:
-    """The trace with its graph replays attributed from the given capture traces and (with `find`)
-    those beside it. A given map that cannot be read raises TraceError; a found one that cannot is
-    noted in `graph_replays` and skipped. A trace already attributed is returned as it is."""
-    if trace.graph_replays is not None:
-        return trace
+def map_sources(trace_path: str, paths: tuple[str | os.PathLike[str], ...] | list[str] = (),
+                find: bool = True) -> tuple[list[MapSource], list[str]]:
+    """The graph maps a trace would be attributed from (the given ones, then with `find` those
+    beside it, without reading any) and the notes on those that could not be looked for. A given
+    map that is not a file raises TraceError."""
     for p in paths:
         if not Path(p).is_file():
             raise TraceError(p, "graph map: no such file")
     sources = [MapSource(os.fspath(p)) for p in paths]
     skipped: list[str] = []
-    if find and Path(trace.path).exists():
+    if find and Path(trace_path).exists():
         given = {Path(s.path).resolve() for s in sources}
         try:
-            found = find_graph_maps(trace.path)
+            found = find_graph_maps(trace_path)
         except TokentraceError as exc:
             found, skipped = [], [f"graph maps beside the trace not read: {exc}"]
         sources += [s for s in found if Path(s.path).resolve() not in given]
+    return sources, skipped
+
+
+def attribute_from(trace: Trace, sources: list[MapSource], notes: list[str] | None = None) -> Trace:
+    """The trace attributed from these map sources (see map_sources). A given map that cannot be
+    read raises TraceError; a found one that cannot is noted in `graph_replays` and skipped."""
+    skipped = list(notes or [])
     maps: list[GraphMap] = []
     for s in sources:
         if s.found_by == "given":
@@ -610,3 +616,13 @@ def apply_graph_maps(trace: Trace, paths: tuple[str | os.PathLike[str], ...] | l
     assert out.graph_replays is not None
     out.graph_replays.notes.extend(skipped)
     return out
+
+
+def apply_graph_maps(trace: Trace, paths: tuple[str | os.PathLike[str], ...] | list[str] = (), find: bool = True) -> Trace:
+    """The trace with its graph replays attributed from the given capture traces and (with `find`)
+    those beside it. A given map that cannot be read raises TraceError; a found one that cannot is
+    noted in `graph_replays` and skipped. A trace already attributed is returned as it is."""
+    if trace.graph_replays is not None:
+        return trace
+    sources, skipped = map_sources(trace.path, paths, find)
+    return attribute_from(trace, sources, skipped)

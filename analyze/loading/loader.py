@@ -42,7 +42,7 @@ from tokentrace.analysis.loading.files import (
 )
 from tokentrace.analysis.loading.links import link_columns
 from tokentrace.analysis.loading.repair import repair
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, absent_column, fits_int32, narrowed
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, DeferredTrace, Trace, absent_column, fits_int32, narrowed
 from tokentrace.errors import TraceError
 
 PathLike = str | os.PathLike
@@ -61,18 +61,20 @@ HEAD_SEARCH_BYTES = 64 << 20
 
 
 def load(path: PathLike | Iterable[PathLike], *, progress: bool | None = None, max_trace_size: int | str | None = None,
-         cache: bool | PathLike | None = None) -> Trace:
+         cache: bool | PathLike | None = None, defer: bool = False) -> Trace:
     """Load one trace (a file, or a directory or list holding exactly one trace).
 
     `max_trace_size`: the most uncompressed JSON to read (bytes, or text such as "8G"; default
     $TOKENTRACE_MAX_TRACE_SIZE, else half of this machine's memory). `cache`: False to bypass the
     columnar cache of loaded traces, a folder to use instead of the default one (see
-    analyze.loading.cache); `progress`: True/False to force the progress line on stderr on/off."""
+    analyze.loading.cache); `progress`: True/False to force the progress line on stderr on/off;
+    `defer`: a trace found in that cache comes back as a DeferredTrace, whose columns are read
+    only when something first needs them (the pipeline: a run whose results are all cached)."""
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     files = find_trace_files(paths)
     if len(files) > 1:
         raise TraceError(paths[0], f"holds {len(files)} traces; use tokentrace.load_all for several ranks or steps")
-    return load_file(files[0], progress=progress, max_trace_size=max_trace_size, cache=cache)
+    return load_file(files[0], progress=progress, max_trace_size=max_trace_size, cache=cache, defer=defer)
 
 
 def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int | str | None = None,
@@ -86,26 +88,31 @@ def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int
 
 
 def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: int | str | None = None,
-              cache: bool | PathLike | None = None) -> Trace:
+              cache: bool | PathLike | None = None, defer: bool = False, _warn: bool = True) -> Trace:
     path = Path(path)
     t0 = time.perf_counter()
     limit = max_trace_bytes(max_trace_size)
     regular_file_size(path)  # devices, FIFOs and sockets are refused before anything reads them
     store = trace_cache.open_store(cache)
     meter = _Progress(path.name, progress)
+    # Taken before the file is read: a file changed while it is parsed gets no entry it matches.
+    key = store.key(path) if store is not None else None
+    if defer and store is not None and key is not None:
+        head = store.head(path, key)
+        if head is not None:
+            return _deferred(path, key, head, progress=progress, max_trace_size=max_trace_size, cache=cache)
     # Fresh columns either way (parsed or read from the cache): see _set_numpy_hugepages. Reading
     # a 1 GB trace's cache entry took 0.64-0.69 s of CPU with it off, 1.08-1.76 s with it on.
     hugepages = _set_numpy_hugepages(False)
     try:
-        # Taken before the file is read: a file changed while it is parsed gets no entry it matches.
-        key = store.key(path) if store is not None else None
         cached = store.get(path, key) if store is not None and key is not None else None
         if cached is not None:
             cached.rank = _rank(cached.meta, path)  # the name may differ (a link to the same file)
             cached.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": cached.meta.get("_load", {}).get("bytes"),
                                     "cache": "hit", "key": key}
             meter.cached(store.root if store is not None else Path(), cached.meta["_load"]["seconds"])
-            _print_warnings(path, cached.warnings)
+            if _warn:
+                _print_warnings(path, cached.warnings)
             return cached
         trace, nbytes, warnings = _parse(path, limit, meter)
     finally:
@@ -117,8 +124,29 @@ def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: i
         trace.meta["_load"]["key"] = key
     if store is not None and store.put(path, trace, key):
         trace.meta["_load"]["cache"] = "written"
-    _print_warnings(path, warnings)
+    if _warn:  # a DeferredTrace's build: said when the trace was first found
+        _print_warnings(path, warnings)
     return trace
+
+
+def _deferred(path: Path, key: str, head: trace_cache.Head, **load_args: Any) -> DeferredTrace:
+    """The DeferredTrace of a file whose cache entry is `head`: its columns are loaded (from the
+    cache, or parsed again if the entry went meanwhile) on first use, and that load must find the
+    file as it was now, since results read from the results cache under this key describe it."""
+
+    def build() -> Trace:
+        full = load_file(path, defer=False, _warn=False, **load_args)
+        if full.meta.get("_load", {}).get("key") != key:
+            raise TraceError(path, "the file changed while it was analysed; run again")
+        full.rank = rank
+        return full
+
+    meta = head.meta
+    rank = _rank(meta, path)
+    meta["_load"] = {"seconds": 0.0, "bytes": head.json_bytes, "cache": "hit", "key": key, "columns": "deferred"}
+    _print_warnings(path, head.warnings)
+    return DeferredTrace(build=build, span_ns=head.span_ns, path=str(path), rank=rank, meta=meta, warnings=head.warnings,
+                         process_names=head.process_names)
 
 
 def _parse(path: Path, limit: int, meter: _Progress) -> tuple[Trace, int, list[str]]:

@@ -26,6 +26,7 @@ row position in `events`, so links can be followed with `trace.events.loc[row]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -214,6 +215,74 @@ class Trace:
         """Text of a pid/tid (non-numeric ids such as 'Spans' or 'stream 7' are coded negative)."""
         return self.id_labels.get(int(ident), str(ident))
 
+
+
+class DeferredTrace(Trace):
+    """A Trace whose events are made on first use: a repeat run whose every result comes from the
+    results cache (analysis.result_cache) never reads the trace's columns at all.
+
+    What a report shows of the trace without reading its events is here from the start: `path`,
+    `rank`, `meta`, `warnings`, `process_names` and `span_ns` (so `duration_ns`). The first read
+    of anything else that depends on the events (`events`, `graph_replays`, and `id_labels` and
+    `thread_names`, which graph maps add to) calls `build()` once and takes over what it made,
+    views built with it included. `build` must give the same trace the head describes (the
+    loader's build checks the file's cache key is unchanged, and raises otherwise)."""
+
+    _DEFERRED = ("events", "graph_replays", "id_labels", "thread_names")
+
+    def __init__(self, *args: Any, build: Callable[[], Trace] | None = None, span_ns: tuple[int, int] | None = None,
+                 **kwargs: Any) -> None:
+        if build is None:  # dataclasses.replace() and copies: an ordinary, complete Trace
+            Trace.__init__(self, *args, **kwargs)
+            return
+        if span_ns is None:
+            raise TypeError("a DeferredTrace needs its span_ns")
+        self.__dict__.update(path=kwargs.pop("path"), rank=kwargs.pop("rank"), meta=kwargs.pop("meta", {}),
+                             warnings=kwargs.pop("warnings", []), process_names=kwargs.pop("process_names", {}),
+                             span_ns=(int(span_ns[0]), int(span_ns[1])), _build=build)
+        if args or kwargs:
+            raise TypeError(f"a DeferredTrace is built from its head only, not {sorted(kwargs) or 'positional values'}")
+
+    @property
+    def deferred(self) -> bool:
+        """True while the events have not been read."""
+        return "_build" in self.__dict__
+
+    def _materialise(self) -> None:
+        build = self.__dict__.pop("_build", None)
+        if build is None:
+            return
+        try:
+            built = build()
+        except BaseException:
+            self.__dict__["_build"] = build  # a later read tries again (and raises again)
+            raise
+        span = self.__dict__["span_ns"]
+        self.__dict__.update({k: v for k, v in built.__dict__.items() if k not in ("path", "rank", "span_ns")})
+        self.__dict__["span_ns"] = span
+
+    def __repr__(self) -> str:
+        if self.deferred:
+            return f"Trace({self.path!r}, rank={self.rank}, events not read yet, gpu={self.gpu_name!r})"
+        return super().__repr__()
+
+
+def _deferred(name: str) -> property:
+    def get(self: DeferredTrace) -> Any:
+        d = self.__dict__
+        if name not in d:
+            self._materialise()
+        return d[name]
+
+    def set_(self: DeferredTrace, value: Any) -> None:
+        self.__dict__[name] = value
+
+    return property(get, set_, doc=f"`{name}`, made on first use (see DeferredTrace).")
+
+
+for _name in DeferredTrace._DEFERRED:
+    setattr(DeferredTrace, _name, _deferred(_name))
+del _name
 
 # Id and row-position columns stored as int32 when every value of the trace fits. Times,
 # durations, byte counts, addresses and element counts always stay int64.
