@@ -63,6 +63,9 @@ from tokentrace.analysis.result_cache import MISS, ResultStore, open_results
 # compatible. Scripts and `tokentrace check` rely on these keys.
 SCHEMA_VERSION = 1
 
+# The name of the JSON summary in the results cache (Analysis.to_json).
+SUMMARY_ENTRY = "summary"
+
 # The detectors, in the order of their sections in the JSON summary.
 DETECTORS: tuple[ModuleType, ...] = (
     overview,  # "trace"
@@ -200,6 +203,20 @@ class Analysis:
         return rank(out)
 
     def to_json(self) -> dict[str, Any]:
+        """The JSON summary (a new dict each call). With every section's result cached, the summary
+        is kept with them too (its key: theirs), so a repeat `check`, `report` or `diff` reads it."""
+        store = self.results_store
+        key = store.key(SUMMARY_ENTRY, {}, SECTIONS) if store is not None and not self.errors else None
+        if store is not None and key is not None:
+            doc = store.get(SUMMARY_ENTRY, key)
+            if isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
+                return doc
+        doc = self._summary()
+        if store is not None and key is not None:
+            store.put(SUMMARY_ENTRY, key, doc)
+        return doc
+
+    def _summary(self) -> dict[str, Any]:
         from tokentrace import __version__
         from tokentrace.jsonout import strict
 

@@ -198,3 +198,23 @@ def test_a_trace_changed_before_a_miss_is_the_runs_error(tmp_path, monkeypatch):
     monkeypatch.setattr(loader.trace_cache.Store, "head", changed_after_head)
     with pytest.raises(TraceError, match="changed while it was analysed"):
         run_pipeline(p, Options(min_gap_us=10.0))
+
+
+def test_summary_is_read_back_with_the_results(tmp_path, monkeypatch):
+    from tokentrace.analysis.pipeline import Analysis
+
+    p = gap_trace().write(tmp_path / "t.json")
+    plain = dumps(run_pipeline(p, Options(cache=False)).to_json())
+    assert dumps(run_pipeline(p).to_json()) == plain  # computed, and kept
+    monkeypatch.setattr(Analysis, "_summary", no_summary)
+    again = run_pipeline(p)
+    first = again.to_json()
+    assert dumps(first) == plain
+    first["gaps"]["count"] = -1  # each call gives a new dict
+    assert again.to_json()["gaps"]["count"] == 2
+    with pytest.raises(AssertionError, match="summary computed"):
+        run_pipeline(p, Options(min_gap_us=10.0)).to_json()  # other results: another summary
+
+
+def no_summary(self):
+    raise AssertionError("summary computed although it is cached")

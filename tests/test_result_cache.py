@@ -149,7 +149,7 @@ def test_repeat_run_reads_every_result_and_says_so(tmp_path, capsys):
     assert second.cached == ALL
     assert "13 of 13 results from the cache" in capsys.readouterr().err
     assert dumps(second.to_json()) == dumps(first.to_json())
-    assert len(list((tmp_path / "cache" / "results").glob("*/*.ttr"))) == len(ALL)
+    assert len(list((tmp_path / "cache" / "results").glob("*/*.ttr"))) == len(ALL) + 1  # and the summary
 
 
 def test_other_min_gap_reruns_only_gaps_and_its_readers(tmp_path):
@@ -318,6 +318,7 @@ def test_summary_identical_with_and_without_the_cache(path):
     assert again.cached == ALL
     assert again.trace.deferred  # every result cached: the trace's columns were not read
     assert dumps(again.to_json()) == plain
+    assert dumps(run_pipeline(path).to_json()) == plain  # the summary itself, read back from the cache
     assert Path(again.trace.path) == Path(path)
     # Read on first use, the columns and graph attribution are the fresh run's.
     assert again.trace.span_ns == fresh.trace.span_ns

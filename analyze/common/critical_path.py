@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 import pandas as pd
 
@@ -40,6 +40,9 @@ from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph is built: 0.2 s that a run from the results cache need not pay
 
 # A side owning at least this share of the critical path bounds the step; between the two
 # thresholds neither side dominates ("mixed"). 0.6 keeps a step with a near-even split (where
@@ -99,6 +102,8 @@ def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int)
     hblock = host["blocking"].to_numpy(bool)
     hrow = host["row"].to_numpy(np.int64)
     nh = len(hts)
+    import networkx as nx
+
     G = nx.DiGraph(gpu_from=2 * nh)
     edges: list[tuple[int, int, int]] = []
     if nh:
@@ -159,6 +164,8 @@ def _topological_order(G: nx.DiGraph, nh: int, ci: np.ndarray, order: np.ndarray
 
 
 def longest_path(G: nx.DiGraph) -> StepPath:
+    import networkx as nx
+
     nodes = nx.dag_longest_path(G, weight="weight", default_weight=0, topo_order=G.graph.get("topo_order"))
     gpu_from = G.graph.get("gpu_from", 0)
     cpu = gpu = 0

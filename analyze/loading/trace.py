@@ -216,7 +216,6 @@ class Trace:
         return self.id_labels.get(int(ident), str(ident))
 
 
-
 class DeferredTrace(Trace):
     """A Trace whose events are made on first use: a repeat run whose every result comes from the
     results cache (analysis.result_cache) never reads the trace's columns at all.
