@@ -12,7 +12,8 @@ wrote results, the least recently used entries go until the rest fit. A result i
 the shared and sample traces (most of it per-kernel and per-op columns).
 
 Key of a result (BLAKE2b): the trace's key in the trace cache (loader fingerprint, the file's
-identity and state, its first and last MiB; recorded by the load that read it), the analysis
+identity and state, its first and last MiB; recorded by the load that read it), the path as given
+and the rank read from it (results show them), the analysis
 fingerprint (the source of every module of tokentrace.analysis and of the modules it reads
 outside it, numpy's and pandas' versions), the graph maps applied (each map file's own key, how it
 was found, the notes), the detector's NAME, the values of the options it declares in OPTIONS, and
@@ -82,10 +83,13 @@ def _digest(*parts: Any) -> str:
 class ResultStore:
     """The results folder of one cache folder, and the keys of one trace's results."""
 
-    def __init__(self, store: trace_cache.Store, trace_key: str, maps: str) -> None:
+    def __init__(self, store: trace_cache.Store, trace_key: str, maps: str, named: tuple[str, int] = ("", 0)) -> None:
         self.dir = store.root / "results"
         self.max_bytes = max(store.max_bytes // SHARE, 1 << 20)
-        self.base = _digest(analysis_fingerprint(), trace_key, maps)
+        # `named`: the path as given and the rank read from it. The trace's key names the file by
+        # its real path, but results show the path the user gave (and a rank from its name), so
+        # a link or another spelling of the path has results of its own.
+        self.base = _digest(analysis_fingerprint(), trace_key, maps, named)
         self.keys: dict[str, str] = {}
         self.wrote = False
 
@@ -184,4 +188,4 @@ def open_results(trace: Trace, cache: bool | str | os.PathLike[str] | None, sour
     key = load.get("key")
     if store is None or not key or not trace_cache.worth_keeping(load.get("bytes") or 0):
         return None
-    return ResultStore(store, key, _maps_state(sources, notes))
+    return ResultStore(store, key, _maps_state(sources, notes), (str(trace.path), int(trace.rank)))

@@ -218,3 +218,17 @@ def test_summary_is_read_back_with_the_results(tmp_path, monkeypatch):
 
 def no_summary(self):
     raise AssertionError("summary computed although it is cached")
+
+
+def test_a_link_to_the_trace_has_results_of_its_own_path(tmp_path):
+    """The trace cache names a file by its real path; a summary shows the path the user gave."""
+    p = gap_trace().write(tmp_path / "t.json")
+    run_pipeline(p)
+    link = tmp_path / "rank3.json"
+    link.symlink_to(p)
+    via_link = run_pipeline(link)
+    assert via_link.cached == ()  # the columns come from the cache; the results are this path's
+    assert via_link.trace.rank == 3 and via_link.to_json()["trace"]["path"] == str(link)
+    again = run_pipeline(link)
+    assert again.cached == ALL and again.to_json()["trace"]["path"] == str(link)
+    assert run_pipeline(p).to_json()["trace"]["path"] == str(p)
