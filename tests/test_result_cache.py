@@ -260,7 +260,7 @@ def test_results_stay_within_their_share_of_the_cache_size(tmp_path, monkeypatch
     total = sum(f.stat().st_size for f in (tmp_path / "cache" / "results").glob("*/*.ttr"))
     assert 0 < total <= 1 << 20
     assert trace_cache.default_root() == tmp_path / "cache"
-    assert any(trace_cache._is_entry(d) for d in (tmp_path / "cache").iterdir())  # trace entries kept too
+    assert any(trace_cache.is_entry(d) for d in (tmp_path / "cache").iterdir())  # trace entries kept too
 
 
 def test_trace_cache_eviction_leaves_results_and_summaries_alone(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ therefore starts a fresh set of entries; old ones are never read again.
 Size: one entry is the plain summary a unit returns: a few KB for a rank without collectives,
 about 100 bytes per collective call for a rank with them (a 1,000-step decode with 64 all-reduces
 a step: about 6 MB), 10-200 KB for a report's JSON summary. Nothing is evicted; clear it with
-`rm -rf ~/.cache/tokentrace/summaries` (or the folder above), or bypass it with `--no-cache`.
+`tokentrace cache --clear` (analysis.cache_folder), or bypass it with `--no-cache`.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def worth_keeping(json_bytes: int) -> bool:
     return json_bytes >= (MIN_JSON_BYTES if least is None else least)
 
 
-def _is_entry(d: Path) -> bool:
+def is_entry(d: Path) -> bool:
     # An entry's folder is named by its key (40 hex digits); results/ and summaries/ share the root.
     return len(d.name) == 40 and all(c in "0123456789abcdef" for c in d.name) and d.is_dir()
 
@@ -225,7 +225,7 @@ class Store:
     def _evict(self, keep: Path) -> None:
         entries = []
         for d in self.root.iterdir():
-            if not _is_entry(d):
+            if not is_entry(d):
                 continue
             size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
             try:

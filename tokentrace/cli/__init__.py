@@ -1,7 +1,7 @@
 """The `tokentrace` command line: a thin skin over the Python API with the same nouns.
 
 One module per command group (analyze, report, capture, diff, check, scaling, ranks), each
-calling the function of the same name in `tokentrace.api`; every command is added here
+calling the function of the same name in `tokentrace.api` (and `cache`, which shows the cache folder); every command is added here
 explicitly, so a command whose module fails to import is an error, never a missing command.
 
 Results go to stdout, progress and warnings to stderr, files only where asked. Exit codes: 0 ok,
@@ -49,6 +49,7 @@ def main(debug: bool) -> None:
 def _add_commands() -> None:
     # Imported here, after `main` exists; each module is light (no torch, no pandas at import).
     from tokentrace.cli.analyze import analyze_cmd
+    from tokentrace.cli.cache import cache_cmd
     from tokentrace.cli.capture import capture_cmd
     from tokentrace.cli.check import check_cmd
     from tokentrace.cli.diff import diff_cmd
@@ -56,7 +57,7 @@ def _add_commands() -> None:
     from tokentrace.cli.report import report_cmd
     from tokentrace.cli.scaling import scaling_cmd
 
-    for command in (analyze_cmd, report_cmd, capture_cmd, diff_cmd, check_cmd, scaling_cmd, ranks_cmd):
+    for command in (analyze_cmd, report_cmd, capture_cmd, diff_cmd, check_cmd, scaling_cmd, ranks_cmd, cache_cmd):
         main.add_command(command)
 
 
