@@ -42,12 +42,12 @@ def parts(root: Path | None = None) -> list[Part]:
     root = root or trace_cache.default_root()
     store = trace_cache.Store(root)
     traces = [d for d in root.iterdir() if trace_cache.is_entry(d)] if root.is_dir() else []
-    results_dir, summaries_dir = root / "results", root / "summaries"
+    results_dir, summaries_dir = result_cache.results_dir(root), root / "summaries"
     results = sorted(results_dir.glob(f"*/*{result_cache.SUFFIX}")) if results_dir.is_dir() else []
     summaries = sorted(f for f in summaries_dir.rglob("*.msgpack")) if summaries_dir.is_dir() else []
     return [
         Part("traces", len(traces), sum(_size(d) for d in traces), store.max_bytes, traces),
-        Part("results", len(results), sum(_size(f) for f in results), max(store.max_bytes // result_cache.SHARE, 1 << 20),
+        Part("results", len(results), sum(_size(f) for f in results), result_cache.limit_bytes(store),
              [results_dir] if results_dir.is_dir() else []),
         Part("summaries", len(summaries), sum(_size(f) for f in summaries), None, [summaries_dir] if summaries_dir.is_dir() else []),
     ]

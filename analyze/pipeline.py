@@ -206,15 +206,10 @@ class Analysis:
         """The JSON summary (a new dict each call). With every section's result cached, the summary
         is kept with them too (its key: theirs), so a repeat `check`, `report` or `diff` reads it."""
         store = self.results_store
-        key = store.key(SUMMARY_ENTRY, {}, SECTIONS) if store is not None and not self.errors else None
-        if store is not None and key is not None:
-            doc = store.get(SUMMARY_ENTRY, key)
-            if isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
-                return doc
-        doc = self._summary()
-        if store is not None and key is not None:
-            store.put(SUMMARY_ENTRY, key, doc)
-        return doc
+        if store is None:
+            return self._summary()
+        key = store.key(SUMMARY_ENTRY, {}, SECTIONS) if not self.errors else None
+        return store.reuse(SUMMARY_ENTRY, key, self._summary, lambda d: isinstance(d, dict) and d.get("schema_version") == SCHEMA_VERSION)
 
     def _summary(self) -> dict[str, Any]:
         from tokentrace import __version__
@@ -271,7 +266,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
                 cached.append(name)
                 seconds[name] = time.perf_counter() - t0
                 continue
-        if isinstance(trace, DeferredTrace) and trace.deferred:
+        if trace.deferred:
             # Read the columns here, not inside the detector: a trace that cannot be read (changed
             # since its results were keyed) is the run's error, not one detector's.
             _ = trace.events
@@ -291,7 +286,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
     if results_store is not None:
         results_store.evict()
         if cached:
-            unread = "; the trace's events were not read" if isinstance(trace, DeferredTrace) and trace.deferred else ""
+            unread = "; the trace's events were not read" if trace.deferred else ""
             _say(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
                  f"in {sum(seconds[n] for n in cached):.2f} s{unread} ({results_store.dir}; --no-cache to bypass)")
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds,
@@ -308,10 +303,8 @@ def _open(path: str | os.PathLike[str], opts: Options) -> tuple[Trace, ResultSto
     sources, notes = map_sources(loaded.path, opts.graph_maps, find=opts.find_graph_maps)
     store = open_results(loaded, opts.cache, sources, notes)
     if isinstance(loaded, DeferredTrace) and loaded.deferred:
-        head = {"path": loaded.path, "rank": loaded.rank, "meta": loaded.meta, "warnings": loaded.warnings,
-                "process_names": loaded.process_names}
         # Graph maps add op rows inside their launch calls, so the span is the loaded trace's.
-        return DeferredTrace(build=lambda: attribute_from(loaded, sources, notes), span_ns=loaded.span_ns, **head), store
+        return loaded.then(lambda t: attribute_from(t, sources, notes)), store
     return attribute_from(loaded, sources, notes), store
 
 

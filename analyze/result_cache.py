@@ -40,9 +40,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -57,6 +58,7 @@ SUFFIX = ".ttr"
 # The results' share of $TOKENTRACE_CACHE_SIZE: they are a small fraction of a trace's columns.
 SHARE = 8
 MISS = object()  # what `get` returns for a result it does not have
+T = TypeVar("T")
 
 
 @cache
@@ -80,12 +82,22 @@ def _digest(*parts: Any) -> str:
     return hashlib.blake2b(repr(parts).encode(), digest_size=20).hexdigest()
 
 
+def results_dir(root: Path) -> Path:
+    """The results folder of a cache folder."""
+    return root / "results"
+
+
+def limit_bytes(store: trace_cache.Store) -> int:
+    """The most the results of a cache folder may hold: SHARE of its size, at least 1 MiB."""
+    return max(store.max_bytes // SHARE, 1 << 20)
+
+
 class ResultStore:
     """The results folder of one cache folder, and the keys of one trace's results."""
 
     def __init__(self, store: trace_cache.Store, trace_key: str, maps: str, named: tuple[str, int] = ("", 0)) -> None:
-        self.dir = store.root / "results"
-        self.max_bytes = max(store.max_bytes // SHARE, 1 << 20)
+        self.dir = results_dir(store.root)
+        self.max_bytes = limit_bytes(store)
         # `named`: the path as given and the rank read from it. The trace's key names the file by
         # its real path, but results show the path the user gave (and a rank from its name), so
         # a link or another spelling of the path has results of its own.
@@ -130,6 +142,19 @@ class ResultStore:
             os.utime(f)  # recently used: kept longest
         except OSError:
             pass
+        return value
+
+    def reuse(self, name: str, key: str | None, compute: Callable[[], T], valid: Callable[[Any], bool]) -> T:
+        """The stored `name` under `key` when it reads back `valid`, else compute() (stored under
+        `key`): how values derived from the results (a summary, a diff's tables, a figure) are kept
+        beside them. A None key computes without storing."""
+        if key is not None:
+            value = self.get(name, key)
+            if value is not MISS and valid(value):
+                return cast(T, value)
+        value = compute()
+        if key is not None:
+            self.put(name, key, value)
         return value
 
     def put(self, name: str, key: str, value: Any) -> bool:

@@ -115,15 +115,16 @@ def cached_svg(store: ResultStore | None, draw: Callable[[Any, str], str], data:
     """draw(data, salt), from the store when it holds it (checked again) and stored when drawn."""
     from tokentrace.reports import figures
 
-    key = figure_key(draw, data, salt) if store is not None else None
-    if store is None or key is None:
+    if store is None:
         return draw(data, salt)
-    svg = store.get(NAME, key)
-    if isinstance(svg, str):
+
+    def safe(svg: object) -> bool:
+        if not isinstance(svg, str):
+            return False
         try:
-            return figures.sanitize_svg(svg)
+            figures.sanitize_svg(svg)
         except figures.UnsafeSVG:  # not what was stored: drawn again, and the entry replaced
-            pass
-    svg = draw(data, salt)
-    store.put(NAME, key, svg)
-    return svg
+            return False
+        return True
+
+    return store.reuse(NAME, figure_key(draw, data, salt), lambda: draw(data, salt), safe)

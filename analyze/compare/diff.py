@@ -164,18 +164,19 @@ def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFra
     """The kernel and op tables of an analysed trace, kept with its cached results (keyed like a
     detector that NEEDS phases: the trace, the analysis code and the segmentation), so a repeat
     diff of an unchanged trace reads neither the tables nor the trace's events again."""
+    def tables() -> list[pd.DataFrame]:
+        trace = analysis.trace
+        return [kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True)),
+                op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False))]
+
     store = getattr(analysis, "results_store", None)
-    key = store.key(ITEMS_ENTRY, {}, ("phases",)) if store is not None else None  # None: phases failed
-    if store is not None and key is not None:
-        got = store.get(ITEMS_ENTRY, key)
-        if isinstance(got, list) and len(got) == 2 and all(isinstance(t, pd.DataFrame) for t in got):
-            return got[0], got[1]
-    trace = analysis.trace
-    kernels = kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True))
-    ops = op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False))
-    if store is not None and key is not None:
-        store.put(ITEMS_ENTRY, key, [kernels, ops])
-        store.evict()
+    if store is None:
+        kernels, ops = tables()
+        return kernels, ops
+    key = store.key(ITEMS_ENTRY, {}, ("phases",))  # None: phases failed
+    kernels, ops = store.reuse(ITEMS_ENTRY, key, tables,
+                               lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(t, pd.DataFrame) for t in v))
+    store.evict()
     return kernels, ops
 
 

@@ -181,12 +181,8 @@ class Store:
     def head(self, path: Path, key: str) -> Head | None:
         """What the entry of this file says about the trace without reading its columns (for a
         DeferredTrace), or None when there is no readable entry."""
-        entry = self.root / key
         try:
-            man = msgspec.json.decode((entry / MANIFEST).read_bytes())
-            if man["format"] != FORMAT or man["fingerprint"] != loader_fingerprint():
-                return None
-            extra = msgspec.json.decode((entry / "trace.json").read_bytes())
+            man, extra = _read_head(self.root / key)
             a, b = (int(v) for v in man["span_ns"])
             return Head(rank=int(man["rank"]), json_bytes=int(man["json_bytes"]), span_ns=(a, b), meta=dict(extra["meta"]),
                         warnings=[str(w) for w in extra["warnings"]],
@@ -341,10 +337,16 @@ def _load(path: Path, n: int | None = None, dtype: str | None = None) -> np.ndar
     return arr
 
 
-def _read_entry(entry: Path, path: Path) -> Trace:
+def _read_head(entry: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An entry's manifest and trace.json; ValueError for another loader's entry."""
     man = msgspec.json.decode((entry / MANIFEST).read_bytes())
     if man["format"] != FORMAT or man["fingerprint"] != loader_fingerprint():
         raise ValueError("another loader's entry")
+    return man, msgspec.json.decode((entry / "trace.json").read_bytes())
+
+
+def _read_entry(entry: Path, path: Path) -> Trace:
+    man, extra = _read_head(entry)
     n = int(man["rows"])
     data: dict[str, Any] = {}
     for c in man["columns"]:
@@ -382,7 +384,6 @@ def _read_entry(entry: Path, path: Path) -> Trace:
             data[c["name"]] = out
         else:
             raise ValueError(f"unknown column kind {kind!r}")
-    extra = msgspec.json.decode((entry / "trace.json").read_bytes())
     meta = extra["meta"]
     meta["_load"] = {"bytes": man["json_bytes"]}
     return Trace(

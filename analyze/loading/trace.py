@@ -65,6 +65,11 @@ class Trace:
     def __repr__(self) -> str:
         return f"Trace({self.path!r}, rank={self.rank}, events={len(self.events)}, gpu={self.gpu_name!r})"
 
+    @property
+    def deferred(self) -> bool:
+        """True while the events have not been read (only a DeferredTrace ever is)."""
+        return False
+
     # ---- views -------------------------------------------------------------------------
     def _kind(self, *kinds: str) -> pd.DataFrame:
         return take_rows(self.events, np.flatnonzero(self.kind_mask(*kinds)))
@@ -247,6 +252,13 @@ class DeferredTrace(Trace):
         """True while the events have not been read."""
         return "_build" in self.__dict__
 
+    def then(self, fn: Callable[[Trace], Trace]) -> DeferredTrace:
+        """A DeferredTrace with this one's head whose events are those of fn(this trace), made on
+        first use (fn must keep the span: the pipeline's graph attribution does)."""
+        d = self.__dict__
+        return DeferredTrace(build=lambda: fn(self), span_ns=d["span_ns"], path=d["path"], rank=d["rank"], meta=d["meta"],
+                             warnings=d["warnings"], process_names=d["process_names"])
+
     def _materialise(self) -> None:
         build = self.__dict__.pop("_build", None)
         if build is None:
@@ -256,9 +268,7 @@ class DeferredTrace(Trace):
         except BaseException:
             self.__dict__["_build"] = build  # a later read tries again (and raises again)
             raise
-        span = self.__dict__["span_ns"]
         self.__dict__.update({k: v for k, v in built.__dict__.items() if k not in ("path", "rank", "span_ns")})
-        self.__dict__["span_ns"] = span
 
     def __repr__(self) -> str:
         if self.deferred:
