@@ -18,6 +18,16 @@ below. The tuple's order is the order of sections in the JSON summary; the run o
 the NEEDS declarations (graphlib), ties kept in registry order. A cycle, an unknown dependency or
 a repeated NAME raises `RegistryError` when this module is imported.
 
+**A detector may also define `refresh(previous, trace, ctx) -> result | None`** with
+`REFRESH_NEEDS` and/or `REFRESH_OPTIONS`: the needs and options whose change it can absorb without
+the trace's events. When a result misses the cache, the pipeline looks for this detector's last
+computed result whose other inputs (the rest of its NEEDS and OPTIONS) are the same, and gives it
+to `refresh` with this run's context; refresh reads only the trace's head (path, span, metadata)
+and what `previous` holds, and returns the result `run` would give, or None when `previous`
+cannot give it (then `run` runs). gaps filters a smaller min_gap_us's gaps; launches, syncs and
+communication redo only what they take from the gaps; gpu evaluates its two Nsight timeline rules
+again on the busy timeline it holds. So another min_gap_us (or Nsight option) reads no trace.
+
 Each detector gets its own view of the run's Context (analysis.context): the options, the results
 it declared, and `ctx.shared(fn)` for per-trace values computed once per run. A detector that
 fails on odd input does not take the others down: its section records the error, a warning names
@@ -151,12 +161,21 @@ class Options:
 
 
 def check_options(detectors: tuple[ModuleType, ...]) -> None:
-    """RegistryError for a detector whose OPTIONS names something that is not a field of Options."""
+    """RegistryError for a detector whose OPTIONS names something that is not a field of Options,
+    or whose REFRESH_NEEDS / REFRESH_OPTIONS are not among its NEEDS / OPTIONS or come without a
+    `refresh` (or a `refresh` without them)."""
     known = {f.name for f in fields(Options)}
     for mod in detectors:
-        unknown = [n for n in getattr(mod, "OPTIONS", ()) if n not in known]
+        options = tuple(getattr(mod, "OPTIONS", ()))
+        unknown = [n for n in options if n not in known]
         if unknown:
             raise RegistryError(f"detector {mod.NAME!r} declares options {', '.join(map(repr, unknown))}, which Options does not have")
+        needs, opts = tuple(getattr(mod, "REFRESH_NEEDS", ())), tuple(getattr(mod, "REFRESH_OPTIONS", ()))
+        stray = [n for n in needs if n not in mod.NEEDS] + [o for o in opts if o not in options]
+        if stray:
+            raise RegistryError(f"detector {mod.NAME!r} refreshes for {', '.join(map(repr, stray))}, which it does not read")
+        if bool(needs or opts) != hasattr(mod, "refresh"):
+            raise RegistryError(f"detector {mod.NAME!r} needs both `refresh` and REFRESH_NEEDS or REFRESH_OPTIONS, or neither")
 
 
 RUN_ORDER = run_order(DETECTORS)
@@ -174,6 +193,8 @@ class Analysis:
     # the wall seconds each detector took (reading it back, for those).
     cached: tuple[str, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)
+    # The sections made by a detector's `refresh` from its cached result for other inputs.
+    refreshed: tuple[str, ...] = ()
     # Where this trace's results are cached (None: they are not); an HTML report keeps its drawn
     # figures there too (reports.figure_cache).
     results_store: ResultStore | None = None
@@ -252,18 +273,28 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
         trace, results_store = _open(trace, opts)
     ctx = Context(trace=trace, options=opts)
     cached: list[str] = []
+    refreshed: list[str] = []
     seconds: dict[str, float] = {}
     for mod in RUN_ORDER:
         name = mod.NAME
         reads = tuple(getattr(mod, "OPTIONS", ()))
+        view = ctx.for_detector(name, mod.NEEDS, reads)
         t0 = time.perf_counter()
-        key = None
+        key = base = None
         if results_store is not None:
             key = results_store.key(name, {o: getattr(opts, o) for o in reads}, mod.NEEDS)
             value = results_store.get(name, key) if key is not None else MISS
+            if value is MISS and key is not None and hasattr(mod, "refresh"):
+                base = _base_key(mod, results_store, opts)
+                value = _refresh(mod, results_store, base, trace, view)
+                if value is not MISS:
+                    # Not stored: it would repeat its previous result's large tables (launches'
+                    # activities) on disk, and making it again costs about what reading it would.
+                    refreshed.append(name)
+            elif value is not MISS:
+                cached.append(name)
             if value is not MISS:
                 ctx.results[name] = value
-                cached.append(name)
                 seconds[name] = time.perf_counter() - t0
                 continue
         if trace.deferred:
@@ -271,7 +302,7 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
             # since its results were keyed) is the run's error, not one detector's.
             _ = trace.events
         try:
-            ctx.results[name] = mod.run(trace, ctx.for_detector(name, mod.NEEDS, reads))
+            ctx.results[name] = mod.run(trace, view)
         except Exception as exc:  # one detector's failure must not hide the others
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
@@ -280,17 +311,50 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
                 results_store.forget(name)
             _say(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})")
         else:
-            if results_store is not None and key is not None:
-                results_store.put(name, key, ctx.results[name])
+            if results_store is not None and key is not None and results_store.put(name, key, ctx.results[name]) and base:
+                # What a later run with other gaps or options refreshes from: this computed result.
+                results_store.put(_alias(name), base, key)
         seconds[name] = time.perf_counter() - t0
     if results_store is not None:
         results_store.evict()
-        if cached:
+        if cached or refreshed:
             unread = "; the trace's events were not read" if trace.deferred else ""
-            _say(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache "
-                 f"in {sum(seconds[n] for n in cached):.2f} s{unread} ({results_store.dir}; --no-cache to bypass)")
+            more = f", {len(refreshed)} made from cached ones ({', '.join(refreshed)})" if refreshed else ""
+            _say(f"tokentrace: {Path(trace.path).name}: {len(cached)} of {len(RUN_ORDER)} results from the cache{more} "
+                 f"in {sum(seconds[n] for n in cached + refreshed):.2f} s{unread} ({results_store.dir}; --no-cache to bypass)")
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds,
-                    results_store=results_store)
+                    results_store=results_store, refreshed=tuple(refreshed))
+
+
+def _alias(name: str) -> str:
+    """The results-store name under which a detector's last computed result's key is kept."""
+    return f"{name}@refresh"
+
+
+def _base_key(mod: ModuleType, store: ResultStore, opts: Options) -> str | None:
+    """The key of what a detector's `refresh` can start from: its inputs less REFRESH_NEEDS and
+    REFRESH_OPTIONS (None when a need it keeps has no key)."""
+    keep = [o for o in getattr(mod, "OPTIONS", ()) if o not in getattr(mod, "REFRESH_OPTIONS", ())]
+    needs = tuple(n for n in mod.NEEDS if n not in getattr(mod, "REFRESH_NEEDS", ()))
+    return store.key(_alias(mod.NAME), {o: getattr(opts, o) for o in keep}, needs, record=False)
+
+
+def _refresh(mod: ModuleType, store: ResultStore, base: str | None, trace: Trace, ctx: Context) -> Any:
+    """The detector's result made by its `refresh` from its last computed result with the same
+    base key, or MISS (no such result cached, or refresh cannot give this run's)."""
+    if base is None:
+        return MISS
+    key = store.get(_alias(mod.NAME), base)
+    previous = store.get(mod.NAME, key) if isinstance(key, str) else MISS
+    if previous is MISS:
+        return MISS
+    try:
+        value = mod.refresh(previous, trace, ctx)
+    except Exception:  # run() decides: it computes the result, or records the detector's error
+        if os.environ.get("TOKENTRACE_DEBUG"):
+            raise
+        return MISS
+    return MISS if value is None else value
 
 
 def _open(path: str | os.PathLike[str], opts: Options) -> tuple[Trace, ResultStore | None]:

@@ -17,9 +17,12 @@ and the rank read from it (results show them), the analysis
 fingerprint (the source of every module of tokentrace.analysis and of the modules it reads
 outside it, numpy's and pandas' versions), the graph maps applied (each map file's own key, how it
 was found, the notes), the detector's NAME, the values of the options it declares in OPTIONS, and
-the keys of the results it NEEDS. So another min_gap_us reruns gaps and the detectors that read
+the keys of the results it NEEDS. So another min_gap_us misses gaps and the detectors that read
 gaps (launches, syncs, communication), and nothing else; an edit to any analysis module, even an
-uncommitted one, misses everything.
+uncommitted one, misses everything. A detector with a `refresh` (analysis.pipeline) also keeps,
+under `<NAME>@refresh` and a key without its REFRESH_NEEDS and REFRESH_OPTIONS, the key of its
+last computed result: a miss is then made from that result without the trace's columns (those
+four detectors, for another min_gap_us). What a refresh makes is not stored.
 
 Beside the detectors' results the same store keeps two things derived from them, keyed the same
 way: a diff's kernel and op tables of the trace (`diff.items`, as if a detector that NEEDS phases;
@@ -105,13 +108,15 @@ class ResultStore:
         self.keys: dict[str, str] = {}
         self.wrote = False
 
-    def key(self, name: str, options: dict[str, Any], needs: tuple[str, ...]) -> str | None:
-        """The key of detector `name`'s result (None when a result it needs has none)."""
+    def key(self, name: str, options: dict[str, Any], needs: tuple[str, ...], record: bool = True) -> str | None:
+        """The key of detector `name`'s result (None when a result it needs has none); recorded as
+        `name`'s key, which the results that need it are keyed by, unless `record` is False."""
         upstream = [self.keys.get(n) for n in needs]
         if any(k is None for k in upstream):
             return None
         k = _digest(self.base, name, sorted(options.items()), upstream)
-        self.keys[name] = k
+        if record:
+            self.keys[name] = k
         return k
 
     def forget(self, name: str) -> None:

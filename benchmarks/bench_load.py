@@ -10,7 +10,8 @@ own (getrusage ru_maxrss, which includes the interpreter and libraries: `base` i
 - repeat: after one `analyze` + HTML report that writes the caches (loaded trace, detector
   results and drawn figures, in a temporary folder; timed as `first report`), new processes run
   `load`, `analyze`, `analyze` + HTML report, and `analyze --min-gap-us 10` (other options: gaps
-  and the three detectors that read it run again) on the same file;
+  and the three detectors that read it made again from their cached results, each detector's
+  `refresh`) on the same file;
 - hta: Holistic Trace Analysis' `TraceAnalysis` on a folder holding only this file (hta extra);
 - naive: `json.load` + `pandas.DataFrame(traceEvents)`.
 
@@ -79,7 +80,7 @@ elif method in ("analyze", "fill", "repeat_analyze", "repeat_other", "repeat_rep
         a.to_html()
     seconds = time.perf_counter() - t0
     out.update(cache=a.trace.meta["_load"].get("cache"), load_seconds=a.trace.meta["_load"]["seconds"],
-               cpu_seconds=time.process_time() - c0, detectors=a.seconds, cached=list(a.cached),
+               cpu_seconds=time.process_time() - c0, detectors=a.seconds, cached=list(a.cached), refreshed=list(a.refreshed),
                events_read=not getattr(a.trace, "deferred", False))
     rows = len(a.trace.events) if out["events_read"] else None  # a deferred trace's columns are not read for this
 elif method == "hta":

@@ -127,8 +127,8 @@ def test_step_path_equals_networkx_longest_path_on_random_steps():
         assert (got.cpu_ns, got.gpu_ns, got.nodes) == (want.cpu_ns, want.gpu_ns, want.nodes)
 
 
-def _all_paths(trace, segs, monkeypatch, nx_max: int) -> pd.DataFrame:
-    monkeypatch.setattr(cp, "NX_MAX_NODES", nx_max)
+def _all_paths(trace, segs, monkeypatch, use_networkx: bool) -> pd.DataFrame:
+    monkeypatch.setattr(cp, "USE_NETWORKX", use_networkx)
     end = segs.table["end"].to_numpy(np.int64)
     return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64))
 
@@ -140,6 +140,18 @@ SAMPLE_GPU_TRACES = sorted((Path(__file__).parent.parent / "sample_traces").glob
 def test_step_path_equals_networkx_on_every_step_of_real_traces(path, monkeypatch):
     trace = tokentrace.load(path)
     segs = run_alone(phases, trace).segments
-    by_graph = _all_paths(trace, segs, monkeypatch, 1 << 40)
-    by_walk = _all_paths(trace, segs, monkeypatch, -1)
+    by_graph = _all_paths(trace, segs, monkeypatch, True)
+    by_walk = _all_paths(trace, segs, monkeypatch, False)
     pd.testing.assert_frame_equal(by_walk, by_graph)
+
+
+def test_an_analysis_never_imports_networkx(tmp_path):
+    """The walk serves every step, so a first analysis does not pay networkx's 0.2 s import."""
+    import subprocess
+    import sys
+
+    path = SAMPLE_GPU_TRACES[0] if SAMPLE_GPU_TRACES else pytest.skip("no GPU sample traces")
+    code = ("import sys, tokentrace; a = tokentrace.analyze(sys.argv[1], cache=False); "
+            "assert a.phases.to_json()['decode']['bound']['steps_analysed'] > 0; print('networkx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

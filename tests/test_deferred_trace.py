@@ -93,13 +93,14 @@ def test_graph_maps_are_applied_on_first_use(tmp_path):
 
 
 def test_a_miss_reads_the_columns_for_the_detectors_that_run(tmp_path):
-    p = gap_trace(second_gap_us=5.0).write(tmp_path / "t.json")
-    run_pipeline(p)
-    wide = run_pipeline(p, Options(min_gap_us=10.0))
-    assert set(ALL) - set(wide.cached) == {"gaps", "launches", "syncs", "communication"}
-    assert not wide.trace.deferred
-    assert wide.gaps.to_json()["count"] == 1
-    assert dumps(wide.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=10.0, cache=False)).to_json())
+    p = gap_trace(second_gap_us=2.0).write(tmp_path / "t.json")
+    assert run_pipeline(p).gaps.to_json()["count"] == 1
+    # A smaller min gap than the cached result's: gaps cannot be made from it, so it is computed.
+    narrow = run_pipeline(p, Options(min_gap_us=1.0))
+    assert set(ALL) - set(narrow.cached) == {"gaps", "launches", "syncs", "communication"}
+    assert "gaps" not in narrow.refreshed and not narrow.trace.deferred
+    assert narrow.gaps.to_json()["count"] == 2
+    assert dumps(narrow.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=1.0, cache=False)).to_json())
 
 
 def test_a_trace_changed_before_first_use_is_refused(tmp_path):
@@ -197,7 +198,7 @@ def test_a_trace_changed_before_a_miss_is_the_runs_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader.trace_cache.Store, "head", changed_after_head)
     with pytest.raises(TraceError, match="changed while it was analysed"):
-        run_pipeline(p, Options(min_gap_us=10.0))
+        run_pipeline(p, Options(min_gap_us=1.0))  # gaps must be computed: the columns are read
 
 
 def test_summary_is_read_back_with_the_results(tmp_path, monkeypatch):

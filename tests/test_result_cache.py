@@ -27,6 +27,8 @@ from tokentrace.jsonout import dumps
 
 ALL = tuple(pipeline.SECTIONS)
 GAP_READERS = {"gaps", "launches", "syncs", "communication"}  # gaps and what NEEDS it
+REFRESHING = tuple(m.NAME for m in pipeline.RUN_ORDER if hasattr(m, "refresh"))  # in run order
+GAP_REFRESH = tuple(n for n in REFRESHING if n in GAP_READERS)  # what another min_gap_us refreshes
 
 
 pytestmark = pytest.mark.usefixtures("cache_every_trace")
@@ -149,18 +151,117 @@ def test_repeat_run_reads_every_result_and_says_so(tmp_path, capsys):
     assert second.cached == ALL
     assert "13 of 13 results from the cache" in capsys.readouterr().err
     assert dumps(second.to_json()) == dumps(first.to_json())
-    assert len(list((tmp_path / "cache" / "results").glob("*/*.ttr"))) == len(ALL) + 1  # and the summary
+    # and the summary, and where each refreshing detector's computed result is
+    assert len(list((tmp_path / "cache" / "results").glob("*/*.ttr"))) == len(ALL) + 1 + len(REFRESHING)
 
 
-def test_other_min_gap_reruns_only_gaps_and_its_readers(tmp_path):
+def test_other_min_gap_refreshes_gaps_and_its_readers_without_the_trace(tmp_path, capsys):
     p = gap_trace(second_gap_us=5.0).write(tmp_path / "t.json")
     assert run_pipeline(p).gaps.to_json()["count"] == 2
+    capsys.readouterr()
     wide = run_pipeline(p, Options(min_gap_us=10.0))
-    assert set(ALL) - set(wide.cached) == GAP_READERS
+    assert set(ALL) - set(wide.cached) == GAP_READERS == set(wide.refreshed)
+    assert wide.trace.deferred  # made from the min_gap_us=3 results: no column read
+    assert "9 of 13 results from the cache, 4 made from cached ones (gaps, launches, syncs, communication)" in capsys.readouterr().err
     assert wide.gaps.to_json()["count"] == 1 and wide.gaps.to_json()["total_us"] == 500.0
     assert dumps(wide.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=10.0, cache=False)).to_json())
-    assert run_pipeline(p, Options(min_gap_us=10.0)).cached == ALL  # both settings are kept
+    again = run_pipeline(p, Options(min_gap_us=10.0))
+    assert again.refreshed == wide.refreshed and again.trace.deferred  # made again, not stored twice
+    assert dumps(again.to_json()) == dumps(wide.to_json())
     assert run_pipeline(p).gaps.to_json()["count"] == 2
+
+
+def refresh_trace() -> TraceBuilder:
+    """Four GPU idle gaps of 15, 8, 16 and 12 us: two launch-bound before small kernels, one after
+    a stream sync, one before an NCCL all-reduce (the longest in its lead-in is the 16 us one)."""
+    b = TraceBuilder()
+    b.top["distributedInfo"] = {"backend": "nccl", "rank": 0, "world_size": 2}
+    b.cpu_op("aten::relu", 90, 5)
+    b.launch("k0", 95, 100, 5)  # busy [100, 105)
+    b.launch("k1", 118, 120, 5)  # idle 15 us: the launch began after the GPU went idle
+    b.launch("k2", 131, 133, 5)  # idle 8 us
+    b.sync_call("cudaStreamSynchronize", 140, 10, kineto="Stream Sync")
+    b.launch("k3", 151, 154, 5)  # idle 16 us, the host blocked in the sync
+    b.collective("all_reduce", 166, 171, 10, in_nelems=1 << 20, group_size=2)  # idle 12 us, then busy [171, 181)
+    return b
+
+
+def _lead_gap(a):
+    inst = a.communication.gpu
+    assert len(inst) == 1
+    return inst["lead_gap_us"].iat[0]
+
+
+@pytest.mark.parametrize("min_gap_us, count, small_cost, sync_idle, lead", [
+    (10.0, 3, 15.0, 16.0, 16.0),
+    (12.5, 2, 15.0, 16.0, 16.0),
+    (20.0, 0, 0.0, 0.0, None),
+])
+def test_refreshed_results_are_the_computed_ones(tmp_path, min_gap_us, count, small_cost, sync_idle, lead):
+    p = refresh_trace().write(tmp_path / "t.json")
+    first = run_pipeline(p)
+    assert first.gaps.to_json()["count"] == 4 and first.gaps.to_json()["total_us"] == 51.0
+    assert next(f for f in first.findings if f.id == "small_kernels").cost_total_us == 23.0  # the 15 and 8 us gaps
+    assert first.syncs.items["idle_caused_us"].sum() == 16.0 and _lead_gap(first) == 16.0
+    a = run_pipeline(p, Options(min_gap_us=min_gap_us))
+    assert a.refreshed == GAP_REFRESH and a.trace.deferred
+    fresh = run_pipeline(p, Options(min_gap_us=min_gap_us, cache=False))
+    assert a.gaps.to_json()["count"] == count
+    assert next(f for f in a.findings if f.id == "small_kernels").cost_total_us == small_cost
+    assert a.syncs.items["idle_caused_us"].sum() == sync_idle
+    assert _lead_gap(a) == lead if lead is not None else np.isnan(_lead_gap(a))
+    assert dumps(a.to_json()) == dumps(fresh.to_json())
+    for name in GAP_REFRESH:
+        if count:
+            same(a.results[name], fresh.results[name], name)
+        else:  # a table filtered empty keeps its text columns' str type; one made empty has object columns
+            assert dumps(a.results[name].to_json()) == dumps(fresh.results[name].to_json()), name
+
+
+def test_other_nsight_rule_options_refresh_the_gpu_section(tmp_path):
+    p = refresh_trace().write(tmp_path / "t.json")
+    assert run_pipeline(p).gpu.nsys_rules["gpu_gaps"]["count"] == 0  # Nsight's 500 ms default
+    opts = Options(nsys_gap_ms=0.0125, nsys_util_chunks=4, nsys_util_threshold=70.0)
+    a = run_pipeline(p, opts)
+    assert a.refreshed == ("gpu",) and a.trace.deferred
+    rules = a.gpu.nsys_rules
+    assert rules["gpu_gaps"]["count"] == 2 and rules["gpu_gaps"]["total_us"] == 31.0  # the 15 and 16 us gaps, > 12.5 us
+    assert rules["gpu_time_util"]["params"] == {"chunks": 4, "threshold_pct": 70.0}
+    fresh = run_pipeline(p, dataclasses.replace(opts, cache=False))
+    assert dumps(a.to_json()) == dumps(fresh.to_json())
+    same(a.gpu, fresh.gpu, "gpu")
+
+
+def test_a_smaller_min_gap_computes_gaps_and_refreshes_from_then_on(tmp_path):
+    p = refresh_trace().write(tmp_path / "t.json")
+    run_pipeline(p, Options(min_gap_us=10.0))
+    small = run_pipeline(p, Options(min_gap_us=3.0))
+    # A min_gap_us=10 result lacks the 8 us gap, and a lead-in might have gained one: both computed.
+    assert small.refreshed == ("launches", "syncs") and not small.trace.deferred
+    assert small.gaps.to_json()["count"] == 4
+    assert dumps(small.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=3.0, cache=False)).to_json())
+    between = run_pipeline(p, Options(min_gap_us=9.0))  # from the min_gap_us=3 results now
+    assert between.refreshed == GAP_REFRESH and between.trace.deferred and between.gaps.to_json()["count"] == 3
+
+
+def test_a_refresh_that_fails_or_finds_nothing_leaves_it_to_run(tmp_path, monkeypatch):
+    from tokentrace.analysis.detectors import syncs
+
+    p = refresh_trace().write(tmp_path / "t.json")
+    first = run_pipeline(p)
+
+    def broken(previous, trace, ctx):
+        raise RuntimeError("a refresh bug")
+
+    monkeypatch.setattr(syncs, "refresh", broken)
+    a = run_pipeline(p, Options(min_gap_us=10.0))
+    assert "syncs" not in a.refreshed and "syncs" not in a.errors and a.syncs.items["idle_caused_us"].sum() == 16.0
+    monkeypatch.undo()
+    store = first.results_store
+    store._file(store.keys["launches"]).unlink()  # the result to refresh from is gone (evicted)
+    b = run_pipeline(p, Options(min_gap_us=12.5))
+    assert "launches" not in b.refreshed and not b.trace.deferred
+    assert dumps(b.to_json()) == dumps(run_pipeline(p, Options(min_gap_us=12.5, cache=False)).to_json())
 
 
 def test_other_phase_patterns_rerun_everything_that_reads_phases(tmp_path):
@@ -307,6 +408,21 @@ def test_registry_refuses_an_unknown_option():
         pipeline.check_options((mod,))
 
 
+def test_registry_refuses_a_refresh_for_inputs_not_read():
+    import types
+
+    mod = types.ModuleType("fake")
+    mod.NAME, mod.NEEDS, mod.OPTIONS, mod.run = "fake", ("phases",), ("min_gap_us",), lambda trace, ctx: None
+    mod.REFRESH_NEEDS, mod.refresh = ("gaps",), lambda previous, trace, ctx: None
+    with pytest.raises(RegistryError, match="refreshes for 'gaps', which it does not read"):
+        pipeline.check_options((mod,))
+    mod.REFRESH_NEEDS = ()
+    with pytest.raises(RegistryError, match="needs both `refresh` and REFRESH_NEEDS"):
+        pipeline.check_options((mod,))
+    mod.REFRESH_OPTIONS = ("min_gap_us",)
+    pipeline.check_options((mod,))
+
+
 # ---- acceptance: summaries identical with and without the cache --------------------------------------
 
 
@@ -327,6 +443,10 @@ def test_summary_identical_with_and_without_the_cache(path):
     assert list(again.trace.events.columns) == list(fresh.trace.events.columns) and len(again.trace.events) == len(fresh.trace.events)
     replays = (again.trace.graph_replays.replays, fresh.trace.graph_replays.replays)
     pd.testing.assert_frame_equal(*replays, check_exact=True)
+    # Another min_gap_us: gaps and its readers made from these results, the summary a fresh run's.
+    wide = run_pipeline(path, Options(min_gap_us=25.0))
+    assert wide.refreshed == GAP_REFRESH and wide.trace.deferred
+    assert dumps(wide.to_json()) == dumps(run_pipeline(path, Options(min_gap_us=25.0, cache=False)).to_json())
 
 
 def test_flipped_bytes_in_an_entry_never_raise(tmp_path):

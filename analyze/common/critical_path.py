@@ -1,4 +1,4 @@
-"""What bounds a step: its dependency graph (networkx) and critical path, split into host and GPU time.
+"""What bounds a step: its dependency graph and critical path, split into host and GPU time.
 
 One directed acyclic graph per step, kept small: the step's launch and blocking runtime calls on
 its own thread (every other host activity, ops and Python, lives in the gaps between them) and the
@@ -25,6 +25,11 @@ Edges leaving a host node are CPU time, edges leaving a GPU node are GPU time. A
 step (the host launches slower than the GPU runs) has a path along the host chain with only the
 last kernel on the GPU; a GPU-bound one has a path through the back-to-back kernels of a stream.
 The share of CPU time on the critical path is the measured form of "decode is launch-bound".
+
+`step_graph` builds that graph in networkx and `longest_path` walks it: the definition, for
+notebooks and the tests. The pipeline uses `step_path`, which finds the same path node for node
+from the graph's shape without building it (tests/test_critical_path.py holds the two equal on
+random steps and on every step of the real traces), so an analysis never imports networkx (0.2 s).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
 if TYPE_CHECKING:
-    import networkx as nx  # imported where a graph is built: 0.2 s that a run from the results cache need not pay
+    import networkx as nx  # imported where a graph is built (0.2 s): never in an analysis
 
 # A side owning at least this share of the critical path bounds the step; between the two
 # thresholds neither side dominates ("mixed"). 0.6 keeps a step with a near-even split (where
@@ -56,10 +61,9 @@ MAX_GRAPH_STEPS = 16
 # launch queue holds about a thousand entries, so work launched further back has started already.
 CARRY_WINDOW = 2048
 
-# Steps with at most this many graph nodes get a networkx graph; larger ones the equivalent
-# prefix-sum walk `step_path` (identical paths, tested), since building and walking a graph of
-# thousands of nodes in networkx costs tens of milliseconds per step on a large model.
-NX_MAX_NODES = 256
+# True: `analyse` builds each step's networkx graph and walks it instead of `step_path` (the
+# tests' reference; identical paths, slower, and it imports networkx).
+USE_NETWORKX = False
 
 S, E = -1, -2  # the step's start and end nodes
 
@@ -390,10 +394,7 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
         part["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_ts[own]])
         mine = pd.DataFrame(part, index=g.index[at])
         h = host_by.get(s, host.iloc[:0])
-        if 2 * len(h) + len(mine) <= NX_MAX_NODES:
-            path = longest_path(step_graph(h, mine, start, hend))
-        else:
-            path = step_path(h, mine, start, hend)
+        path = longest_path(step_graph(h, mine, start, hend)) if USE_NETWORKX else step_path(h, mine, start, hend)
         share = path.cpu_share
         wait = max(0, send - start - path.cpu_ns - path.gpu_ns)
         rows.append((int(s), path.cpu_ns, path.gpu_ns, wait, share, None if share is None else 1.0 - share, verdict(share)))

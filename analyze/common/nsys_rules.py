@@ -71,9 +71,14 @@ def evaluate(trace: Trace, busy: BusyTimeline, calls: pd.DataFrame, *, gap_ms: f
                          "dur_us": round(dur[i] / US, 3), "op": str(names[op]) if op >= 0 else None})
         out[rule] = {"description": DESCRIPTIONS[rule], "params": {}, "count": len(c),
                      "total_us": round(float(dur.sum()) / US, 3), "rows": rows}
-    out["gpu_gaps"] = _gpu_gaps(busy, gap_ms, t0)
-    out["gpu_time_util"] = _gpu_time_util(busy, chunks, threshold, t0)
+    out.update(timeline_rules(busy, t0, gap_ms=gap_ms, chunks=chunks, threshold=threshold))
     return out
+
+
+def timeline_rules(busy: BusyTimeline, t0: int, *, gap_ms: float = GAP_MS, chunks: int = UTIL_CHUNKS,
+                   threshold: float = UTIL_THRESHOLD_PCT) -> dict[str, Any]:
+    """The two rules the options change (gpu_gaps, gpu_time_util), from the busy timeline alone."""
+    return {"gpu_gaps": _gpu_gaps(busy, gap_ms, t0), "gpu_time_util": _gpu_time_util(busy, chunks, threshold, t0)}
 
 
 def _gpu_gaps(busy: BusyTimeline, gap_ms: float, t0: int) -> dict[str, Any]:

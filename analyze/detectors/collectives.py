@@ -41,6 +41,9 @@ from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, values_at
 
 NAME = "communication"
 NEEDS = ("phases", "gaps")
+# The gaps give only each instance's lead-in gap (the longest before it): `refresh` finds it in a
+# gaps result for a larger min gap without reading the trace.
+REFRESH_NEEDS = ("gaps",)
 GB = 1e9
 # Collectives of at most this many bytes are latency-bound: nccl-tests' all_reduce_perf time is
 # flat below about 1 MB on NVLink and InfiniBand systems (the LL protocols' fixed cost of some
@@ -61,7 +64,7 @@ INSTANCE_COLUMNS = [
     "busy_us", "overlap_us", "exposed_us", "dtype", "bytes", "bytes_source", "group_size", "group_size_source",
     "pg", "seq", "algbw_gbs", "busbw_gbs", "a2a_imbalance", "splits_truncated", "seg", "phase", "step",
     "lead_us", "lead_busy_us", "lead_gap_us", "lead_gap_cause", "lead_gap_op", "lead_top_kernel", "lead_top_kernel_us",
-    "anchor", "host_row",
+    "lead_gap_start", "anchor", "host_row",
 ]
 
 STEP_TABLE_COLUMNS = ["phase", "index", "count", "comm_us", "exposed_us", "overlap_us", "hideable_us", "bytes"]
@@ -75,6 +78,8 @@ class CollectivesResult:
     span_us: float
     notes: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # The min_gap_us of the gaps result the lead-in gaps were taken from (None: no gaps read).
+    gaps_min_gap_us: float | None = None
 
     @property
     def gpu(self) -> pd.DataFrame:
@@ -579,6 +584,7 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
     gap_us = np.full(n, np.nan)
     gap_cause = np.full(n, None, object)
     gap_op = np.full(n, None, object)
+    gap_start = np.full(n, -1, np.int64)
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
@@ -622,10 +628,12 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
                     df = df.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
                     at = idx[df["w"].to_numpy()]
                     gap_us[at] = df["dur"].to_numpy() / US
+                    gap_start[at] = gs[ok][df.index.to_numpy()]
                     gap_cause[at] = df["cause"].to_numpy()
                     gap_op[at] = host_ops_at(trace, df["pid"].to_numpy(), df["tid"].to_numpy(), df["mid"].to_numpy())
     inst["lead_us"], inst["lead_busy_us"] = lead, busy
     inst["lead_gap_us"], inst["lead_gap_cause"], inst["lead_gap_op"] = gap_us, gap_cause, gap_op
+    inst["lead_gap_start"] = gap_start
     inst["lead_top_kernel"], inst["lead_top_kernel_us"] = top, top_us
 
 
@@ -836,6 +844,35 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
             notes.append(f"{int(untimed.sum())} collective calls launched no kernel this trace shows: counted, not timed")
     inst = inst.reindex(columns=INSTANCE_COLUMNS + ["call"])
     res = CollectivesResult(instances=inst, by_type=_by_type(inst), per_step=per_step,
-                            span_us=trace.duration_ns / US, notes=notes)
+                            span_us=trace.duration_ns / US, notes=notes, gaps_min_gap_us=ctx.result("gaps").min_gap_us)
     res.findings = _findings(res, segments)
+    return res
+
+
+def refresh(previous: CollectivesResult, trace: Trace, ctx: Context) -> CollectivesResult | None:
+    """This result for a gaps result with a larger (or equal) min gap, without reading the trace:
+    an instance's lead-in gap is the longest gap in its lead-in, so with fewer gaps it is the same
+    gap if that gap is still one, else there is none (a shorter gap there would be shorter than
+    the minimum too). None for a smaller min gap, whose extra gaps may lead in where none did."""
+    gaps = ctx.result("gaps")
+    had = previous.gaps_min_gap_us
+    if had is None:  # no collectives: nothing here depends on the gaps
+        return previous
+    if gaps.min_gap_us < had:
+        return None
+    inst = previous.instances.copy()
+    start = inst["lead_gap_start"].to_numpy(np.int64)
+    had_gap = np.flatnonzero(start >= 0)  # GPU instances only: their device is known
+    g = gaps.gaps
+    kept = pd.MultiIndex.from_arrays([g["device"].to_numpy(np.int64), g["start"].to_numpy(np.int64)])
+    at = pd.MultiIndex.from_arrays([inst["device"].to_numpy()[had_gap].astype(np.int64), start[had_gap]])
+    gone = np.zeros(len(inst), bool)
+    gone[had_gap[~at.isin(kept)]] = True
+    if gone.any():
+        inst.loc[gone, "lead_gap_us"] = np.nan
+        inst.loc[gone, ["lead_gap_cause", "lead_gap_op"]] = None
+        inst.loc[gone, "lead_gap_start"] = -1
+    res = CollectivesResult(instances=inst, by_type=previous.by_type, per_step=previous.per_step, span_us=previous.span_us,
+                            notes=list(previous.notes), gaps_min_gap_us=gaps.min_gap_us)
+    res.findings = _findings(res, ctx.segments)
     return res

@@ -58,6 +58,9 @@ from tokentrace.analysis.segments import Segments
 NAME = "gaps"
 NEEDS = ("phases",)
 OPTIONS = ("min_gap_us",)
+# A result for a smaller min_gap_us holds every gap of a larger one, classified the same way (a
+# gap's cause depends on it alone): `refresh` filters it instead of reading the trace again.
+REFRESH_OPTIONS = ("min_gap_us",)
 CAUSES = ("launch_bound", "sync", "data_transfer", "cpu_busy", "outside_region", "gpu_wait", "collective", "outside_steps")
 # A launch path through Python, the PyTorch dispatcher and the runtime costs about 5-30 us per op
 # on current CPUs, so host stretches of 50 us or more without a launch are other work, not
@@ -80,6 +83,10 @@ class GapsResult:
     savings: dict[str, Any]
     top: list[dict[str, Any]]
     findings: list[Finding] = field(default_factory=list)
+    # Each idle stretch >= min gap on a stream alone: `pair` (its row in `streams`) and `dur_ns`,
+    # in the order `streams` sums them (what a larger min gap's `streams` is counted from).
+    stream_idle: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"pair": np.empty(0, np.int64),
+                                                                             "dur_ns": np.empty(0, np.int64)}))
 
     @property
     def gaps(self) -> pd.DataFrame:
@@ -107,17 +114,45 @@ class GapsResult:
 
 def run(trace: Trace, ctx: Context) -> GapsResult:
     min_gap_us = float(ctx.options.min_gap_us)
-    min_gap = int(round(min_gap_us * US))
+    min_gap = min_gap_ns(min_gap_us)
     segments = ctx.segments
     table = find_gaps(trace, ctx.shared(device_busy), min_gap)
     calls = ctx.shared(sync_calls)
     classify(trace, table, calls, segments)
     _mark_outside_steps(table, steady_state.window_of(ctx))
-    streams = stream_gaps(trace, min_gap)
-    by_phase = _by_phase(table, segments)
-    savings = _savings(trace, table, segments)
-    top = _top(trace, table)
-    res = GapsResult(table=table, streams=streams, min_gap_us=min_gap_us, by_phase=by_phase, savings=savings, top=top)
+    streams, idle = stream_gaps(trace, min_gap)
+    return _result(trace, ctx, table, streams, idle, min_gap_us, _top(trace, table))
+
+
+def refresh(previous: GapsResult, trace: Trace, ctx: Context) -> GapsResult | None:
+    """The result for this run's min_gap_us from one for a smaller (or equal) one, without reading
+    the trace's events: its gaps of at least the new minimum (each keeps its cause, since a gap's
+    cause depends on that gap alone), its per-stream idle stretches likewise, and the longest gaps
+    a prefix of the old list (the same order, fewer rows). None for a larger old minimum, whose
+    result lacks the shorter gaps."""
+    min_gap_us = float(ctx.options.min_gap_us)
+    min_gap = min_gap_ns(min_gap_us)
+    if min_gap < min_gap_ns(previous.min_gap_us):
+        return None
+    old = previous.table
+    table = old[(old["end"] - old["start"]).to_numpy(np.int64) >= min_gap].reset_index(drop=True)
+    idle = previous.stream_idle[previous.stream_idle["dur_ns"].to_numpy(np.int64) >= min_gap].reset_index(drop=True)
+    streams = _stream_totals(previous.streams[["device", "stream"]], idle)
+    real = int((~table["graph_replay"].to_numpy(bool)).sum())
+    return _result(trace, ctx, table, streams, idle, min_gap_us, list(previous.top[:min(TOP_GAPS, real)]))
+
+
+def min_gap_ns(min_gap_us: float) -> int:
+    """The shortest idle stretch counted as a gap, in ns (at least 1: touching intervals are no gap)."""
+    return max(int(round(min_gap_us * US)), 1)
+
+
+def _result(trace: Trace, ctx: Context, table: pd.DataFrame, streams: pd.DataFrame, idle: pd.DataFrame, min_gap_us: float,
+            top: list[dict[str, Any]]) -> GapsResult:
+    """The result from the classified gap table: what `run` and `refresh` share (no trace events read)."""
+    segments = ctx.segments
+    res = GapsResult(table=table, streams=streams, min_gap_us=min_gap_us, by_phase=_by_phase(table, segments),
+                     savings=_savings(trace, table, segments), top=top, stream_idle=idle)
     res.findings = _findings(trace, res)
     return res
 
@@ -130,7 +165,7 @@ def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame
         if len(ms) < 2:
             continue
         gs, ge = me[:-1], ms[1:]
-        keep = (ge - gs) >= max(min_gap_ns, 1)
+        keep = (ge - gs) >= min_gap_ns
         parts.append(pd.DataFrame({
             "device": d, "start": gs[keep], "end": ge[keep],
             "prev_row": busy.closer[d][:-1][keep], "next_row": busy.opener[d][1:][keep],
@@ -150,21 +185,21 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     ts_col = ev["ts"].to_numpy()
     gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
     nxt, prv = gaps["next_row"].to_numpy(np.int64), gaps["prev_row"].to_numpy(np.int64)
-    ln = launch[nxt] if n else np.zeros(0, np.int64)
-    lp = launch[prv] if n else np.zeros(0, np.int64)
-    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)[np.maximum(ln, 0)] & (ln >= 0) if n else np.zeros(0, bool)
+    ln = launch[nxt]
+    lp = launch[prv]
+    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)[np.maximum(ln, 0)] & (ln >= 0)
     graph_replay = is_graph & (ln == lp)
     # The host thread that launched the next work; unlinked work falls back to the thread that
     # launched most work on that device.
-    pid = np.where(ln >= 0, ev["pid"].to_numpy()[np.maximum(ln, 0)], -1) if n else np.zeros(0, np.int64)
-    tid = np.where(ln >= 0, ev["tid"].to_numpy()[np.maximum(ln, 0)], -1) if n else np.zeros(0, np.int64)
+    pid = np.where(ln >= 0, ev["pid"].to_numpy()[np.maximum(ln, 0)], -1)
+    tid = np.where(ln >= 0, ev["tid"].to_numpy()[np.maximum(ln, 0)], -1)
     main = _main_threads(trace)
     dev = gaps["device"].to_numpy(np.int64)
     for d, (p, t) in main.items():
         m = (ln < 0) & (dev == d)
         pid[m], tid[m] = p, t
-    launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
-    launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge) if n else np.zeros(0, np.int64)
+    launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge)
+    launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge)
     # The host-bound part ends when the launch call returns: time inside the call is host time
     # (a call that loads a module can take milliseconds), not time the work sat in the queue.
     he = np.clip(launch_end, gs, ge)
@@ -212,9 +247,9 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
         "launch call began after the GPU went idle").astype(object)
     gaps["dur_us"] = (ge - gs) / US
     gaps["start_us"] = (gs - trace.span_ns[0]) / US
-    gaps["stream"] = ev["stream"].to_numpy()[nxt] if n else np.zeros(0, np.int64)
+    gaps["stream"] = ev["stream"].to_numpy()[nxt]  # empty: the column's dtype, as a filtered table keeps it
     gaps["launch_row"] = ln
-    gaps["launch_api"] = pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None) if n else [], index=gaps.index, dtype=object)
+    gaps["launch_api"] = pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None), index=gaps.index, dtype=object)
     gaps["pid"], gaps["tid"] = pid, tid
     gaps["host_bound_us"] = part / US
     gaps["host_free_us"] = t_free / US
@@ -226,11 +261,11 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     gaps["detail"] = detail
     gaps["seg"] = seg
     gaps["phase"], gaps["step"], gaps["region"] = segment_labels(segments, seg, gaps.index)
-    gaps["prev"] = names[prv] if n else np.zeros(0, object)
-    gaps["next"] = names[nxt] if n else np.zeros(0, object)
+    gaps["prev"] = names[prv]
+    gaps["next"] = names[nxt]
     op_col = ev["op"].to_numpy()
-    nop = op_col[np.maximum(ln, 0)] if n else np.zeros(0, np.int64)
-    gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None) if n else [],
+    nop = op_col[np.maximum(ln, 0)]
+    gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None),
                                 index=gaps.index, dtype=object)
 
 
@@ -351,22 +386,33 @@ def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Segments | None, gs:
     return seg.astype(np.int64), 2 * inside < (b - a)
 
 
-def stream_gaps(trace: Trace, min_gap_ns: int) -> pd.DataFrame:
-    """Idle stretches on each stream alone (another stream may have kept the device busy)."""
+def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Idle stretches on each stream alone (another stream may have kept the device busy): per
+    (device, stream) with GPU work, their count and total; and each stretch (GapsResult.stream_idle)."""
     gpu = trace.gpu
-    cols = ["device", "stream", "count", "total_us"]
+    idle = pd.DataFrame({"pair": np.empty(0, np.int64), "dur_ns": np.empty(0, np.int64)})
     if gpu.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), idle
     codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
     g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
     same = g[1:] == g[:-1]
     gap = ms[1:] - me[:-1]
-    keep = same & (gap >= max(min_gap_ns, 1))
-    cnt = np.bincount(g[1:][keep], minlength=len(uniq))
-    tot = np.bincount(g[1:][keep], weights=gap[keep], minlength=len(uniq))
-    return pd.DataFrame({
-        "device": [int(k[0]) for k in uniq], "stream": [int(k[1]) for k in uniq], "count": cnt, "total_us": tot / US,
-    }).sort_values(["device", "stream"]).reset_index(drop=True)
+    keep = same & (gap >= min_gap_ns)
+    idle = pd.DataFrame({"pair": g[1:][keep].astype(np.int64), "dur_ns": gap[keep].astype(np.int64)})
+    # pair_codes numbers the pairs in (device, stream) order: row i of the table is pair i.
+    pairs = pd.DataFrame({"device": [int(k[0]) for k in uniq], "stream": [int(k[1]) for k in uniq]})
+    return _stream_totals(pairs, idle), idle
+
+
+def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:
+    """Count and total of the idle stretches of each (device, stream) row of `pairs`."""
+    if not len(pairs):
+        return pd.DataFrame(columns=["device", "stream", "count", "total_us"])
+    code, dur = idle["pair"].to_numpy(np.int64), idle["dur_ns"].to_numpy(np.int64)
+    out = pairs.reset_index(drop=True).copy()
+    out["count"] = np.bincount(code, minlength=len(pairs))
+    out["total_us"] = np.bincount(code, weights=dur, minlength=len(pairs)) / US
+    return out
 
 
 def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:

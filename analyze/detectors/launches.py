@@ -23,6 +23,8 @@ from tokentrace.analysis.loading.trace import Trace, isin_mask
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
+# Only the small-kernel finding's cost reads the gaps: `refresh` recomputes that for other gaps.
+REFRESH_NEEDS = ("gaps",)
 # Kernels under 10 us are where a launch (5-10 us of host time, a few us of GPU launch latency)
 # costs as much as the work itself: fusing them or replaying them from a graph pays off.
 SMALL_KERNEL_NS = 10_000
@@ -45,6 +47,10 @@ class LaunchesResult:
     calls: pd.DataFrame  # one row per launch call: api, dur_us, seg
     summary: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
+    # What the small-kernel finding says besides its cost (None: no such finding), and the rows of
+    # the small kernels whose preceding launch-bound gaps are that cost (see `refresh`).
+    small: dict[str, Any] | None = None
+    small_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def to_json(self) -> dict[str, Any]:
         return self.summary
@@ -66,7 +72,17 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     act = _activities(trace, names, is_graph)
     summary = _summary(trace, calls, act, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
-    res.findings = _findings(trace, ctx, act, summary)
+    res.small, res.small_rows = _small_kernels(trace, act, summary)
+    res.findings = _findings(trace, res, ctx.result("gaps"))
+    return res
+
+
+def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesResult:
+    """This result for another gaps result: the same statistics, the small-kernel finding's cost
+    measured on the new gaps (no trace events read)."""
+    res = LaunchesResult(activities=previous.activities, calls=previous.calls, summary=previous.summary,
+                         small=previous.small, small_rows=previous.small_rows)
+    res.findings = _findings(trace, res, ctx.result("gaps"))
     return res
 
 
@@ -177,28 +193,38 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
     }
 
 
-def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, Any]) -> list[Finding]:
+def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any]) -> tuple[dict[str, Any] | None, np.ndarray]:
+    """The small-kernel finding's facts (None when there is none to make) and its kernels' rows."""
+    none = np.empty(0, np.int64)
     # The three columns read here, not every column of the activities.
     own = act[["row", "dur_us", "launch_dur_us"]][trace.kind_mask("kernel")[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)]
     if own.empty:
-        return []
+        return None, none
     small = own[own["dur_us"] * US < SMALL_KERNEL_NS]
     share = len(small) / len(own)
     starved = summary["queue_depth"]["starved_share"] or 0.0
     if share < SMALL_SHARE_MIN or starved < STARVED_SHARE_MIN:
-        return []
-    shorter = own[own["dur_us"] < own["launch_dur_us"]]
-    # The cost is the GPU idle measured right before these kernels: launch-bound gaps whose next
-    # work is a small kernel. Those gaps are also in the launch-bound finding, which claims the
-    # saving; this finding names the other remedy (fusion) without counting the time twice.
-    g = ctx.result("gaps").gaps
-    before_small = g["next_row"].isin(small["row"].to_numpy()) & (g["cause"] == "launch_bound")
-    cost = float(g.loc[before_small, "dur_us"].sum())
+        return None, none
     names = trace.names
     counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
     evidence = [{"kernel": k, "count": int(v),
                  "mean_us": round(float(small.loc[names[small["row"].to_numpy()] == k, "dur_us"].mean()), 3)}
                 for k, v in counts.items()]
+    facts = {"small": len(small), "own": len(own), "share": share, "starved": starved,
+             "shorter": int((own["dur_us"] < own["launch_dur_us"]).sum()), "evidence": evidence}
+    return facts, small["row"].to_numpy(np.int64)
+
+
+def _findings(trace: Trace, res: LaunchesResult, gaps: Any) -> list[Finding]:
+    facts = res.small
+    if facts is None:
+        return []
+    # The cost is the GPU idle measured right before these kernels: launch-bound gaps whose next
+    # work is a small kernel. Those gaps are also in the launch-bound finding, which claims the
+    # saving; this finding names the other remedy (fusion) without counting the time twice.
+    g = gaps.gaps
+    before_small = g["next_row"].isin(res.small_rows) & (g["cause"] == "launch_bound")
+    cost = float(g.loc[before_small, "dur_us"].sum())
     return [Finding(
         id="small_kernels", title="Many small kernels launched one by one while the GPU starves", category="launches",
         recommendation="Fuse small elementwise/normalisation kernels (torch.compile), and capture the step in a CUDA graph "
@@ -206,9 +232,10 @@ def _findings(trace: Trace, ctx: Context, act: pd.DataFrame, summary: dict[str, 
         cost_total_us=cost, est_savings_us=None, severity=severity_for(cost, trace.duration_ns / US),
         explains="why the GPU waits for launches: most kernels are shorter than their launch, so the queue runs "
                  "dry (the launch-bound finding claims that idle time's saving)",
-        evidence=evidence,
-        detail=(f"{len(small)} of {len(own)} singly launched kernels ({share:.0%}) run under {SMALL_KERNEL_NS / US:.0f} us; "
-                f"{len(shorter)} run shorter than their own launch call; {starved:.0%} of launches found an empty queue; "
+        evidence=[dict(e) for e in facts["evidence"]],
+        detail=(f"{facts['small']} of {facts['own']} singly launched kernels ({facts['share']:.0%}) run under "
+                f"{SMALL_KERNEL_NS / US:.0f} us; {facts['shorter']} run shorter than their own launch call; "
+                f"{facts['starved']:.0%} of launches found an empty queue; "
                 f"{cost:.1f} us of launch-bound GPU idle precedes them (its saving is counted once, under the "
                 f"launch-bound finding)."),
     )]

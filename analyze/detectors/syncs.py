@@ -39,6 +39,8 @@ from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
 NEEDS = ("phases", "gaps")
+# The gaps give only each sync's idle_caused_us and what is summed from it: `refresh` recomputes those.
+REFRESH_NEEDS = ("gaps",)
 
 # Python frames are looked up for this many of the longest syncs (each lookup scans the thread's
 # frames; the rest keep the op's recorded call stack when the trace has one).
@@ -129,7 +131,7 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
     cause = cause_ops(trace, calls["row"].to_numpy(np.int64)) if n else np.zeros(0, dtype=np.int64)
     seg = segments.locate_times(calls["ts"].to_numpy()) if n else np.full(n, -1)
     waited = _waited_for(trace, ctx, calls)
-    idle = _idle_caused(ctx.result("gaps"), calls)
+    idle = _idle_caused(ctx.result("gaps"), calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64))
     items = pd.DataFrame({
         "row": calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
         "kind": calls["kind"].to_numpy(dtype=object) if n else np.zeros(0, object),
@@ -154,15 +156,27 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
         items[col] = items[col].astype(object).where(items[col].notna(), None)
     items["stack"] = _stacks(trace, calls, items)
     items["point"] = point_ids(items["op"].to_numpy(dtype=object), cause)
+    return _result(trace, ctx, items, float(blocked.sum()) / US)
+
+
+def refresh(previous: SyncsResult, trace: Trace, ctx: Context) -> SyncsResult:
+    """This result for another gaps result: each sync's idle_caused_us from the new gaps, and the
+    points, totals, per-token figures and findings summed from it again (no trace events read)."""
+    items = previous.items.copy()
+    items["idle_caused_us"] = _idle_caused(ctx.result("gaps"), items["row"].to_numpy(np.int64))
+    return _result(trace, ctx, items, previous.blocked_us)
+
+
+def _result(trace: Trace, ctx: Context, items: pd.DataFrame, blocked_us: float) -> SyncsResult:
+    """The result from the per-call table: what `run` and `refresh` share."""
     by_kind: dict[str, dict[str, float]] = {}
-    if n:
+    if len(items):
         agg = items.groupby("kind").agg(count=("kind", "size"), blocked=("blocked_us", "sum"), idle=("idle_caused_us", "sum"))
         by_kind = {str(k): {"count": int(r["count"]), "blocked_us": round(float(r["blocked"]), 3),
                             "idle_caused_us": round(float(r["idle"]), 3)} for k, r in agg.iterrows()}
     points = _points(items)
-    per_token = _per_token(trace, segments, items, points, window_of(ctx))
-    result = SyncsResult(items=items, count=len(points), blocked_us=float(blocked.sum()) / US, by_kind=by_kind,
-                         per_token=per_token, points=points)
+    per_token = _per_token(trace, ctx.segments, items, points, window_of(ctx))
+    result = SyncsResult(items=items, count=len(points), blocked_us=blocked_us, by_kind=by_kind, per_token=per_token, points=points)
     result.findings = _findings(trace, points, per_token)
     return result
 
@@ -276,14 +290,14 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
     return out
 
 
-def _idle_caused(gaps: Any, calls: pd.DataFrame) -> np.ndarray:
-    """GPU idle the gap detector attributed to each sync (the drain after the host blocked)."""
-    out = np.zeros(len(calls))
+def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
+    """GPU idle the gap detector attributed to each sync call (by its event row): the drain after the host blocked."""
+    out = np.zeros(len(rows))
     table = gaps.gaps
-    if table.empty or "sync_row" not in table.columns or not len(calls):
+    if table.empty or "sync_row" not in table.columns or not len(rows):
         return out
     per_row = table[table["sync_row"] >= 0].groupby("sync_row")["dur_us"].sum()
-    return per_row.reindex(calls["row"].to_numpy()).fillna(0.0).to_numpy(float)
+    return per_row.reindex(rows).fillna(0.0).to_numpy(float)
 
 
 def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list[str] | None]:

@@ -10,7 +10,7 @@ Also carries the Nsight Systems rule parity table (analysis.common.nsys_rules) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, device_busy
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.nsys_rules import evaluate
+from tokentrace.analysis.common.nsys_rules import evaluate, timeline_rules
 from tokentrace.analysis.common.sync_points import sync_calls
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -30,6 +30,8 @@ from tokentrace.analysis.segments import Segments
 NAME = "gpu"
 NEEDS = ("phases",)
 OPTIONS = ("nsys_gap_ms", "nsys_util_chunks", "nsys_util_threshold")
+# The options change only two Nsight rules, which read the busy timeline this result holds.
+REFRESH_OPTIONS = OPTIONS
 # Decimal places of the shares and times in this section.
 DIGITS = 6
 
@@ -119,6 +121,15 @@ def run(trace: Trace, ctx: Context) -> GpuUtilization:
         busy=busy,
         nsys_rules=nsys,
     )
+
+
+def refresh(previous: GpuUtilization, trace: Trace, ctx: Context) -> GpuUtilization:
+    """This result for other Nsight rule options: its gpu_gaps and gpu_time_util rules evaluated
+    again on its busy timeline, the rest as it was (no trace events read)."""
+    opts = ctx.options
+    rules = {**previous.nsys_rules, **timeline_rules(previous.busy, trace.span_ns[0], gap_ms=opts.nsys_gap_ms,
+                                                     chunks=opts.nsys_util_chunks, threshold=opts.nsys_util_threshold)}
+    return replace(previous, nsys_rules=rules, findings=list(previous.findings))
 
 
 def _streams(trace: Trace, t0: int) -> pd.DataFrame:
