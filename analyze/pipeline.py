@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, fields
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from tokentrace.analysis.common import nsys_rules
 from tokentrace.analysis.context import Context
@@ -230,7 +230,7 @@ class Analysis:
         if store is None:
             return self._summary()
         key = store.key(SUMMARY_ENTRY, {}, SECTIONS) if not self.errors else None
-        return store.reuse(SUMMARY_ENTRY, key, self._summary, lambda d: isinstance(d, dict) and d.get("schema_version") == SCHEMA_VERSION)
+        return store.reuse(SUMMARY_ENTRY, key, self._summary, _is_summary)
 
     def _summary(self) -> dict[str, Any]:
         from tokentrace import __version__
@@ -259,8 +259,9 @@ class Analysis:
         return render_markdown(self, path)
 
 
-def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None = None) -> Analysis:
-    """Run every detector on a trace (or a path to one); `tokentrace.analyze` is the public face.
+def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: Options | None = None) -> Analysis:
+    """Run every detector on a trace (or a path to one, or one `open_trace` opened with these
+    options); `tokentrace.analyze` is the public face.
 
     For a path, results come from the results cache where their inputs are unchanged
     (analysis.result_cache) and new ones are stored there."""
@@ -270,7 +271,8 @@ def run_pipeline(trace: Trace | str | os.PathLike[str], options: Options | None 
         trace = apply_graph_maps(trace, opts.graph_maps, find=opts.find_graph_maps)
         results_store = None
     else:
-        trace, results_store = _open(trace, opts)
+        opened = trace if isinstance(trace, OpenedTrace) else open_trace(trace, opts)
+        trace, results_store = opened.trace, opened.store
     ctx = Context(trace=trace, options=opts)
     cached: list[str] = []
     refreshed: list[str] = []
@@ -357,19 +359,54 @@ def _refresh(mod: ModuleType, store: ResultStore, base: str | None, trace: Trace
     return MISS if value is None else value
 
 
-def _open(path: str | os.PathLike[str], opts: Options) -> tuple[Trace, ResultStore | None]:
-    """The trace at `path` attributed from its graph maps, and its results store (None when its
-    results are not cached). A trace in the trace cache comes back deferred (DeferredTrace): its
-    columns are read, and its graph maps applied, only when the first detector whose result is
-    not cached reads them, so a run whose every result is cached never reads them (nor do a
-    report or a check of it)."""
+@dataclass
+class OpenedTrace:
+    """A trace path opened for a run (`open_trace`): the trace, attributed from its graph maps
+    (deferred when it is in the trace cache), and its results store (None: results not cached)."""
+
+    trace: Trace
+    store: ResultStore | None
+
+
+def open_trace(path: str | os.PathLike[str], opts: Options) -> OpenedTrace:
+    """The trace at `path` attributed from its graph maps, and its results store. A trace in the
+    trace cache comes back deferred (DeferredTrace): its columns are read, and its graph maps
+    applied, only when the first detector whose result is not cached reads them, so a run whose
+    every result is cached never reads them (nor do a report or a check of it)."""
     loaded = load(path, max_trace_size=opts.max_trace_size, cache=opts.cache, defer=True)
     sources, notes = map_sources(loaded.path, opts.graph_maps, find=opts.find_graph_maps)
     store = open_results(loaded, opts.cache, sources, notes)
     if isinstance(loaded, DeferredTrace) and loaded.deferred:
         # Graph maps add op rows inside their launch calls, so the span is the loaded trace's.
-        return loaded.then(lambda t: attribute_from(t, sources, notes)), store
-    return attribute_from(loaded, sources, notes), store
+        return OpenedTrace(loaded.then(lambda t: attribute_from(t, sources, notes)), store)
+    return OpenedTrace(attribute_from(loaded, sources, notes), store)
+
+
+def cached_summary(opened: OpenedTrace, opts: Options) -> dict[str, Any] | None:
+    """The JSON summary a run of `opened` with these options would give, read from the results
+    cache when a run with the same inputs stored it (None otherwise), without reading any
+    detector's result or the trace's columns: every key follows from the inputs alone, and a
+    summary is stored only for a run without errors (Analysis.to_json). What `check` and `diff`
+    need of an unchanged trace."""
+    store = opened.store
+    if store is None:
+        return None
+    t0 = time.perf_counter()
+    for mod in RUN_ORDER:
+        if store.key(mod.NAME, {o: getattr(opts, o) for o in getattr(mod, "OPTIONS", ())}, mod.NEEDS) is None:
+            return None
+    key = store.key(SUMMARY_ENTRY, {}, SECTIONS)
+    doc = store.get(SUMMARY_ENTRY, key) if key is not None else MISS
+    if not _is_summary(doc):
+        return None
+    _say(f"tokentrace: {Path(opened.trace.path).name}: the summary from the cache in {time.perf_counter() - t0:.2f} s; "
+         f"the trace's events were not read ({store.dir}; --no-cache to bypass)")
+    return cast(dict[str, Any], doc)
+
+
+def _is_summary(doc: Any) -> bool:
+    """A cached summary entry reads back as a summary of this schema."""
+    return isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION
 
 
 def _say(text: str) -> None:

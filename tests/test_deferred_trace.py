@@ -141,7 +141,7 @@ def test_cli_check_and_report_of_an_all_cached_run(tmp_path):
     out = runner.invoke(main, ["check", str(p), "--config", str(cfg)])
     assert out.exit_code == 1, out.output
     assert "FAIL" in out.output and "505" in out.output
-    assert "events were not read" in out.output
+    assert "the summary from the cache" in out.output and "events were not read" in out.output
 
 
 def test_replace_of_a_deferred_trace_is_a_complete_trace(tmp_path):
@@ -180,6 +180,57 @@ def test_repeat_diff_reads_its_item_tables_from_the_cache(tmp_path, monkeypatch)
     again = diff_mod.diff(a, b)
     assert again.to_json() == first == plain
     assert again.base.kernels is not None and len(again.base.kernels)
+
+
+def _entries_read(monkeypatch) -> list[str]:
+    """The names of the results-cache entries read from now on."""
+    from tokentrace.analysis.result_cache import ResultStore
+
+    read: list[str] = []
+    get = ResultStore.get
+
+    def spy(self, name, key):
+        read.append(name)
+        return get(self, name, key)
+
+    monkeypatch.setattr(ResultStore, "get", spy)
+    return read
+
+
+def test_repeat_diff_and_check_read_only_the_summary_and_item_tables(tmp_path, monkeypatch, capsys):
+    from tokentrace.analysis.compare import diff as diff_mod
+    from tokentrace.analysis.compare.check import check
+
+    a = gap_trace(second_gap_us=5.0).write(tmp_path / "a.json")
+    b = gap_trace(second_gap_us=50.0).write(tmp_path / "b.json")
+    first = diff_mod.diff(a, b).to_json()
+    verdict = check(a, baseline=b, max_regression=5.0).to_json()
+    capsys.readouterr()
+    read = _entries_read(monkeypatch)
+    again = diff_mod.diff(a, b)
+    # Per side: the summary and the item tables; no detector's result, no trace column.
+    assert sorted(read) == ["diff.items", "diff.items", "summary", "summary"]
+    assert again.to_json() == first and len(again.base.kernels) and again.base.steps == diff_mod.side_of(a, {"cache": False}).steps
+    assert capsys.readouterr().err.count("the summary from the cache") == 2
+    read.clear()
+    assert check(a, baseline=b, max_regression=5.0).to_json() == verdict
+    assert sorted(read) == ["summary", "summary"]
+
+
+def test_repeat_diff_without_a_cached_summary_reads_the_results(tmp_path, monkeypatch):
+    from tokentrace.analysis.compare import diff as diff_mod
+
+    a = gap_trace(second_gap_us=5.0).write(tmp_path / "a.json")
+    b = gap_trace(second_gap_us=50.0).write(tmp_path / "b.json")
+    first = diff_mod.diff(a, b)
+    store = run_pipeline(a).results_store
+    store._file(store.key(pipeline.SUMMARY_ENTRY, {}, pipeline.SECTIONS)).unlink()  # a's summary evicted
+    read = _entries_read(monkeypatch)
+    again = diff_mod.diff(a, b)
+    assert set(ALL) <= set(read) and again.to_json() == first.to_json()
+    read.clear()
+    diff_mod.diff(a, b, min_gap_us=10.0)  # other options: another summary, made from the results
+    assert {"gaps", "phases"} <= set(read)
 
 
 def test_a_trace_changed_before_a_miss_is_the_runs_error(tmp_path, monkeypatch):

@@ -91,7 +91,8 @@ class Side:
     kernels: pd.DataFrame | None = None  # phase, name, shape, count, total_us
     ops: pd.DataFrame | None = None  # phase, name, shape, count, total_us (host), gpu_us
     source: str = "trace"  # "trace" | "summary"
-    steps: dict[str, int] = field(default_factory=dict)  # segments per phase (from the trace's segmentation)
+    # Segments per phase (from the trace's segmentation), with the item tables (what they are divided by).
+    steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def device(self) -> str | None:
@@ -126,7 +127,8 @@ def read_summary(path: Path) -> dict[str, Any] | None:
 def side_of(x: Any, options: dict[str, Any] | None = None, *, items: bool = True) -> Side:
     """A Side from an Analysis, a Trace, a summary dict, or a path to a trace or a saved summary;
     `items=False`: its summary only, without the kernel and op tables (which read the trace's
-    events, so a check of a trace whose results are all cached reads none)."""
+    events). A trace path whose summary (and item tables) a run with these options cached is read
+    from those entries alone: no detector result, no column (a repeat check or diff)."""
     from tokentrace.analysis.loading.trace import Trace
     from tokentrace.analysis.pipeline import Analysis
     from tokentrace.api import analyze
@@ -146,38 +148,66 @@ def side_of(x: Any, options: dict[str, Any] | None = None, *, items: bool = True
             from tokentrace.analysis.loading.capture_folders import run_or_path
 
             path = run_or_path(path)[0]
-        x = analyze(path, **(options or {}))
+        side, x = _side_from_cache(path, options or {}, items)
+        if side is not None:
+            return side
     elif isinstance(x, Trace):
         x = analyze(x, **(options or {}))
     if not isinstance(x, Analysis):
         raise TokentraceError(f"cannot diff a {type(x).__name__}: give an Analysis, a Trace, a path or a JSON summary")
-    segments = getattr(x.results.get("phases"), "segments", None)
     trace = x.trace
-    steps = {str(k): int(v) for k, v in segments.table["phase"].value_counts().items()} if segments is not None else {}
     if not items:
-        return Side(label=trace.path, summary=x.to_json(), steps=steps)
-    kernels, ops = _item_tables(x, segments)
+        return Side(label=trace.path, summary=x.to_json())
+    kernels, ops, steps = _item_tables(x, getattr(x.results.get("phases"), "segments", None))
     return Side(label=trace.path, summary=x.to_json(), kernels=kernels, ops=ops, steps=steps)
 
 
-def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The kernel and op tables of an analysed trace, kept with its cached results (keyed like a
-    detector that NEEDS phases: the trace, the analysis code and the segmentation), so a repeat
-    diff of an unchanged trace reads neither the tables nor the trace's events again."""
-    def tables() -> list[pd.DataFrame]:
+def _side_from_cache(path: Path, options: dict[str, Any], items: bool) -> tuple[Side | None, Any]:
+    """The Side of an unchanged trace whose summary (and, with `items`, item tables) a run with
+    these options stored in the results cache, read without any detector's result or the trace's
+    columns (analysis.pipeline.cached_summary); else (None, the trace's Analysis)."""
+    from tokentrace.analysis.pipeline import cached_summary, open_trace, run_pipeline
+    from tokentrace.api import settings
+
+    opts = settings(**options)
+    opened = open_trace(path, opts)
+    doc = cached_summary(opened, opts)
+    if doc is not None and not items:
+        return Side(label=opened.trace.path, summary=doc), None
+    store = opened.store
+    key = store.key(ITEMS_ENTRY, {}, ("phases",)) if doc is not None and store is not None else None
+    if doc is not None and store is not None and key is not None:
+        got = store.get(ITEMS_ENTRY, key)
+        if _are_items(got):
+            return Side(label=opened.trace.path, summary=doc, kernels=got[0], ops=got[1], steps=got[2]), None
+    return None, run_pipeline(opened, opts)
+
+
+def _are_items(value: Any) -> bool:
+    """A cached item-tables entry reads back as [kernels, ops, steps]."""
+    return (isinstance(value, list) and len(value) == 3 and all(isinstance(t, pd.DataFrame) for t in value[:2])
+            and isinstance(value[2], dict))
+
+
+def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
+    """The kernel and op tables of an analysed trace and its segments per phase, kept with its
+    cached results (keyed like a detector that NEEDS phases: the trace, the analysis code and the
+    segmentation), so a repeat diff of an unchanged trace reads neither the tables nor the trace's
+    events again."""
+    def tables() -> list[Any]:
         trace = analysis.trace
+        steps = {str(k): int(v) for k, v in segments.table["phase"].value_counts().items()} if segments is not None else {}
         return [kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True)),
-                op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False))]
+                op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False)), steps]
 
     store = getattr(analysis, "results_store", None)
     if store is None:
-        kernels, ops = tables()
-        return kernels, ops
+        kernels, ops, steps = tables()
+        return kernels, ops, steps
     key = store.key(ITEMS_ENTRY, {}, ("phases",))  # None: phases failed
-    kernels, ops = store.reuse(ITEMS_ENTRY, key, tables,
-                               lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(t, pd.DataFrame) for t in v))
+    kernels, ops, steps = store.reuse(ITEMS_ENTRY, key, tables, _are_items)
     store.evict()
-    return kernels, ops
+    return kernels, ops, steps
 
 
 def _phases(trace: Any, segments: Any, rows: pd.Index, *, gpu: bool) -> np.ndarray | None:
