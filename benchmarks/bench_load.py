@@ -118,6 +118,10 @@ print(json.dumps(out))
 def run_one(method: str, path: Path, timeout: float, cache: Path | None = None) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # An installed package has its bytecode compiled (pip does it, or the first import): a
+    # PYTHONDONTWRITEBYTECODE environment would make each fresh process compile tokentrace's
+    # modules again (0.3 s on this VM), which no user's repeat run pays.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     args = [sys.executable, "-c", _RUNNER, method, str(path)] + ([str(cache)] if cache else [])
     with tempfile.TemporaryDirectory() as cwd:  # HTA writes logs next to where it runs
         try:
