@@ -284,17 +284,17 @@ def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: O
         t0 = time.perf_counter()
         key = base = None
         if results_store is not None:
-            key = results_store.key(name, {o: getattr(opts, o) for o in reads}, mod.NEEDS)
+            key = results_store.key(name, _values(opts, reads), mod.NEEDS)
             value = results_store.get(name, key) if key is not None else MISS
-            if value is MISS and key is not None and hasattr(mod, "refresh"):
+            if value is not MISS:
+                cached.append(name)
+            elif key is not None and hasattr(mod, "refresh"):
                 base = _base_key(mod, results_store, opts)
                 value = _refresh(mod, results_store, base, trace, view)
                 if value is not MISS:
                     # Not stored: it would repeat its previous result's large tables (launches'
                     # activities) on disk, and making it again costs about what reading it would.
                     refreshed.append(name)
-            elif value is not MISS:
-                cached.append(name)
             if value is not MISS:
                 ctx.results[name] = value
                 seconds[name] = time.perf_counter() - t0
@@ -328,6 +328,11 @@ def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: O
                     results_store=results_store, refreshed=tuple(refreshed))
 
 
+def _values(opts: Options, names: Any) -> dict[str, Any]:
+    """The values of these options: what a result's key holds of them."""
+    return {o: getattr(opts, o) for o in names}
+
+
 def _alias(name: str) -> str:
     """The results-store name under which a detector's last computed result's key is kept."""
     return f"{name}@refresh"
@@ -338,7 +343,7 @@ def _base_key(mod: ModuleType, store: ResultStore, opts: Options) -> str | None:
     REFRESH_OPTIONS (None when a need it keeps has no key)."""
     keep = [o for o in getattr(mod, "OPTIONS", ()) if o not in getattr(mod, "REFRESH_OPTIONS", ())]
     needs = tuple(n for n in mod.NEEDS if n not in getattr(mod, "REFRESH_NEEDS", ()))
-    return store.key(_alias(mod.NAME), {o: getattr(opts, o) for o in keep}, needs, record=False)
+    return store.key(_alias(mod.NAME), _values(opts, keep), needs)
 
 
 def _refresh(mod: ModuleType, store: ResultStore, base: str | None, trace: Trace, ctx: Context) -> Any:
@@ -393,7 +398,7 @@ def cached_summary(opened: OpenedTrace, opts: Options) -> dict[str, Any] | None:
         return None
     t0 = time.perf_counter()
     for mod in RUN_ORDER:
-        if store.key(mod.NAME, {o: getattr(opts, o) for o in getattr(mod, "OPTIONS", ())}, mod.NEEDS) is None:
+        if store.key(mod.NAME, _values(opts, getattr(mod, "OPTIONS", ())), mod.NEEDS) is None:
             return None
     key = store.key(SUMMARY_ENTRY, {}, SECTIONS)
     doc = store.get(SUMMARY_ENTRY, key) if key is not None else MISS

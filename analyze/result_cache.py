@@ -108,15 +108,13 @@ class ResultStore:
         self.keys: dict[str, str] = {}
         self.wrote = False
 
-    def key(self, name: str, options: dict[str, Any], needs: tuple[str, ...], record: bool = True) -> str | None:
-        """The key of detector `name`'s result (None when a result it needs has none); recorded as
-        `name`'s key, which the results that need it are keyed by, unless `record` is False."""
+    def key(self, name: str, options: dict[str, Any], needs: tuple[str, ...]) -> str | None:
+        """The key of detector `name`'s result (None when a result it needs has none)."""
         upstream = [self.keys.get(n) for n in needs]
         if any(k is None for k in upstream):
             return None
         k = _digest(self.base, name, sorted(options.items()), upstream)
-        if record:
-            self.keys[name] = k
+        self.keys[name] = k
         return k
 
     def forget(self, name: str) -> None:

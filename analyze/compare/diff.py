@@ -171,16 +171,20 @@ def _side_from_cache(path: Path, options: dict[str, Any], items: bool) -> tuple[
 
     opts = settings(**options)
     opened = open_trace(path, opts)
-    doc = cached_summary(opened, opts)
-    if doc is not None and not items:
-        return Side(label=opened.trace.path, summary=doc), None
-    store = opened.store
-    key = store.key(ITEMS_ENTRY, {}, ("phases",)) if doc is not None and store is not None else None
-    if doc is not None and store is not None and key is not None:
-        got = store.get(ITEMS_ENTRY, key)
+    doc, store = cached_summary(opened, opts), opened.store
+    if doc is not None and store is not None:
+        if not items:
+            return Side(label=opened.trace.path, summary=doc), None
+        key = _items_key(store)
+        got: Any = store.get(ITEMS_ENTRY, key) if key is not None else None
         if _are_items(got):
             return Side(label=opened.trace.path, summary=doc, kernels=got[0], ops=got[1], steps=got[2]), None
     return None, run_pipeline(opened, opts)
+
+
+def _items_key(store: Any) -> str | None:
+    """The item tables' key: as if a detector that NEEDS phases (None: phases failed)."""
+    return store.key(ITEMS_ENTRY, {}, ("phases",))
 
 
 def _are_items(value: Any) -> bool:
@@ -204,8 +208,7 @@ def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFra
     if store is None:
         kernels, ops, steps = tables()
         return kernels, ops, steps
-    key = store.key(ITEMS_ENTRY, {}, ("phases",))  # None: phases failed
-    kernels, ops, steps = store.reuse(ITEMS_ENTRY, key, tables, _are_items)
+    kernels, ops, steps = store.reuse(ITEMS_ENTRY, _items_key(store), tables, _are_items)
     store.evict()
     return kernels, ops, steps
 

@@ -25,7 +25,7 @@ cause, top kernel, busy time), which names what a late rank was doing instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -872,7 +872,6 @@ def refresh(previous: CollectivesResult, trace: Trace, ctx: Context) -> Collecti
         inst.loc[gone, "lead_gap_us"] = np.nan
         inst.loc[gone, ["lead_gap_cause", "lead_gap_op"]] = None
         inst.loc[gone, "lead_gap_start"] = -1
-    res = CollectivesResult(instances=inst, by_type=previous.by_type, per_step=previous.per_step, span_us=previous.span_us,
-                            notes=list(previous.notes), gaps_min_gap_us=gaps.min_gap_us)
+    res = replace(previous, instances=inst, gaps_min_gap_us=gaps.min_gap_us)
     res.findings = _findings(res, ctx.segments)
     return res

@@ -85,8 +85,7 @@ class GapsResult:
     findings: list[Finding] = field(default_factory=list)
     # Each idle stretch >= min gap on a stream alone: `pair` (its row in `streams`) and `dur_ns`,
     # in the order `streams` sums them (what a larger min gap's `streams` is counted from).
-    stream_idle: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"pair": np.empty(0, np.int64),
-                                                                             "dur_ns": np.empty(0, np.int64)}))
+    stream_idle: pd.DataFrame = field(default_factory=lambda: _no_idle())
 
     @property
     def gaps(self) -> pd.DataFrame:
@@ -390,9 +389,8 @@ def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFra
     """Idle stretches on each stream alone (another stream may have kept the device busy): per
     (device, stream) with GPU work, their count and total; and each stretch (GapsResult.stream_idle)."""
     gpu = trace.gpu
-    idle = pd.DataFrame({"pair": np.empty(0, np.int64), "dur_ns": np.empty(0, np.int64)})
     if gpu.empty:
-        return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), idle
+        return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), _no_idle()
     codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
     g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
     same = g[1:] == g[:-1]
@@ -402,6 +400,11 @@ def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFra
     # pair_codes numbers the pairs in (device, stream) order: row i of the table is pair i.
     pairs = pd.DataFrame({"device": [int(k[0]) for k in uniq], "stream": [int(k[1]) for k in uniq]})
     return _stream_totals(pairs, idle), idle
+
+
+def _no_idle() -> pd.DataFrame:
+    """A GapsResult.stream_idle with no stretch."""
+    return pd.DataFrame({"pair": np.empty(0, np.int64), "dur_ns": np.empty(0, np.int64)})
 
 
 def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ delay, and graph kernels are never counted as per-kernel launch overhead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -80,10 +80,7 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
 def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesResult:
     """This result for another gaps result: the same statistics, the small-kernel finding's cost
     measured on the new gaps (no trace events read)."""
-    res = LaunchesResult(activities=previous.activities, calls=previous.calls, summary=previous.summary,
-                         small=previous.small, small_rows=previous.small_rows)
-    res.findings = _findings(trace, res, ctx.result("gaps"))
-    return res
+    return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
 def _activities(trace: Trace, names: np.ndarray, is_graph: np.ndarray) -> pd.DataFrame:
