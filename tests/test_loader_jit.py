@@ -39,9 +39,17 @@ def load(path: Path, jit: str) -> loader.Trace | str:
             os.environ["TOKENTRACE_JIT"] = old
 
 
-def both(path: Path) -> tuple[loader.Trace, loader.Trace]:
-    """The msgspec path's and the fast path's Trace of a file, checked identical."""
+def both(path: Path, dispatcher: bool = False) -> tuple[loader.Trace, loader.Trace]:
+    """The msgspec path's and the fast path's Trace of a file, checked identical; with
+    `dispatcher`, the fast path's kernels run as native_scan's machine code and by numba's
+    dispatcher, both checked against msgspec's."""
     a, b = load(path, "0"), load(path, "force")
+    if dispatcher and not isinstance(b, str):
+        c = load(path, "force-numba")
+        assert not isinstance(c, str)
+        assert jit_stats(b)["kernels"] == "native" and jit_stats(c)["kernels"] == "numba"
+        pd.testing.assert_frame_equal(b.events, c.events)
+        assert b.warnings == c.warnings and b.id_labels == c.id_labels
     if isinstance(a, str) or isinstance(b, str):
         assert a == b  # the same error, or neither
         pytest.skip(f"both paths refuse this input: {a}")
@@ -102,14 +110,14 @@ def base_events(n: int = 4) -> list[dict]:
 
 @pytest.mark.parametrize("path", real_trace_params())
 def test_real_traces_read_by_the_scanner_equal_msgspec(path):
-    _, b = both(path)
+    _, b = both(path, dispatcher=True)
     stats = jit_stats(b)
     assert stats["chunks"] >= 1 and stats["msgspec_chunks"] == 0  # the scanner read every chunk itself
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[str(p.relative_to(ROOT / "sample_traces")) for p in SAMPLES])
 def test_sample_traces_read_by_the_scanner_equal_msgspec(path):
-    _, b = both(path)
+    _, b = both(path)  # (numba's dispatcher against the machine code: on the real traces above)
     assert jit_stats(b)["msgspec_chunks"] == 0
 
 
@@ -247,15 +255,34 @@ def test_mapped_file_decoded_in_place(tmp_path, monkeypatch):
 
 # ---- when the fast path is used ------------------------------------------------------------
 
-def test_when_the_fast_path_is_used(monkeypatch):
+def test_when_the_fast_path_is_used(monkeypatch, tmp_path):
+    from tokentrace.analysis.loading import native_scan
+
     monkeypatch.delenv("TOKENTRACE_JIT", raising=False)
-    assert jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES - 1) is None  # small: numba's start would not pay
-    assert jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES) is not None
-    assert jit_columns.decoder_for(10, force=True) is not None
+    # No machine code kept yet (an empty folder): from JIT_MIN_BYTES numba's dispatcher runs the
+    # scanner, and that load makes the file, after which NATIVE_MIN_BYTES is the bound.
+    monkeypatch.setattr(native_scan, "folders", lambda: [tmp_path])
+    monkeypatch.setattr(native_scan, "_LOADED", {})
+    assert jit_columns.NATIVE_MIN_BYTES < jit_columns.JIT_MIN_BYTES
+    assert jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES - 1) is None  # numba's start would not pay
+    assert not list(tmp_path.iterdir())
+    first = jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES)
+    assert first is not None and first.kernels.native
+    assert [p.suffix for p in tmp_path.iterdir()] == [".native"]
+    monkeypatch.setattr(native_scan, "_LOADED", {})  # as a new process: read from the file
+    assert jit_columns.decoder_for(jit_columns.NATIVE_MIN_BYTES - 1) is None
+    kept = jit_columns.decoder_for(jit_columns.NATIVE_MIN_BYTES)
+    assert kept is not None and kept.kernels.native
+    assert jit_columns.decoder_for(10, force=True).kernels.native
+    monkeypatch.setenv("TOKENTRACE_JIT", "numba")  # numba's dispatcher only: its own size rule
+    assert jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES - 1) is None
+    assert not jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES).kernels.native
+    monkeypatch.setenv("TOKENTRACE_JIT", "force-numba")
+    assert not jit_columns.decoder_for(10).kernels.native
     monkeypatch.setenv("TOKENTRACE_JIT", "0")
     assert jit_columns.decoder_for(1 << 40) is None and jit_columns.decoder_for(10, force=True) is None
     monkeypatch.setenv("TOKENTRACE_JIT", "force")
-    assert jit_columns.decoder_for(10) is not None
+    assert jit_columns.decoder_for(10).kernels.native
 
 
 # ---- random events -------------------------------------------------------------------------
@@ -296,12 +323,13 @@ def _event(draw):
 @given(events=st.lists(_event(), min_size=1, max_size=12))
 def test_random_events_load_the_same_on_both_paths(tmp_path, events):
     p = write(tmp_path, events)
-    a, b = load(p, "0"), load(p, "force")
-    if isinstance(a, str) or isinstance(b, str):
-        assert a == b
+    a, b, c = load(p, "0"), load(p, "force"), load(p, "force-numba")
+    if isinstance(a, str) or isinstance(b, str) or isinstance(c, str):
+        assert a == b == c
         return
-    pd.testing.assert_frame_equal(a.events, b.events)
-    assert a.warnings == b.warnings and a.id_labels == b.id_labels
+    for t in (b, c):  # machine code and numba's dispatcher alike
+        pd.testing.assert_frame_equal(a.events, t.events)
+        assert a.warnings == t.warnings and a.id_labels == t.id_labels
 
 
 def test_a_scanner_that_cannot_run_leaves_the_load_to_msgspec(tmp_path, monkeypatch):
@@ -326,9 +354,12 @@ def test_a_gzip_file_is_judged_by_its_uncompressed_size(tmp_path, monkeypatch):
     ev = base_events(80)
     plain, gz = write(tmp_path, ev), write(tmp_path, ev, "t.json.gz")
     assert plain.stat().st_size > 8 * gz.stat().st_size
-    monkeypatch.setattr(jit_columns, "JIT_MIN_BYTES", plain.stat().st_size)
+    # Both bounds at the JSON's size: whichever applies (the machine code kept or not).
+    for bound in ("NATIVE_MIN_BYTES", "JIT_MIN_BYTES"):
+        monkeypatch.setattr(jit_columns, bound, plain.stat().st_size)
     for p in (plain, gz):
         assert "jit" in loader.load(p, cache=False, progress=False).meta["_load"]
-    monkeypatch.setattr(jit_columns, "JIT_MIN_BYTES", plain.stat().st_size + 1)
+    for bound in ("NATIVE_MIN_BYTES", "JIT_MIN_BYTES"):
+        monkeypatch.setattr(jit_columns, bound, plain.stat().st_size + 1)
     for p in (plain, gz):
         assert "jit" not in loader.load(p, cache=False, progress=False).meta["_load"]

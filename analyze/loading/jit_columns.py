@@ -17,6 +17,7 @@ damaged input keeps the one set of rules json_decode.py defines.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -24,12 +25,19 @@ import msgspec
 import numpy as np
 
 from tokentrace.analysis.loading import json_decode as dec
+from tokentrace.analysis.loading import native_scan
+from tokentrace.analysis.loading import scan_codes as js
 
-# Below this many bytes of JSON the msgspec path is used: numba's import and the loading of the
-# compiled scanner from its cache cost 0.4-0.5 s and ~100 MB of memory (LLVM) per process, which
-# the faster scan earns back from ~40 MB of short-event traces and ~130 MB of Hugging Face-like
-# ones (benchmarks/README.md: at 65 MB, 0.87 s against msgspec's 0.62 s on the latter).
+# Below this many bytes of JSON the msgspec path is used unless the scanner's machine code is
+# kept (native_scan): numba's import and the loading of the compiled scanner from its cache cost
+# 0.4-0.5 s and ~100 MB of memory (LLVM) per process, which the faster scan earns back from
+# ~40 MB of short-event traces and ~130 MB of Hugging Face-like ones (benchmarks/README.md: at
+# 65 MB, 0.87 s against msgspec's 0.62 s on the latter).
 JIT_MIN_BYTES = 128 << 20
+# With the machine code kept, the start is llvmlite's import and one link (~0.03 s, ~50 MB): the
+# scan is faster than msgspec's from here on every benchmark shape, 1.3-2.3x at 16-20 MB of JSON
+# (benchmarks/README.md), and even at 6 MB of the V100 training trace.
+NATIVE_MIN_BYTES = 16 << 20
 # Bytes per chunk on this path: larger than the msgspec path's, since nothing per event is held
 # in Python and the per-chunk numpy steps are what is left to amortise.
 JIT_CHUNK_BYTES = 8 << 20
@@ -39,26 +47,65 @@ INITIAL_IDS = 1 << 15
 INITIAL_ARENA = 1 << 22
 
 
+def _mode() -> str:
+    return os.environ.get("TOKENTRACE_JIT", "").strip().lower()
+
+
 def enabled() -> bool:
-    """Whether the fast path may be used: TOKENTRACE_JIT is not 0 and numba imports."""
-    if os.environ.get("TOKENTRACE_JIT", "1").strip().lower() in ("0", "false", "no", "off"):
+    """Whether the fast path may be used: TOKENTRACE_JIT is not 0 and numba is installed (it
+    is imported only where the scanner must be compiled or run by numba's dispatcher)."""
+    if _mode() in ("0", "false", "no", "off"):
         return False
-    try:
-        import numba  # noqa: F401
-    except Exception:  # not installed, or broken against this numpy: the msgspec path stands
-        return False
-    return True
+    return importlib.util.find_spec("numba") is not None
 
 
 def decoder_for(nbytes: int, force: bool | None = None) -> JitDecoder | None:
     """A fast decoder for a load of about `nbytes` of JSON, or None for the msgspec path.
-    `force` True/False overrides the size rule (tests hold the two paths equal on small traces)."""
-    env = os.environ.get("TOKENTRACE_JIT", "").strip().lower()
-    if force is None and env == "force":
+    `force` True/False overrides the size rule (tests hold the two paths equal on small traces).
+
+    The scanner runs as the machine code native_scan keeps (no numba import: from
+    NATIVE_MIN_BYTES), else by numba's dispatcher (from JIT_MIN_BYTES, where its start pays;
+    that load also makes the native file for the next). TOKENTRACE_JIT: 0 the msgspec path
+    only, force the fast path at any size, numba numba's dispatcher only (no native file
+    read or made), force-numba both."""
+    mode = _mode()
+    dispatcher_only = mode in ("numba", "force-numba")
+    if force is None and mode in ("force", "force-numba"):
         force = True
-    if force is False or (force is None and nbytes < JIT_MIN_BYTES) or not enabled():
+    if force is False or (force is None and nbytes < NATIVE_MIN_BYTES) or not enabled():
         return None
-    return JitDecoder()
+    decoder = JitDecoder()
+    if not dispatcher_only:
+        native = native_scan.load(decoder.specs(), OUTPUTS)
+        if native is not None:
+            decoder.kernels = native
+            return decoder
+    if force is None and nbytes < JIT_MIN_BYTES:
+        return None
+    if not dispatcher_only:
+        decoder.kernels = native_scan.build(decoder.specs(), OUTPUTS) or decoder.kernels
+    return decoder
+
+
+class NumbaKernels:
+    """jit_scan's kernels called through numba's dispatcher (imports numba on first use)."""
+
+    native = False
+
+    def scan(self, *args: Any) -> tuple[int, int]:
+        from tokentrace.analysis.loading import jit_scan
+
+        status, n = jit_scan.scan(*args)
+        return int(status), int(n)
+
+    def rehash(self, *args: Any) -> None:
+        from tokentrace.analysis.loading import jit_scan
+
+        jit_scan.rehash(*args)
+
+
+# What each kernel returns besides its status (native_scan's wrapper writes them to its block).
+OUTPUTS = {"scan": 1, "rehash": 0}
 
 
 # ---- the scanner's tables ------------------------------------------------------------------
@@ -73,8 +120,6 @@ _INT_OR_STR = ("stream", "bytes")
 
 
 def _build_tables() -> dict[str, Any]:
-    from tokentrace.analysis.loading import jit_scan as js
-
     args_of_layout = {js.L_COMPLETE: (dec.XArgs, dec._XARG_COLS), js.L_INSTANT: (dec.IArgs, dec._IARG_COLS),
                       js.L_META: (dec.MArgs, dec._MARG_COLS)}
     slots = list(_SLOTS)
@@ -162,9 +207,7 @@ class JitDecoder:
     Python strings, parsed JSON values)."""
 
     def __init__(self) -> None:
-        from tokentrace.analysis.loading import jit_scan
-
-        self.js = jit_scan
+        self.kernels: NumbaKernels | native_scan.NativeKernels = NumbaKernels()
         self.t = _tables()
         self.slots: list[tuple[str, int, str]] = self.t["slots"]
         self._rows(INITIAL_ROWS)
@@ -178,6 +221,15 @@ class JitDecoder:
         self.luts: dict[str, np.ndarray] = {}  # column -> id -> category code
         self.chunks = self.odd_chunks = 0
         self.error: str | None = None  # why the scanner could not run, once it failed
+
+    def release(self) -> None:
+        """Let the scan buffers and the intern table go once the last chunk is read (they would
+        otherwise be held through the frame's build, the peak of a load); the counts stay."""
+        self._rows(0)
+        self.tab_id = np.empty(0, np.int32)
+        self.id_off = self.id_len = np.empty(0, np.int64)
+        self.arena = np.empty(0, np.uint8)
+        self.texts, self.values, self.luts = [], {}, {}
 
     def _rows(self, cap: int) -> None:
         self.ph = np.empty(cap, np.int8)
@@ -193,22 +245,32 @@ class JitDecoder:
         self.id_off = np.concatenate([self.id_off, np.empty(len(self.id_off), np.int64)])
         self.id_len = np.concatenate([self.id_len, np.empty(len(self.id_len), np.int64)])
         self.tab_id = np.full(2 * len(self.tab_id), -1, np.int32)
-        self.js.rehash(self.tab_id, self.id_off, self.id_len, self.arena, int(self.state[0]))
+        self.kernels.rehash(*self._rehash_args())
+
+    def _rehash_args(self) -> list[Any]:
+        return [self.tab_id, self.id_off, self.id_len, self.arena, int(self.state[0])]
+
+    def _scan_args(self, b: np.ndarray) -> list[Any]:
+        t = self.t
+        return [b, t["key_tab"], t["key_off"], t["key_len"], t["key_bytes"], t["top_of_key"], t["slot_of_key"],
+                t["slot_kind"], t["ph_class"], t["class_layout"], self.ph, self.ts, self.dur, self.pid, self.tid,
+                self.cat, self.name, self.t_row, self.t_slot, self.t_val, self.t_n, self.tab_id, self.arena,
+                self.id_off, self.id_len, self.state]
+
+    def specs(self) -> dict[str, native_scan.Spec]:
+        """The kernels' argument types (what native_scan compiles its wrappers for)."""
+        return {"scan": native_scan.spec_of(self._scan_args(np.empty(0, np.uint8))),
+                "rehash": native_scan.spec_of(self._rehash_args())}
 
     def _scan(self, b: np.ndarray) -> tuple[int, int]:
-        t = self.t
         while True:
-            status, n = self.js.scan(b, t["key_tab"], t["key_off"], t["key_len"], t["key_bytes"], t["top_of_key"],
-                                     t["slot_of_key"], t["slot_kind"], t["ph_class"], t["class_layout"],
-                                     self.ph, self.ts, self.dur, self.pid, self.tid, self.cat, self.name,
-                                     self.t_row, self.t_slot, self.t_val, self.t_n,
-                                     self.tab_id, self.arena, self.id_off, self.id_len, self.state)
-            if status == self.js.FULL_ROWS:
+            status, n = self.kernels.scan(*self._scan_args(b))
+            if status == js.FULL_ROWS:
                 self._rows(2 * len(self.ph))
-            elif status == self.js.FULL_INTERN:
+            elif status == js.FULL_INTERN:
                 self._grow_intern()
             else:
-                return int(status), int(n)
+                return status, n
 
     # -- texts -------------------------------------------------------------------------------
     def _bytes(self, i: int) -> bytes:
@@ -272,7 +334,7 @@ class JitDecoder:
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             self.odd_chunks += 1
             return False
-        if status != self.js.OK:
+        if status != js.OK:
             self.odd_chunks += 1
             return False
         nt = int(self.t_n[0])

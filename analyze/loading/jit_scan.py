@@ -27,21 +27,39 @@ from numba.extending import intrinsic
 
 from tokentrace.analysis.loading import json_decode as dec
 
-# Status of a scan.
-OK, ODD, FULL_ROWS, FULL_INTERN = 0, 1, 2, 3
-MAX_DEPTH = 64  # deeper values are left to the msgspec path (which flattens them)
-
-# Slot kinds (what a field's JSON value may be).
-K_INT, K_INT_OR_STR, K_INT_OR_NULL, K_STR, K_RAW = 0, 1, 2, 3, 4
-
-# Top-level fields (codes in the key table's top map).
-T_PH, T_CAT, T_NAME, T_PID, T_TID, T_TS, T_DUR, T_ID, T_BP, T_ARGS = range(10)
-
-# Fixed slots of the top-level fields that are not per-event arrays (args slots follow them).
-S_PID, S_TID, S_FLOW_ID, S_BP = 0, 1, 2, 3
-
-# Layouts (the order of json_decode._LAYOUT_NAMES): which args struct an event reads.
-L_COMPLETE, L_INSTANT, L_FLOW, L_META, L_COUNTER = 0, 1, 2, 3, 4
+# The codes shared with jit_columns (status, slot kinds, top fields, fixed slots, layouts): numba
+# compiles them in as constants (see scan_codes.py on changing them).
+from tokentrace.analysis.loading.scan_codes import (  # noqa: F401
+    FULL_INTERN,
+    FULL_ROWS,
+    K_INT,
+    K_INT_OR_NULL,
+    K_INT_OR_STR,
+    K_RAW,
+    K_STR,
+    L_COMPLETE,
+    L_COUNTER,
+    L_FLOW,
+    L_INSTANT,
+    L_META,
+    MAX_DEPTH,
+    ODD,
+    OK,
+    S_BP,
+    S_FLOW_ID,
+    S_PID,
+    S_TID,
+    T_ARGS,
+    T_BP,
+    T_CAT,
+    T_DUR,
+    T_ID,
+    T_NAME,
+    T_PH,
+    T_PID,
+    T_TID,
+    T_TS,
+)
 
 NO_TS = dec.NO_TS
 FLOAT_SAFE_US_INT = int(dec.FLOAT_SAFE_US)  # a decimal dur from here on is left to msgspec's float
