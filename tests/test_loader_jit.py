@@ -157,6 +157,32 @@ def test_nanoseconds_are_exact_where_float_microseconds_are_not(tmp_path):
     assert jit_stats(b)["msgspec_chunks"] == 0
 
 
+def test_digit_runs_of_every_length_read_exactly(tmp_path):
+    # Every length of digit run the scanner reads, in ts (at most 16 digits before the point,
+    # each with and without decimals) and in an int arg (at most 18 digits; 19 leave the chunk
+    # to msgspec, which reads the same value).
+    def number(digits: int) -> int:
+        return int("1" + "".join(str((7 * k + digits) % 10) for k in range(1, digits)))
+
+    events, want_ts, want_corr = [], {}, {}
+    for digits in range(1, 19):
+        for end in ("", ".5", ".125"):
+            name = f"d{digits}{end}"
+            ts = number(min(digits, 16))
+            events.append(f'{{"ph": "X", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}{end}, "dur": 1, '
+                          f'"args": {{"correlation": {number(digits)}}}}}')
+            want_ts[name] = ts * 1000 + (int((end[1:] + "000")[:3]) if end else 0)
+            want_corr[name] = number(digits)
+    _, b = both(write(tmp_path, [], raw=",\n".join(events)))
+    names = b.events["name"].astype(str).tolist()
+    assert dict(zip(names, b.events["ts"].tolist(), strict=True)) == want_ts
+    assert dict(zip(names, b.events["correlation"].tolist(), strict=True)) == want_corr
+    assert jit_stats(b)["msgspec_chunks"] == 0
+    wide = f'{{"ph": "X", "name": "w", "pid": 1, "tid": 1, "ts": 5, "dur": 1, "args": {{"correlation": {number(19)}}}}}'
+    _, b = both(write(tmp_path, [], raw=wide))
+    assert b.events["correlation"].tolist() == [number(19)] and jit_stats(b)["msgspec_chunks"] == 1
+
+
 # ---- what the scanner leaves to msgspec ----------------------------------------------------
 
 ODD_EVENTS = {
