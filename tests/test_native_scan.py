@@ -147,3 +147,42 @@ def test_a_fresh_process_loads_without_importing_numba(tmp_path):
     env = dict(os.environ, TOKENTRACE_JIT="force")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["native", "50", "False"]
+
+
+def test_threads_scanning_at_once_each_get_their_own_answer(tmp_path, monkeypatch):
+    # ctypes lets go of the GIL for the call (as numba's nogil dispatcher did): a Dask worker's
+    # threads may load traces at once, and each load must see only its own arguments and results.
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pandas as pd
+
+    from tokentrace.analysis.loading import loader
+
+    monkeypatch.setattr(jit_columns, "JIT_CHUNK_BYTES", 4096)  # many calls per load
+    paths = []
+    for k in range(8):
+        events = [{"ph": "X", "cat": "cpu_op", "name": f"t{k}_op{j % (k + 2)}", "pid": 1, "tid": k, "ts": 10 * j + k,
+                   "dur": 3 + k, "args": {"External id": j}} for j in range(300 + 150 * k)]
+        p = tmp_path / f"t{k}.json"
+        p.write_text(json.dumps({"traceEvents": events}))
+        paths.append(p)
+    monkeypatch.setenv("TOKENTRACE_JIT", "0")
+    want = [loader.load(p, cache=False, progress=False).events for p in paths]
+    monkeypatch.setenv("TOKENTRACE_JIT", "force")
+    jit_columns.decoder_for(jit_columns.JIT_MIN_BYTES)  # the machine code made before the threads start
+    for _ in range(3):
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda p: loader.load(p, cache=False, progress=False), paths * 2))
+        for t, w in zip(got, want * 2, strict=True):
+            assert t.meta["_load"]["jit"]["kernels"] == "native"
+            pd.testing.assert_frame_equal(t.events, w)
+
+
+def test_a_folder_keeps_the_newest_few_files(tmp_path):
+    for k in range(native_scan.KEEP_FILES + 3):
+        f = tmp_path / f"jit_scan.{k:032x}.native"
+        f.write_bytes(b"x")
+        os.utime(f, (1000 + k, 1000 + k))
+    native_scan._prune(tmp_path)
+    left = sorted(int(p.name.split(".")[1], 16) for p in tmp_path.iterdir())
+    assert left == list(range(3, native_scan.KEEP_FILES + 3))

@@ -71,8 +71,7 @@ class NativeKernel:
         self.fn = fn
         self.spec = spec
         self.outputs = outputs
-        self.block = np.zeros(_block_size(spec, outputs), np.int64)
-        self._at = self.block.ctypes.data
+        self.size = _block_size(spec, outputs)
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self.spec):
@@ -87,9 +86,11 @@ class NativeKernel:
                 raise TypeError(f"native kernel: an argument is {a.dtype}[{a.ndim}d], expected {dtype}[{ndim}d] C-ordered")
             vals.append(a.ctypes.data)
             vals.extend(a.shape)
-        blk = self.block
+        # A block per call: ctypes lets go of the GIL for the call, so threads (a Dask worker's)
+        # may scan at once, each with its own arguments.
+        blk = np.zeros(self.size, np.int64)
         blk[: len(vals)] = vals
-        status = int(self.fn(self._at))
+        status = int(self.fn(blk.ctypes.data))
         if self.outputs:
             return (status, *(int(v) for v in blk[len(vals):]))
         return status
@@ -364,6 +365,19 @@ def _compile(kernel: Any, spec: Spec, outputs: int) -> tuple[str, bytes, list[st
     return compiled.native_name, obj, sorted(set(syms[0]))
 
 
+KEEP_FILES = 4  # per folder: a folder shared by machines of a few CPU kinds keeps each one's
+
+
+def _prune(folder: Path) -> None:
+    """Remove all but the KEEP_FILES newest files (older sources or versions of numba)."""
+    try:
+        files = sorted(folder.glob("jit_scan.*.native"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in files[KEEP_FILES:]:
+            old.unlink(missing_ok=True)
+    except OSError:  # another process pruning at the same time
+        pass
+
+
 def build(specs: dict[str, Spec], outputs: dict[str, int]) -> NativeKernels | None:
     """Compile the kernels with numba, write their file where it may be written, and load it;
     None when any step fails (the caller then uses numba's dispatcher)."""
@@ -388,9 +402,7 @@ def build(specs: dict[str, Spec], outputs: dict[str, int]) -> NativeKernels | No
                 f.write(data)
             os.chmod(tmp, 0o644)  # readable as numba's own cache files are (mkstemp makes 0600)
             os.replace(tmp, _path_in(folder, k))  # whole or absent, whoever reads it meanwhile
-            for old in folder.glob("jit_scan.*.native"):  # made for another source or version
-                if old.name != _path_in(folder, k).name:
-                    old.unlink(missing_ok=True)
+            _prune(folder)
             break
         except OSError:
             if tmp is not None:
