@@ -154,7 +154,25 @@ def test_qwen_attribution_conserves_gpu_time():
     roots = tr.cpu_ops.index[tr.cpu_ops["parent"] < 0].to_numpy()
     linked = tr.gpu[tr.gpu["op"] >= 0]["dur"].sum()
     # Every linked kernel counts once at its top-level op.
-    assert att.total_ns[roots].sum() == pytest.approx(linked)
+    assert att.at(roots).total_ns.sum() == pytest.approx(linked)
+    # The compact arrays read by row equal a count over every event row, walked up by hand; a
+    # row under which nothing was launched (or no op at all) reads 0.
+    ev = tr.events
+    n, parent = len(ev), ev["parent"].to_numpy()
+    full = {k: np.zeros(n) for k in ("self_ns", "total_ns", "self_count", "total_count")}
+    for g_op, d in zip(tr.gpu["op"].to_numpy(), tr.gpu["dur"].to_numpy(), strict=True):
+        if g_op < 0:
+            continue
+        full["self_ns"][g_op] += d
+        full["self_count"][g_op] += 1
+        while g_op >= 0:
+            full["total_ns"][g_op] += d
+            full["total_count"][g_op] += 1
+            g_op = parent[g_op]
+    every = att.at(np.arange(n))
+    for k, want in full.items():
+        np.testing.assert_array_equal(getattr(every, k), want)
+    assert len(att.ops) < n / 4  # compact: ops under which something was launched, not every event
     sdpa = res.ops[res.ops["name"] == "aten::scaled_dot_product_attention"].iloc[0]
     assert sdpa["calls"] == 24 and sdpa["input_dims"][0] == [16, 16, 559, 64]
     assert "flash_fwd_kernel" in sdpa["top_kernel"]

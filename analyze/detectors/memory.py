@@ -100,7 +100,7 @@ def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
     df = pd.DataFrame({"row": rows, "ts": cats["ts"].to_numpy()[keep], "seq_dim": [x[0] for x in g],
                        "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
                        "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
-    df["gpu_us"] = att.total_ns[rows] / US
+    df["gpu_us"] = att.at(rows).total_ns / US
     df["cpu_us"] = trace.events["dur"].to_numpy()[rows] / US
     # A cache grows: the same tensor shape (but its length) appended to at several, increasing lengths.
     growing = df.groupby("key")["cache_len"].agg(lambda s: s.nunique() >= MIN_GROWTH_STEPS and s.is_monotonic_increasing)
@@ -336,7 +336,7 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if by_memory and not by_shapes:
         cat_rows = np.flatnonzero(is_cat)
         cat_phase, _ = phase_labels(trace, segments, cat_rows)
-        pattern["cat_gpu_us"] = float(ctx.shared(op_gpu).total_ns[cat_rows[cat_phase == "decode"]].sum()) / US
+        pattern["cat_gpu_us"] = float(ctx.shared(op_gpu).at(cat_rows[cat_phase == "decode"]).total_ns.sum()) / US
     summary["kv_cache"] = pattern
     res = Memory(timeline=tl, steps=steps, kv_cat=kv, summary=summary)
     if pattern["reallocating"]:

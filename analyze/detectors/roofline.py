@@ -164,7 +164,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     in_att = ctx.shared(attention_op_spec) >= 0
     keep &= outermost(parent, rows, in_att) < 0
     rows = rows[keep]
-    gpu_ns = ctx.shared(op_gpu).total_ns[rows]
+    gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
     phase, _ = phase_labels(trace, segments, rows)
     if len(segments) == 0:

@@ -119,12 +119,13 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     gid, first = group_ids(all_names[rows], value_codes(ops["input_dims"].to_numpy()),
                            value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
+    of_rows = att.at(rows)
     out = pd.DataFrame({
         "first_row": rows[first], "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
         "cpu_total_us": _sum(gid, n_groups, ops["dur"].to_numpy()) / US,
-        "gpu_total_us": _sum(gid, n_groups, att.total_ns[rows]) / US,
-        "gpu_self_us": _sum(gid, n_groups, att.self_ns[rows]) / US,
-        "kernels": _sum(gid, n_groups, att.total_count[rows]).astype(np.int64),
+        "gpu_total_us": _sum(gid, n_groups, of_rows.total_ns) / US,
+        "gpu_self_us": _sum(gid, n_groups, of_rows.self_ns) / US,
+        "kernels": _sum(gid, n_groups, of_rows.total_count).astype(np.int64),
     })
     out["name"] = _label(labels, all_names[rows[first]])
     out["phase"] = np.asarray(phase_u, dtype=object)[phase_c[first]]
