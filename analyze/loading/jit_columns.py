@@ -75,15 +75,16 @@ def decoder_for(nbytes: int, force: bool | None = None) -> JitDecoder | None:
     if force is False or (force is None and nbytes < NATIVE_MIN_BYTES) or not enabled():
         return None
     decoder = JitDecoder()
+    specs = decoder.specs()
     if not dispatcher_only:
-        native = native_scan.load(decoder.specs(), OUTPUTS)
+        native = native_scan.load(specs, OUTPUTS)
         if native is not None:
             decoder.kernels = native
             return decoder
     if force is None and nbytes < JIT_MIN_BYTES:
         return None
     if not dispatcher_only:
-        decoder.kernels = native_scan.build(decoder.specs(), OUTPUTS) or decoder.kernels
+        decoder.kernels = native_scan.build(specs, OUTPUTS) or decoder.kernels
     return decoder
 
 

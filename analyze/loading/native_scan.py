@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import struct
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -277,8 +278,6 @@ def load(specs: dict[str, Spec], outputs: dict[str, int]) -> NativeKernels | Non
 
 
 def _elf_platform() -> bool:
-    import sys
-
     return sys.platform.startswith("linux")
 
 
