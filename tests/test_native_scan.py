@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("numba", reason="numba is not installed: the loader uses its msgspec path only")
@@ -186,3 +187,73 @@ def test_a_folder_keeps_the_newest_few_files(tmp_path):
     native_scan._prune(tmp_path)
     left = sorted(int(p.name.split(".")[1], 16) for p in tmp_path.iterdir())
     assert left == list(range(3, native_scan.KEEP_FILES + 3))
+
+
+def _smaps(*maps: tuple[int, int, str, str, int, int]) -> str:
+    """smaps text: per mapping (start, end, perms, path, Rss kB, private kB as Private_Dirty and Anonymous)."""
+    return "".join(f"{a:x}-{b:x} {perms} 00000000 08:01 42 {path}\nSize: {(b - a) >> 10} kB\nRss: {rss} kB\n"
+                   f"Private_Dirty: {own} kB\nAnonymous: {own} kB\n" for a, b, perms, path, rss, own in maps)
+
+
+LIB, BASE = "/opt/lib/libllvmlite.so", 0x7F0000000000
+SMAPS = _smaps(
+    (BASE, BASE + 0x100000, "r--p", LIB, 512, 0),  # headers, symbol tables, rodata: clean
+    (BASE + 0x100000, BASE + 0x300000, "r-xp", LIB, 1024, 0),  # code: clean
+    (BASE + 0x300000, BASE + 0x340000, "r--p", LIB, 256, 256),  # RELRO: written by the dynamic linker
+    (BASE + 0x340000, BASE + 0x350000, "rw-p", LIB, 64, 64),  # data
+    (BASE + 0x400000, BASE + 0x500000, "r-xp", "/opt/lib/libother.so", 900, 0),
+    (BASE + 0x600000, BASE + 0x700000, "r-xp", LIB, 0, 0),  # nothing resident
+)
+
+
+def test_only_clean_read_only_mappings_of_the_library_are_dropped(tmp_path):
+    """The RELRO mapping the dynamic linker wrote (private pages: Anonymous > 0), the writable one,
+    another library's and an empty one are left alone: dropping a private copy would lose it."""
+    smaps = tmp_path / "smaps"
+    smaps.write_text(SMAPS)
+    spans = native_scan._clean_read_only_mappings(LIB, str(smaps))
+    assert spans == [(BASE, BASE + 0x100000, 512 * 1024), (BASE + 0x100000, BASE + 0x300000, 1024 * 1024)]
+
+
+def _llvmlite_rss() -> int:
+    import llvmlite.binding.ffi as ffi
+
+    name = os.path.realpath(ffi.lib._name)
+    total, mine = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split(None, 1)[0]
+            if not head.endswith(":"):
+                mine = line.rstrip("\n").endswith(name)
+            elif mine and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_the_library_pages_go_after_the_link_and_the_kernels_still_run(folder, tmp_path, monkeypatch):
+    """After the link, llvmlite's clean pages are no longer this process's (the resident size of
+    its mappings falls by about what release_library_pages says it dropped), and a load through
+    the kernels linked, with llvmlite run again and its pages dropped again, reads the same frame
+    as msgspec: a page dropped is the file's own, mapped again when touched."""
+    from tokentrace.analysis.loading import loader
+
+    native_scan.build(specs(), jit_columns.OUTPUTS)  # numba's compile touches much of llvmlite
+    native_scan._LOADED.clear()
+    said: list[int] = []
+    real = native_scan.release_library_pages
+    monkeypatch.setattr(native_scan, "release_library_pages", lambda: said.append(real()) or said[-1])
+    before = _llvmlite_rss()
+    assert native_scan.load(specs(), jit_columns.OUTPUTS) is not None
+    after = _llvmlite_rss()
+    assert len(said) == 1 and said[0] > 4 << 20 and after <= before - said[0] + (2 << 20)
+    native_scan._LOADED.clear()
+    trace = tmp_path / "t.json"
+    events = [{"ph": "X", "cat": "kernel" if i % 2 else "cpu_op", "name": f"k{i % 3}", "pid": 0, "tid": 7,
+               "ts": 1000 + 10 * i, "dur": 4, "args": {"correlation": i, "External id": i}} for i in range(400)]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setenv("TOKENTRACE_JIT", "force")
+    fast = loader.load(trace, cache=False, progress=False)
+    assert fast.meta["_load"]["jit"]["kernels"] == "native"
+    monkeypatch.setenv("TOKENTRACE_JIT", "0")
+    plain = loader.load(trace, cache=False, progress=False)
+    pd.testing.assert_frame_equal(fast.events, plain.events)

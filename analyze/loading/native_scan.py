@@ -9,8 +9,9 @@ functions.
 Why: a process that calls a numba-compiled function, even one read from numba's own cache,
 first imports numba (0.23 s) and builds its typing and target contexts (0.33 s: ~85 modules,
 cffi's parser, the runtime compiled again), ~110 MB of memory in all: 0.56 s of a 1.3 s load
-of 200 MB. The same machine code loaded here costs llvmlite's import and one link: ~0.03 s and
-~50 MB (benchmarks/README.md).
+of 200 MB. The same machine code loaded here costs llvmlite's import and one link: ~0.03 s;
+the ~47 MB of llvmlite's library that opening it makes resident are dropped from the process
+once the kernels are linked (release_library_pages; benchmarks/README.md).
 
 How: numba compiles, once per machine and version, a `cfunc` per kernel that takes one int64
 block (each array's address and shape, each scalar, then room for the outputs), makes arrays
@@ -273,8 +274,76 @@ def load(specs: dict[str, Spec], outputs: dict[str, int]) -> NativeKernels | Non
         made = _link(kernels, specs, outputs)
         if made is not None:
             _LOADED[k] = made
+            release_library_pages()
             return made
     return None
+
+
+# madvise(2): the pages of the range are dropped from this process's page tables; for a file
+# mapping they stay in the page cache and fault back in (from memory) when next touched.
+MADV_DONTNEED = 4
+
+
+def release_library_pages() -> int:
+    """Drop llvmlite's library pages from this process once the kernels are linked; the bytes
+    dropped (0 where it cannot tell which pages are safe to drop).
+
+    libllvmlite is ~47 MB of resident pages by the time of the link, nearly all touched by LLVM's
+    static constructors when the library is opened, and not run again by a load: the kernels run
+    in the engine's own memory. Only its read-only mappings without a private page are dropped
+    (smaps: Anonymous and Private_Dirty 0): each page there is the file's own, so dropping it is
+    invisible to the program (the next touch maps it again from the page cache) and frees the
+    process's share; a page the dynamic linker wrote (RELRO) is a private copy, and a mapping that
+    holds one is left alone."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        import llvmlite.binding.ffi as ffi
+
+        name = os.path.realpath(ffi.lib._name)
+        spans = _clean_read_only_mappings(name)
+        if not spans:
+            return 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise.restype = ctypes.c_int
+    except Exception:  # an llvmlite without that attribute, no /proc: nothing dropped
+        return 0
+    dropped = 0
+    for start, end, resident in spans:
+        if madvise(start, end - start, MADV_DONTNEED) == 0:
+            dropped += resident
+    return dropped
+
+
+def _clean_read_only_mappings(path: str, smaps: str = "/proc/self/smaps") -> list[tuple[int, int, int]]:
+    """(start, end, resident bytes) of each private mapping of `path` that is not writable and
+    holds no page of its own (from `smaps`, the kernel's per-mapping page counts)."""
+    out: list[tuple[int, int, int]] = []
+    current: dict[str, Any] | None = None
+
+    def close() -> None:
+        if current is not None and current["anon"] == 0 and current["dirty"] == 0 and current["rss"]:
+            out.append((current["start"], current["end"], current["rss"]))
+
+    with open(smaps) as fh:
+        for line in fh:
+            head, _, rest = line.partition(" ")
+            if not head.endswith(":"):  # a mapping's first line: range, perms, offset, dev, inode, path
+                close()
+                parts = line.split(None, 5)
+                perms = parts[1] if len(parts) > 1 else ""
+                current = None
+                if len(parts) == 6 and parts[5].rstrip("\n") == path and "w" not in perms and perms[3:4] == "p":
+                    a, b = parts[0].split("-")
+                    current = {"start": int(a, 16), "end": int(b, 16), "anon": -1, "dirty": -1, "rss": 0}
+            elif current is not None:
+                field = {"Anonymous:": "anon", "Private_Dirty:": "dirty", "Rss:": "rss"}.get(head)
+                if field:
+                    current[field] = int(rest.split()[0]) * 1024
+        close()
+    return out
 
 
 def _elf_platform() -> bool:
