@@ -24,10 +24,11 @@ under `<NAME>@refresh` and a key without its REFRESH_NEEDS and REFRESH_OPTIONS, 
 last computed result: a miss is then made from that result without the trace's columns (those
 four detectors, for another min_gap_us). What a refresh makes is not stored.
 
-Beside the detectors' results the same store keeps two things derived from them, keyed the same
+Beside the detectors' results the same store keeps things derived from them, keyed the same
 way: a diff's kernel and op tables of the trace (`diff.items`, as if a detector that NEEDS phases;
-analysis.compare.diff) and an HTML report's drawn figures (keyed by their data instead of the
-trace; reports.figure_cache). With every result read back, the pipeline does not read the trace's
+analysis.compare.diff), the matched tables of a diff of this trace (as test) against another
+(`diff.pair`, keyed by both traces' `diff.items` keys), and an HTML report's drawn figures (keyed
+by their data instead of the trace; reports.figure_cache). With every result read back, the pipeline does not read the trace's
 columns at all (analysis.pipeline: a DeferredTrace), so a repeat `analyze`, `check`, `report` or
 `diff` of an unchanged trace reads a few small files.
 

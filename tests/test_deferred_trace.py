@@ -208,13 +208,48 @@ def test_repeat_diff_and_check_read_only_the_summary_and_item_tables(tmp_path, m
     capsys.readouterr()
     read = _entries_read(monkeypatch)
     again = diff_mod.diff(a, b)
-    # Per side: the summary and the item tables; no detector's result, no trace column.
-    assert sorted(read) == ["diff.items", "diff.items", "summary", "summary"]
+    # Per side: the summary and the item tables; the pair's matched tables; no detector's result,
+    # no trace column.
+    assert sorted(read) == ["diff.items", "diff.items", "diff.pair", "summary", "summary"]
     assert again.to_json() == first and len(again.base.kernels) and again.base.steps == diff_mod.side_of(a, {"cache": False}).steps
     assert capsys.readouterr().err.count("the summary from the cache") == 2
     read.clear()
     assert check(a, baseline=b, max_regression=5.0).to_json() == verdict
     assert sorted(read) == ["summary", "summary"]
+
+
+def test_repeat_diff_reads_the_pairs_matched_tables(tmp_path, monkeypatch):
+    """The matched kernel and op tables of a pair are kept under both sides' item keys, in that
+    order: the same pair reads them back (and matches nothing: match_items is not called), the
+    pair reversed or with a side changed matches again, and every one equals a run without the
+    cache."""
+    from tokentrace.analysis.compare import diff as diff_mod
+
+    a = gap_trace(second_gap_us=5.0).write(tmp_path / "a.json")
+    b = gap_trace(second_gap_us=50.0).write(tmp_path / "b.json")
+    first = diff_mod.diff(a, b)
+    calls: list[str] = []
+    real = diff_mod.match_items
+    monkeypatch.setattr(diff_mod, "match_items", lambda *args, **kw: calls.append(args[2]) or real(*args, **kw))
+    again = diff_mod.diff(a, b)
+    assert calls == []
+    pd.testing.assert_frame_equal(again.kernels, first.kernels)
+    pd.testing.assert_frame_equal(again.ops, first.ops)
+    fresh = diff_mod.diff(a, b, cache=False)
+    assert sorted(calls) == ["kernel", "op"] and again.to_json() == fresh.to_json()
+    calls.clear()
+    reverse = diff_mod.diff(b, a)
+    assert sorted(calls) == ["kernel", "op"]
+    assert reverse.kernels["delta_us"].sum() == pytest.approx(-first.kernels["delta_us"].sum())
+    calls.clear()
+    more = gap_trace(second_gap_us=80.0)
+    more.launch("k_d", 900, 910, 25)
+    more.write(tmp_path / "b.json")  # the test side changed: one more kernel
+    changed = diff_mod.diff(a, b)
+    assert sorted(calls) == ["kernel", "op"] and changed.to_json() == diff_mod.diff(a, b, cache=False).to_json()
+    assert "k_d" not in set(first.kernels["name"])
+    assert changed.appeared("kernel")["name"].tolist() == ["k_d"]
+    assert changed.kernels["delta_us"].sum() == pytest.approx(25.0)
 
 
 def test_repeat_diff_without_a_cached_summary_reads_the_results(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ says which (`noise`, `noise_basis`).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -69,6 +70,9 @@ PER_STEP_SAMPLES: dict[str, str] = {
 PREFILL_SUMS = ("prefill_gpu_busy_us", "prefill_kernels", "prefill_launches")
 # The name of a diff's item tables in the results cache (analysis.result_cache).
 ITEMS_ENTRY = "diff.items"
+# The name of two traces' matched kernel and op tables there (kept with the test side's results,
+# keyed by both sides' item-table keys): a repeat diff of the same pair does not match again.
+PAIR_ENTRY = "diff.pair"
 # Verdict of a whole-trace total when the step counts differ (its per-step forms are compared instead).
 NOT_COMPARABLE = "not comparable"
 # How items of each phase are normalised when step counts differ; outside every step, not at all.
@@ -93,6 +97,10 @@ class Side:
     source: str = "trace"  # "trace" | "summary"
     # Segments per phase (from the trace's segmentation), with the item tables (what they are divided by).
     steps: dict[str, int] = field(default_factory=dict)
+    # The item tables' key in the results cache and that cache (None: not cached): what keys a
+    # diff of this side with another (PAIR_ENTRY).
+    items_key: str | None = field(default=None, repr=False, compare=False)
+    store: Any = field(default=None, repr=False, compare=False)
 
     @property
     def device(self) -> str | None:
@@ -158,8 +166,9 @@ def side_of(x: Any, options: dict[str, Any] | None = None, *, items: bool = True
     trace = x.trace
     if not items:
         return Side(label=trace.path, summary=x.to_json())
-    kernels, ops, steps = _item_tables(x, getattr(x.results.get("phases"), "segments", None))
-    return Side(label=trace.path, summary=x.to_json(), kernels=kernels, ops=ops, steps=steps)
+    kernels, ops, steps, key = _item_tables(x, getattr(x.results.get("phases"), "segments", None))
+    store = getattr(x, "results_store", None) if key is not None else None
+    return Side(label=trace.path, summary=x.to_json(), kernels=kernels, ops=ops, steps=steps, items_key=key, store=store)
 
 
 def _side_from_cache(path: Path, options: dict[str, Any], items: bool) -> tuple[Side | None, Any]:
@@ -178,7 +187,8 @@ def _side_from_cache(path: Path, options: dict[str, Any], items: bool) -> tuple[
         key = _items_key(store)
         got: Any = store.get(ITEMS_ENTRY, key) if key is not None else None
         if _are_items(got):
-            return Side(label=opened.trace.path, summary=doc, kernels=got[0], ops=got[1], steps=got[2]), None
+            return Side(label=opened.trace.path, summary=doc, kernels=got[0], ops=got[1], steps=got[2],
+                        items_key=key, store=store), None
     return None, run_pipeline(opened, opts)
 
 
@@ -193,7 +203,7 @@ def _are_items(value: Any) -> bool:
             and isinstance(value[2], dict))
 
 
-def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int]]:
+def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, int], str | None]:
     """The kernel and op tables of an analysed trace and its segments per phase, kept with its
     cached results (keyed like a detector that NEEDS phases: the trace, the analysis code and the
     segmentation), so a repeat diff of an unchanged trace reads neither the tables nor the trace's
@@ -207,10 +217,11 @@ def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFra
     store = getattr(analysis, "results_store", None)
     if store is None:
         kernels, ops, steps = tables()
-        return kernels, ops, steps
-    kernels, ops, steps = store.reuse(ITEMS_ENTRY, _items_key(store), tables, _are_items)
+        return kernels, ops, steps, None
+    key = _items_key(store)
+    kernels, ops, steps = store.reuse(ITEMS_ENTRY, key, tables, _are_items)
     store.evict()
-    return kernels, ops, steps
+    return kernels, ops, steps, key
 
 
 def _phases(trace: Any, segments: Any, rows: pd.Index, *, gpu: bool) -> np.ndarray | None:
@@ -611,8 +622,10 @@ def diff(base: Any, test: Any, **options: Any) -> DiffResult:
     if norm["applied"]:
         notes.append(f"{norm['reason']}: kernel and op times are compared "
                      + ", ".join(f"{basis} ({phase})" for phase, basis in norm["per"].items()))
-    kernels = _match_sides(b, t, "kernel", norm) if with_items else match_items(None, None, "kernel")
-    ops = _match_sides(b, t, "op", norm) if with_items else match_items(None, None, "op")
+    if with_items:
+        kernels, ops = _matched(b, t, norm)
+    else:
+        kernels, ops = match_items(None, None, "kernel"), match_items(None, None, "op")
     metrics = metric_table(b.summary, t.summary)
     bases = sorted({str(x) for x in metrics.loc[metrics["verdict"].isin(("better", "worse", "same")), "noise_basis"] if x})
     if bases:
@@ -647,6 +660,34 @@ def _divisors(s: Side, per_token: bool) -> dict[str, float]:
     if per_token and "decode" in out:
         out["decode"] *= _tokens_per_step(s) or 1.0
     return out
+
+
+def _matched(b: Side, t: Side, norm: dict[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The matched kernel and op tables of two sides with item tables; read from the results cache
+    when both sides' tables are cached and this pair was matched before (its key is both tables'
+    keys, which hold the analysis code, so the normalisation that follows from them is the same)."""
+    def match() -> list[pd.DataFrame]:
+        return [_match_sides(b, t, "kernel", norm), _match_sides(b, t, "op", norm)]
+
+    store = t.store
+    if store is None or b.items_key is None or t.items_key is None:
+        kernels, ops = match()
+        return kernels, ops
+    key = _pair_key(b.items_key, t.items_key)
+    kernels, ops = store.reuse(PAIR_ENTRY, key, match, _are_pair)
+    store.evict()
+    return kernels, ops
+
+
+def _pair_key(base: str, test: str) -> str:
+    """The key of the matched tables of base vs test (the order matters: deltas are test - base)."""
+    return hashlib.blake2b(f"{PAIR_ENTRY} {base} {test}".encode(), digest_size=20).hexdigest()
+
+
+def _are_pair(value: Any) -> bool:
+    """A cached pair entry reads back as [kernels, ops] with the item columns."""
+    return (isinstance(value, list) and len(value) == 2
+            and all(isinstance(t, pd.DataFrame) and list(t.columns) == ITEM_COLUMNS for t in value))
 
 
 def _match_sides(b: Side, t: Side, kind: str, norm: dict[str, Any]) -> pd.DataFrame:
