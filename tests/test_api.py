@@ -79,3 +79,26 @@ def test_each_command_calls_its_api_function(monkeypatch, argv, name, expected):
     for key, value in want_kwargs.items():
         got = kwargs[key]
         assert (str(got) if key == "out_dir" else got) == value, key
+
+
+def test_importing_tokentrace_or_the_loader_leaves_the_capture_code_unread():
+    """`import tokentrace`, and the analysis modules a repeat run imports, read only the capture
+    side's conventions; its capture code (~50 ms of modules) loads when `capture` is first used,
+    as the very function the capture package defines."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tokentrace, tokentrace.analysis.pipeline, tokentrace.analysis.compare.diff; "
+            "print(sorted(m for m in sys.modules if m.startswith('tokentrace.profiling'))); "
+            "from tokentrace.profiling.api import capture; "
+            "import tokentrace.profiling as p; from tokentrace.api import capture as c; "
+            "print(tokentrace.capture is capture is c is p.capture, p.PRESETS is sys.modules['tokentrace.profiling.presets'].PRESETS)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first, second = out.stdout.splitlines()
+    assert first == "['tokentrace.profiling', 'tokentrace.profiling.conventions']"
+    assert second == "True True"
+    import tokentrace.profiling as prof
+
+    assert sorted(prof.__all__) == sorted(prof._EXPORTS) and all(getattr(prof, n) is not None for n in prof.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = prof.nothing  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tokentrace.api import analyze, capture, check, diff, load, load_all, ranks, report, scaling, sweep
+from tokentrace.api import analyze, check, diff, load, load_all, ranks, report, scaling, sweep
 from tokentrace.errors import TokentraceError, TraceError
 
 __version__ = "0.1.0"
@@ -26,10 +26,16 @@ __all__ = [
 if TYPE_CHECKING:
     from tokentrace.analysis.loading.trace import Trace
     from tokentrace.analysis.pipeline import Analysis
+    from tokentrace.profiling.api import capture
 
 
 def __getattr__(name: str) -> Any:
-    # The two model classes, loaded on first use so that `import tokentrace` stays light.
+    # The two model classes and the capture function, loaded on first use so that `import
+    # tokentrace` stays light.
+    if name == "capture":
+        from tokentrace.profiling.api import capture
+
+        return capture
     if name == "Trace":
         from tokentrace.analysis.loading.trace import Trace
 

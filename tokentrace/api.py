@@ -12,10 +12,6 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-# The capture function lives with the capture code, which imports torch only inside functions,
-# so importing it here is cheap; `tokentrace.capture` is that function, with its real signature.
-from tokentrace.profiling.api import capture
-
 __all__ = ["analyze", "capture", "check", "diff", "load", "load_all", "ranks", "report", "scaling", "sweep"]
 
 if TYPE_CHECKING:
@@ -26,6 +22,7 @@ if TYPE_CHECKING:
     from tokentrace.analysis.compare.sweep import SweepCheck, SweepDiff, SweepResult
     from tokentrace.analysis.loading.trace import Trace
     from tokentrace.analysis.pipeline import Analysis, Options
+    from tokentrace.profiling.api import capture
 
 PathLike = str | os.PathLike[str]
 # Users' phase patterns: {"prefill": REGEX, "decode": [REGEX, ...]}, [("decode", REGEX), ...] or
@@ -334,3 +331,14 @@ def ranks(paths: PathLike | Iterable[PathLike], *, workers: int | None = None, m
     if phases is not None:
         opts["phases"] = normalize(phases)
     return analyze_ranks(items, workers=workers, options=opts or None, scheduler=scheduler, cache=cache)
+
+
+def __getattr__(name: str) -> Any:
+    # `capture` is the capture code's own function, with its real signature, imported on first
+    # use: the capture code's modules are ~50 ms of every other command's start.
+    if name == "capture":
+        from tokentrace.profiling.api import capture
+
+        globals()["capture"] = capture
+        return capture
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
