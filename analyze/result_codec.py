@@ -245,7 +245,10 @@ class _Unpacker:
         if code == EXT_FRAME:
             columns, index, cols, attrs = v
             idx = _index(index)
-            frame = pd.DataFrame({i: _series(c, idx) for i, c in enumerate(cols)}, index=idx, copy=False)
+            # Arrays as they are, object columns as object Series on the same index: a Series per
+            # column was most of reading a cached result back (a repeat run reads ~450 columns).
+            frame = pd.DataFrame({i: _series(c, idx) if c[0] == "object" else _column(c) for i, c in enumerate(cols)},
+                                 index=idx, copy=False)
             frame.columns = _index(columns)
             frame.attrs.update(attrs)
             return frame
