@@ -118,6 +118,11 @@ class ResultStore:
         self.keys[name] = k
         return k
 
+    def derived_key(self, name: str, *keys: str) -> str:
+        """The key of a value `name` made from entries with these keys (whichever stores hold
+        them): a diff's matched tables from its two sides' item tables."""
+        return _digest(name, *keys)
+
     def forget(self, name: str) -> None:
         """`name` failed: the results that need it get no key (and are neither read nor stored)."""
         self.keys.pop(name, None)

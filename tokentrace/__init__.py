@@ -33,9 +33,9 @@ def __getattr__(name: str) -> Any:
     # The two model classes and the capture function, loaded on first use so that `import
     # tokentrace` stays light.
     if name == "capture":
-        from tokentrace.profiling.api import capture
+        from tokentrace import api
 
-        return capture
+        return api.capture
     if name == "Trace":
         from tokentrace.analysis.loading.trace import Trace
 

@@ -41,8 +41,7 @@ def records(df: pd.DataFrame, digits: int | None = DIGITS, *, keep_nan: bool = F
     Built column by column (the values json_value would give each cell, without pandas' per-row
     dicts): a summary's and a diff's tables are thousands of rows, and per-cell dispatch was most
     of a repeat `diff`'s own time."""
-    names = [str(c) if not isinstance(c, str) else c for c in df.columns]
-    if len(set(names)) != len(names) or not len(df):
+    if not df.columns.is_unique or not len(df):
         # Repeated column names collapse in a dict row as they do in to_dict; an empty frame has no rows.
         return [{k: json_value(v, digits, keep_nan=keep_nan) for k, v in r.items()} for r in df.to_dict("records")]
     cols = [_column_values(df.iloc[:, i], digits, keep_nan) for i in range(df.shape[1])]
@@ -52,7 +51,7 @@ def records(df: pd.DataFrame, digits: int | None = DIGITS, *, keep_nan: bool = F
 def _column_values(col: pd.Series, digits: int | None, keep_nan: bool) -> list[Any]:
     """One column's cells as json_value makes them."""
     kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""
-    if kind in "iub" and kind:
+    if kind and kind in "iub":
         return col.to_numpy().tolist()  # Python ints and bools, as json_value passes them
     if kind == "f":
         vals = col.to_numpy().tolist()

@@ -28,7 +28,6 @@ says which (`noise`, `noise_basis`).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -673,15 +672,11 @@ def _matched(b: Side, t: Side, norm: dict[str, Any]) -> tuple[pd.DataFrame, pd.D
     if store is None or b.items_key is None or t.items_key is None:
         kernels, ops = match()
         return kernels, ops
-    key = _pair_key(b.items_key, t.items_key)
+    # The order matters: deltas are test - base.
+    key = store.derived_key(PAIR_ENTRY, b.items_key, t.items_key)
     kernels, ops = store.reuse(PAIR_ENTRY, key, match, _are_pair)
     store.evict()
     return kernels, ops
-
-
-def _pair_key(base: str, test: str) -> str:
-    """The key of the matched tables of base vs test (the order matters: deltas are test - base)."""
-    return hashlib.blake2b(f"{PAIR_ENTRY} {base} {test}".encode(), digest_size=20).hexdigest()
 
 
 def _are_pair(value: Any) -> bool:

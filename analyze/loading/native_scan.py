@@ -295,7 +295,7 @@ def release_library_pages() -> int:
     invisible to the program (the next touch maps it again from the page cache) and frees the
     process's share; a page the dynamic linker wrote (RELRO) is a private copy, and a mapping that
     holds one is left alone."""
-    if not sys.platform.startswith("linux"):
+    if not _elf_platform():
         return 0
     try:
         import llvmlite.binding.ffi as ffi
@@ -315,6 +315,10 @@ def release_library_pages() -> int:
         if madvise(start, end - start, MADV_DONTNEED) == 0:
             dropped += resident
     return dropped
+
+
+# The per-mapping counts of smaps that tell whether a mapping holds a page of its own.
+_SMAPS_FIELDS = {"Anonymous:": "anon", "Private_Dirty:": "dirty", "Rss:": "rss"}
 
 
 def _clean_read_only_mappings(path: str, smaps: str = "/proc/self/smaps") -> list[tuple[int, int, int]]:
@@ -339,7 +343,7 @@ def _clean_read_only_mappings(path: str, smaps: str = "/proc/self/smaps") -> lis
                     a, b = parts[0].split("-")
                     current = {"start": int(a, 16), "end": int(b, 16), "anon": -1, "dirty": -1, "rss": 0}
             elif current is not None:
-                field = {"Anonymous:": "anon", "Private_Dirty:": "dirty", "Rss:": "rss"}.get(head)
+                field = _SMAPS_FIELDS.get(head)
                 if field:
                     current[field] = int(rest.split()[0]) * 1024
         close()
