@@ -138,7 +138,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     """Calls from attention ops; also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     n = len(ev)
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     is_att = spec >= 0
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     if not is_att.any():
@@ -221,7 +221,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
 
 def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame:
     """Calls from attention kernels no attention op encloses: consecutive ones on a stream form one call."""
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     free = (kclass != None) & ~taken  # noqa: E711
     if not free.any():
         return _empty_calls()
@@ -364,7 +364,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     if not recs:
         return _empty_calls()
     calls = pd.DataFrame(recs)
-    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.gpu, len(calls), kclass)
+    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kclass)
     calls["gpu_us"] = per["gpu_ns"] / US
     calls["gpu_kernels"] = per["count"]
     calls["kernel"] = per["top"]
@@ -376,7 +376,7 @@ def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
     """Per GPU row, the eager call (index into calls) whose thread launched it between the call's
     first matmul and its last one's end; -1 for none. Calls on one thread do not overlap."""
     ev = trace.events
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     out = np.full(len(gpu), -1, dtype=np.int64)
     launch = gpu["launch"].to_numpy()
     ok = np.flatnonzero(launch >= 0)
@@ -398,7 +398,7 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     segments = segments or Segments()
     if op_spec is None:
         op_spec = attention_op_spec(trace)
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     kclass = np.full(len(gpu), None, dtype=object)
     klib = np.full(len(gpu), None, dtype=object)
     if len(gpu):
@@ -438,5 +438,5 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
 def time_column(trace: Trace) -> str:
     """The time a call costs: its GPU time, or its host time in a trace without GPU activity (a CPU
     run, where the op's duration is the work)."""
-    return "gpu_us" if len(trace.gpu) else "cpu_us"
+    return "gpu_us" if len(trace.narrow_gpu) else "cpu_us"
 

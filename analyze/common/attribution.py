@@ -106,7 +106,7 @@ def op_gpu(trace: Trace) -> OpGpu:
     """GPU time and counts of every op, self and total (see the module docstring)."""
     ev = trace.events
     parent = ev["parent"].to_numpy()
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     g_op = gpu["op"].to_numpy()
     linked = g_op >= 0
     cur = g_op[linked].astype(np.int64)

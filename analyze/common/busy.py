@@ -30,7 +30,7 @@ class BusyTimeline:
 
 def device_busy(trace: Trace) -> BusyTimeline:
     """Merged busy intervals per device, with the rows that open and close each of them."""
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     out = BusyTimeline()
     if gpu.empty:
         return out

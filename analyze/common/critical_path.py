@@ -342,12 +342,12 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     """
     cols = ["seg", "cp_cpu", "cp_gpu", "cp_wait", "cpu_share", "gpu_share", "bound"]
     seg_ids = np.asarray(seg_ids, dtype=np.int64)
-    if trace.gpu.empty or not len(seg_ids):
+    if trace.narrow_gpu.empty or not len(seg_ids):
         return pd.DataFrame(columns=cols)
     table = segs.table
     ev_ts = trace.events["ts"].to_numpy(np.int64)
 
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     # Columns, not rt[mask]: filtering the view would copy every column of the runtime calls.
     keep = name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)
     r_ts = rt["ts"].to_numpy(np.int64)[keep]
@@ -360,7 +360,7 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
         "end": rt["end"].to_numpy(np.int64)[keep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep],
     })[on_thread].sort_values(["seg", "ts"])
 
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     launch = gpu["launch"].to_numpy(np.int64)
     gts = gpu["ts"].to_numpy(np.int64)
     g = pd.DataFrame({

@@ -207,7 +207,7 @@ def _infer_from_activity(trace: Any) -> DeviceIdentity | None:
     rows = trace.narrow(("runtime", "driver", "kernel"), ("name", "kind"))
     is_kernel = (rows["kind"] == "kernel").to_numpy()
     api = pd.unique(rows.loc[~is_kernel, "name"].astype(str))
-    if trace.gpu.empty and not any(a in LAUNCH_APIS for a in api):
+    if trace.narrow_gpu.empty and not any(a in LAUNCH_APIS for a in api):
         return None
     vendor = ("AMD" if any(a.startswith("hip") for a in api) else
               "NVIDIA" if any(a.startswith("cu") for a in api) else None)

@@ -59,7 +59,7 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np
     """(seg id, ts) of the operations that can open a step on its own thread: cpu ops and launch
     calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
     for earlier work; it is not the step's first operation."""
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     launch = name_mask(rt["name"], LAUNCH_APIS)
     ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
@@ -93,7 +93,7 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     first_op = np.where(first != _NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     rseg = segs.locate_times(rt["ts"].to_numpy(np.int64))
     is_launch = name_mask(rt["name"], LAUNCH_APIS)
     is_block = name_mask(rt["name"], BLOCKING_APIS)
@@ -105,7 +105,7 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     # GPU activity, located by the launch that started it. Activity with no launch in the trace
     # (launched before the profiler started) that runs before the step's first operation is what
     # a leading sync waited for, not the step's work.
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     grows = gpu.index.to_numpy(np.int64)
     gseg = segs.locate_rows(trace, grows)
     gk = gseg >= 0

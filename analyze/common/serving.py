@@ -66,29 +66,31 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
     tokens, heads and head size and the value head size from the first call's input shapes
     (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say)."""
     n = len(segs)
-    out = pd.DataFrame({"calls": 0, "q_tokens": -1, "heads": -1, "head_dim": -1, "head_dim_v": -1}, index=pd.RangeIndex(n))
+    # Filled as arrays and framed once: a .loc write per segment cost ~0.1 ms each (56 ms on a
+    # serving trace of 500 steps).
+    calls = np.zeros(n, np.int64)
+    geo = {c: np.full(n, -1, np.int64) for c in ("q_tokens", "heads", "head_dim", "head_dim_v")}
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rows = cpu.index.to_numpy(np.int64)
     att = is_attention[rows]
-    if not n or not att.any():
-        return out
-    parent = cpu["parent"].to_numpy(np.int64)[att]
-    top = ~np.where(parent >= 0, is_attention[np.maximum(parent, 0)], False)
-    arows = rows[att][top]
-    seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
-    ok = seg >= 0
-    out["calls"] = np.bincount(seg[ok], minlength=n)
-    first = pd.Series(arows[ok], index=seg[ok])
-    first = first[~first.index.duplicated()]
-    dims = trace.events["input_dims"].to_numpy(object)
-    for s, row in first.items():
-        d = dims[row]
-        if not isinstance(d, list) or not d or not isinstance(d[0], list) or len(d[0]) != 3:
-            continue
-        out.loc[s, ["q_tokens", "heads", "head_dim"]] = [int(x) for x in d[0]]
-        v = d[2] if len(d) > 2 and isinstance(d[2], list) and len(d[2]) == 3 else None
-        out.loc[s, "head_dim_v"] = int(v[2]) if v else int(d[0][2])
-    return out
+    if n and att.any():
+        parent = cpu["parent"].to_numpy(np.int64)[att]
+        top = ~np.where(parent >= 0, is_attention[np.maximum(parent, 0)], False)
+        arows = rows[att][top]
+        seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
+        ok = seg >= 0
+        calls = np.bincount(seg[ok], minlength=n).astype(np.int64)
+        seg_ok, rows_ok = seg[ok], arows[ok]
+        _, firsts = np.unique(seg_ok, return_index=True)  # each segment's first call (in row order)
+        dims = trace.events["input_dims"].to_numpy(object)
+        for s, row in zip(seg_ok[firsts].tolist(), rows_ok[firsts].tolist(), strict=True):
+            d = dims[row]
+            if not isinstance(d, list) or not d or not isinstance(d[0], list) or len(d[0]) != 3:
+                continue
+            geo["q_tokens"][s], geo["heads"][s], geo["head_dim"][s] = (int(x) for x in d[0])
+            v = d[2] if len(d) > 2 and isinstance(d[2], list) and len(d[2]) == 3 else None
+            geo["head_dim_v"][s] = int(v[2]) if v else int(d[0][2])
+    return pd.DataFrame({"calls": calls, **geo}, index=pd.RangeIndex(n))
 
 
 def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -52,7 +52,7 @@ class Window:
 
 def steps_window(trace: Trace, segs: Segments) -> Window | None:
     """The steady-state window, None without steps or without GPU work launched in one."""
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     if gpu.empty or not len(segs):
         return None
     rows = gpu.index.to_numpy(np.int64)

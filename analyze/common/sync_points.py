@@ -68,7 +68,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     The gpu, gaps and syncs sections all read it (computed once per run); treat it as read-only."""
     ev = trace.events
     names = trace.names
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     parts: list[pd.DataFrame] = []
     rows = rt.index.to_numpy(np.int64)
     cats = rt["name"].cat
@@ -160,7 +160,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     op_col = ev["op"].to_numpy()
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
-    rt_rows = trace.runtime.index.to_numpy(np.int64)
+    rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
     talks = iv.with_ancestors(parent, op_col[rt_rows]) if len(rt_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
     cand = sync_rows[talks[sync_rows] & ~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]

@@ -42,6 +42,7 @@ from tokentrace.analysis.common.fits import CONFIDENCE, t_quantile
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.json_values import records as json_records
 from tokentrace.analysis.compare.metrics import Metric, dig, is_summary, metrics_for
+from tokentrace.analysis.loading.trace import OP_COLUMNS
 from tokentrace.errors import TokentraceError
 
 DIFF_SCHEMA_VERSION = 1
@@ -210,8 +211,8 @@ def _item_tables(analysis: Any, segments: Any) -> tuple[pd.DataFrame, pd.DataFra
     def tables() -> list[Any]:
         trace = analysis.trace
         steps = {str(k): int(v) for k, v in segments.table["phase"].value_counts().items()} if segments is not None else {}
-        return [kernel_table(trace, _phases(trace, segments, trace.gpu.index, gpu=True)),
-                op_table(trace, _phases(trace, segments, trace.cpu_ops.index, gpu=False)), steps]
+        return [kernel_table(trace, _phases(trace, segments, trace.narrow_gpu.index, gpu=True)),
+                op_table(trace, _phases(trace, segments, trace.narrow(("cpu_op",), OP_COLUMNS).index, gpu=False)), steps]
 
     store = getattr(analysis, "results_store", None)
     if store is None:
@@ -253,7 +254,7 @@ def _empty_items(gpu: bool) -> pd.DataFrame:
 def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     """GPU activity grouped by phase, name and launch shape (grid x block): count and GPU time (us).
     `phase` labels each GPU row (default: all "all")."""
-    g = trace.gpu
+    g = trace.narrow_gpu
     if g.empty:
         return _empty_items(gpu=False)
     grid, block = _dims_text(g["grid"]), _dims_text(g["block"])
@@ -267,10 +268,10 @@ def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
 
 def op_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     """CPU ops grouped by phase, name and input shapes: count, host time and GPU time of the kernels they launched (us)."""
-    ops = trace.cpu_ops
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return _empty_items(gpu=True)
-    g = trace.gpu
+    g = trace.narrow_gpu
     # A kernel's `op` is the innermost op on its launching thread: its GPU time is that op's own.
     linked = g[g["op"] >= 0]
     gpu_by_op = linked.groupby("op")["dur"].sum()

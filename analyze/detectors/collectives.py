@@ -407,7 +407,7 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
         host[f"c_{col}"] = host[col]
     # Host time is the collective's time only where the collective runs on the host (gloo, MPI,
     # or a trace without GPU activity); an NCCL call's host range is just its enqueue.
-    no_gpu = trace.gpu.empty
+    no_gpu = trace.narrow_gpu.empty
     timed = host["backend"].isin(CPU_BACKENDS) | no_gpu
     host["busy_us"] = np.where(timed, (host["end"] - host["start"]) / US, np.nan)
     host["tmpl_group"] = np.nan

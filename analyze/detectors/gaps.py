@@ -280,11 +280,11 @@ def _mark_outside_steps(gaps: pd.DataFrame, window: Any) -> None:
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
     """Per device, the host thread that launched most of its work."""
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     ln = gpu["launch"].to_numpy()
     ok = ln >= 0
     if not ok.any():
-        rt = trace.runtime
+        rt = trace.narrow_runtime
         if rt.empty:
             return {}
         p, t = rt.groupby(["pid", "tid"]).size().idxmax()
@@ -315,7 +315,7 @@ class _ThreadIntervals:
         self.native = np.flatnonzero(trace.kind_mask("cpu_op", *HOST_API_KINDS))
         self.py = None
         # Ops that launched GPU work themselves or through a descendant.
-        rt = trace.runtime
+        rt = trace.narrow_runtime
         launch_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         ops = trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64)
@@ -388,7 +388,7 @@ def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Segments | None, gs:
 def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Idle stretches on each stream alone (another stream may have kept the device busy): per
     (device, stream) with GPU work, their count and total; and each stretch (GapsResult.stream_idle)."""
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     if gpu.empty:
         return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), _no_idle()
     codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))

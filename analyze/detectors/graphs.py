@@ -248,7 +248,7 @@ def run(trace: Trace, ctx: Context) -> GraphsResult:
     segments = ctx.segments
     ev = trace.events
     replays = info.replays
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     empty = pd.DataFrame()
     if not len(replays):
         return GraphsResult(info, 0, 0.0, 0, 0.0, empty, empty, {}, None, empty, empty, {})

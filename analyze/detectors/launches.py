@@ -59,7 +59,7 @@ class LaunchesResult:
 def run(trace: Trace, ctx: Context) -> LaunchesResult:
     ev = trace.events
     names = trace.names
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     call_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
     is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)  # per event row, from the category codes
     segments = ctx.segments
@@ -85,7 +85,7 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
 
 def _activities(trace: Trace, names: np.ndarray, is_graph: np.ndarray) -> pd.DataFrame:
     ev = trace.events
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
     keep = gpu["launch"].to_numpy() >= 0
     ln = gpu["launch"].to_numpy(np.int64)[keep]

@@ -167,7 +167,7 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     top = cpu[(cpu["tid"] == tid) & (cpu["parent"] < 0)]
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     host = pd.concat([top[["ts", "end"]], rt[rt["tid"] == tid][["ts", "end"]]]).sort_values("ts")
     hts = host["ts"].to_numpy(np.int64)
     reach = np.maximum.accumulate(host["end"].to_numpy(np.int64)) if len(host) else np.empty(0, np.int64)
@@ -182,35 +182,43 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     """Per segment: batch and tokens per sequence of the first embedding, the first attention op's
     batch, query and key lengths, and whether it trains."""
     n = len(segs)
-    out = pd.DataFrame({"emb_batch": -1, "emb_len": -1, "att_batch": -1, "att_q": -1, "att_kv": -1, "training": False},
-                       index=pd.RangeIndex(n))
+    # Filled as arrays and framed once (a write per segment into a frame costs ~10 us).
+    col = {c: np.full(n, -1, np.int64) for c in ("emb_batch", "emb_len", "att_batch", "att_q", "att_kv")}
+    training = np.zeros(n, bool)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
-    eseg = segs.locate_times(emb["ts"].to_numpy(np.int64))
-    first = pd.Series(emb.index.to_numpy(), index=eseg)[eseg >= 0]
-    first = first[~first.index.duplicated()]
-    for s, row in first.items():
-        dims = trace.events.at[row, "input_dims"]
+    rows = cpu.index.to_numpy(np.int64)
+    ts = cpu["ts"].to_numpy(np.int64)
+    dims_of = trace.events["input_dims"].to_numpy(object)
+    emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+    for s, row in _first_per_segment(segs, ts[emb], rows[emb]):
+        dims = dims_of[row]
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
-            out.at[s, "emb_batch"], out.at[s, "emb_len"] = int(dims[1][0]), int(dims[1][1])
-    att = cpu[is_attention[cpu.index.to_numpy()]]
-    aseg = segs.locate_times(att["ts"].to_numpy(np.int64))
-    first = pd.Series(att.index.to_numpy(), index=aseg)[aseg >= 0]
-    first = first[~first.index.duplicated()]
-    for s, row in first.items():
-        name = str(trace.events.at[row, "name"])
+            col["emb_batch"][s], col["emb_len"][s] = int(dims[1][0]), int(dims[1][1])
+    att = is_attention[rows]
+    names = trace.events["name"]
+    for s, row in _first_per_segment(segs, ts[att], rows[att]):
+        name = str(names.iat[row])
         layout = next((lay for pat, lay in _ATTENTION_LAYOUTS if pat.search(name)), None)
-        shape = parse_shapes(trace.events.at[row, "input_dims"], layout)
+        shape = parse_shapes(dims_of[row], layout)
         # Packed (THD) layouts give tokens over the whole batch, not per sequence: no evidence.
         if shape["batch"] and shape["q_len"]:
-            out.at[s, "att_batch"], out.at[s, "att_q"] = shape["batch"], shape["q_len"]
-            out.at[s, "att_kv"] = shape["kv_len"] or -1
+            col["att_batch"][s], col["att_q"][s] = shape["batch"], shape["q_len"]
+            col["att_kv"][s] = shape["kv_len"] or -1
     # Start times of the training markers only (a training trace's backward ops are most of its ops:
     # no frame of them is built).
     marks = np.concatenate([f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)] for f in (cpu, trace.annotations)])
     tseg = segs.locate_times(marks)
-    out.loc[np.unique(tseg[tseg >= 0]), "training"] = True
-    return out
+    training[tseg[tseg >= 0]] = True
+    return pd.DataFrame({**col, "training": training}, index=pd.RangeIndex(n))
+
+
+def _first_per_segment(segs: Segments, ts: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
+    """(segment, row) of the first of these rows (in row order) that lies in each segment."""
+    seg = segs.locate_times(ts)
+    ok = seg >= 0
+    seg, rows = seg[ok], rows[ok]
+    _, first = np.unique(seg, return_index=True)
+    return list(zip(seg[first].tolist(), rows[first].tolist(), strict=True))
 
 
 def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns | None = None) -> Segments:

@@ -160,7 +160,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
 
 
 def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     cols = ["name", "op", "op_input_dims", "top_op", "phase", "calls", "gpu_total_us", "gpu_mean_us", "gpu_max_us"]
     if gpu.empty:
         return pd.DataFrame(columns=cols)
@@ -199,7 +199,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
 def run(trace: Trace, ctx: Context) -> Shapes:
     segments = ctx.segments
     att = ctx.shared(op_gpu)
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     unlinked = gpu["op"].to_numpy() < 0
     return Shapes(
         ops=_op_table(trace, att, segments),

@@ -134,7 +134,7 @@ def refresh(previous: GpuUtilization, trace: Trace, ctx: Context) -> GpuUtilizat
 
 def _streams(trace: Trace, t0: int) -> pd.DataFrame:
     cols = ["device", "stream", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities", "kernels"]
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     if gpu.empty:
         return pd.DataFrame(columns=cols)
     dev = gpu["device"].to_numpy(np.int64)
@@ -163,7 +163,7 @@ def _by_phase(trace: Trace, segs: Segments) -> pd.DataFrame:
     """GPU busy share of each phase: work is located by its launch's segment, the span of a
     segment runs from its first GPU start to its last GPU end, and a phase sums its segments."""
     cols = ["phase", "busy_us", "span_us", "utilization"]
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     if len(segs) == 0 or gpu.empty:
         return pd.DataFrame(columns=cols)
     seg = segs.locate_rows(trace, gpu.index.to_numpy())

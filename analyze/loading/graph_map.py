@@ -241,7 +241,7 @@ def _name_mask(trace: Trace, frame: pd.DataFrame, names: tuple[str, ...]) -> np.
 
 def _stream_captures(trace: Trace) -> list[_Region]:
     """Begin/end capture pairs per thread: each begin with the first end after it on its thread."""
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     begins = rt[_name_mask(trace, rt, GRAPH_CAPTURE_BEGIN_APIS)]
     ends = rt[_name_mask(trace, rt, GRAPH_CAPTURE_END_APIS)]
     out: list[_Region] = []
@@ -349,7 +349,7 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
         notes.append("holds no graph capture (no cudaStreamBeginCapture/hipStreamBeginCapture, no compiled-graph pass)")
     ev = trace.events
     names = trace.names
-    rt = trace.runtime
+    rt = trace.narrow_runtime
     act = rt["name"].map(_API_ACTIVITY).astype(object).to_numpy()
     launches = rt[pd.notna(act)]
     l_act = act[pd.notna(act)]
@@ -357,7 +357,7 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
     l_pid, l_tid, l_ts = launches["pid"].to_numpy(), launches["tid"].to_numpy(), launches["ts"].to_numpy()
     kernel_names = kernel_names or {}
     # The GPU activity each launch produced, where it ran (eager passes; the odd kernel in a capture).
-    gpu = trace.gpu
+    gpu = trace.narrow_gpu
     ran = gpu[gpu["launch"] >= 0]
     ran = ran[~ran["launch"].duplicated()]
     ran_of = pd.Series(ran.index.to_numpy(np.int64), index=ran["launch"].to_numpy())

@@ -46,6 +46,14 @@ PYTHON_COLUMNS: tuple[str, ...] = ("ts", "end", "name", "pid", "tid")
 # shared frame a fraction of the size of the wide `cpu_ops` view (30-60 ms to build on a 200 MB
 # trace), which the detectors then need not build at all.
 OP_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "pid", "tid", "parent", "input_dims", "input_type")
+# The columns of GPU activity and of runtime calls the detectors read: `trace.narrow_gpu` and
+# `trace.narrow_runtime` hold them for every detector, so the wide `gpu` and `runtime` views (every
+# column, 20-40 ms each on a 200 MB trace, most of it memory written for columns no detector reads
+# of those rows: shapes, memory events, Python ids) are never built by an analysis.
+GPU_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "kind", "cat", "pid", "tid", "device", "stream", "correlation",
+                                "external_id", "bytes", "grid", "block", "launch", "op")
+RUNTIME_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "cat", "pid", "tid", "device", "stream", "correlation",
+                                    "external_id", "launch", "op")
 
 
 @dataclass(eq=False)
@@ -123,6 +131,16 @@ class Trace:
     @cached_property
     def flows(self) -> pd.DataFrame:
         return self._kind("flow")
+
+    @property
+    def narrow_gpu(self) -> pd.DataFrame:
+        """The `gpu` view's rows with GPU_COLUMNS only (what the detectors read of them)."""
+        return self.narrow(GPU_KINDS, GPU_COLUMNS)
+
+    @property
+    def narrow_runtime(self) -> pd.DataFrame:
+        """The `runtime` view's rows with RUNTIME_COLUMNS only (what the detectors read of them)."""
+        return self.narrow(HOST_API_KINDS, RUNTIME_COLUMNS)
 
     def narrow(self, kinds: tuple[str, ...], columns: tuple[str, ...]) -> pd.DataFrame:
         """`self._kind(*kinds)[list(columns)]` (same rows, index, order and dtypes) without copying
@@ -205,7 +223,7 @@ class Trace:
 
     def linked_share(self) -> dict[str, float | None]:
         """Share of GPU activity linked to a launch call, and to a cpu op."""
-        gpu = self.gpu
+        gpu = self.narrow_gpu
         if gpu.empty:
             return {"launch": None, "op": None}
         return {
