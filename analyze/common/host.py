@@ -18,30 +18,33 @@ class HostLookup:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         key = (what, pid, tid)
         if key not in self._cache:
             df = self.trace.narrow(("cpu_op",), OP_COLUMNS) if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
             on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
-            ts, end, rows = df["ts"].to_numpy()[on], df["end"].to_numpy()[on], df.index.to_numpy(np.int64)[on]
+            ts, end, rows = df["ts"].to_numpy(), df["end"].to_numpy(), df.index.to_numpy(np.int64)
+            if not on.all():  # one thread holding every row (a serving engine's Python frames) is read in place
+                at = np.flatnonzero(on)
+                ts, end, rows = ts[at], end[at], rows[at]
             if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # views follow the events' start order; else sort (stable: ties keep theirs)
                 o = np.argsort(ts, kind="stable")
                 ts, end, rows = ts[o], end[o], rows[o]
-            self._cache[key] = (ts, end, rows)
+            self._cache[key] = (ts, end, rows, iv.block_maxima(end))
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
         """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
-        ts, end, rows = self._rows("op", pid, tid)
-        hit = iv.enclosing_sorted(ts, end, t)
+        ts, end, rows, maxima = self._rows("op", pid, tid)
+        hit = iv.enclosing_sorted(ts, end, t, maxima)
         return int(rows[hit[-1]]) if len(hit) else -1
 
     def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
         """Python frames enclosing instant t on the thread, outermost first; None without any."""
-        ts, end, rows = self._rows("py", pid, tid)
-        hit = iv.enclosing_sorted(ts, end, t)
+        ts, end, rows, maxima = self._rows("py", pid, tid)
+        hit = iv.enclosing_sorted(ts, end, t, maxima)
         if not len(hit):
             return None
         names = self.trace.names

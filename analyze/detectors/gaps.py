@@ -120,7 +120,7 @@ def run(trace: Trace, ctx: Context) -> GapsResult:
     classify(trace, table, calls, segments)
     _mark_outside_steps(table, steady_state.window_of(ctx))
     streams, idle = stream_gaps(trace, min_gap)
-    return _result(trace, ctx, table, streams, idle, min_gap_us, _top(trace, table))
+    return _result(trace, ctx, table, streams, idle, min_gap_us, _top(trace, table, ctx.shared(HostLookup)))
 
 
 def refresh(previous: GapsResult, trace: Trace, ctx: Context) -> GapsResult | None:
@@ -471,10 +471,9 @@ def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> di
     }}
 
 
-def _top(trace: Trace, table: pd.DataFrame) -> list[dict[str, Any]]:
+def _top(trace: Trace, table: pd.DataFrame, host: HostLookup) -> list[dict[str, Any]]:
     g = table[~table["graph_replay"]].sort_values("dur_us", ascending=False, kind="stable").head(TOP_GAPS)
     names = trace.names
-    host = HostLookup(trace)
     out = []
     for r in g.itertuples():
         op_row, stack = -1, None

@@ -154,7 +154,7 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
     items["phase"], items["step"], items["region"] = segment_labels(segments, seg, items.index)
     for col in ("op", "copy", "waited_for"):
         items[col] = items[col].astype(object).where(items[col].notna(), None)
-    items["stack"] = _stacks(trace, calls, items)
+    items["stack"] = _stacks(trace, calls, items, ctx.shared(HostLookup))
     items["point"] = point_ids(items["op"].to_numpy(dtype=object), cause)
     return _result(trace, ctx, items, float(blocked.sum()) / US)
 
@@ -300,11 +300,10 @@ def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
     return per_row.reindex(rows).fillna(0.0).to_numpy(float)
 
 
-def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame) -> list[list[str] | None]:
+def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame, host: HostLookup) -> list[list[str] | None]:
     out = recorded_stacks(trace, items["op_row"].to_numpy())
     if trace.narrow(("python_function",), PYTHON_COLUMNS).empty or not len(items):
         return out
-    host = HostLookup(trace)
     longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]
     for i in longest:
         if out[i] is None and calls["pid"].iat[i] >= 0:

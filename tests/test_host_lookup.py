@@ -1,0 +1,71 @@
+"""What the host was doing at an instant: enclosing intervals through block maxima, and the Python
+stack of a gap on a thread with many thousand frames (the serving-engine shape)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tokentrace
+from tokentrace.analysis.common import intervals as iv
+
+
+def _nested_frames(rng: np.random.Generator, calls: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start-sorted intervals of a call tree (Python frames: nested, many short leaves under a few
+    long-lived outer frames), with some overlapping non-nested intervals mixed in."""
+    starts: list[int] = [0, 1]
+    ends: list[int] = [10**12, 10**12 - 1]  # two outer frames that enclose everything
+    t = 10
+    stack: list[int] = []
+    for _ in range(calls):
+        if stack and (len(stack) >= 40 or rng.random() < 0.5):  # a Python stack's depth is bounded
+            t += int(rng.integers(1, 5))
+            ends[stack.pop()] = t
+            continue
+        t += int(rng.integers(1, 5))
+        starts.append(t)
+        ends.append(-1)
+        stack.append(len(starts) - 1)
+        if rng.random() < 0.01:  # an interval that overlaps its neighbours without nesting
+            starts.append(t)
+            ends.append(t + int(rng.integers(50, 500)))
+    for i in stack:
+        t += 1
+        ends[i] = t
+    s, e = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    o = np.argsort(s, kind="stable")
+    return s[o], e[o]
+
+
+def test_block_maxima_give_the_same_enclosing_intervals_as_a_full_scan():
+    rng = np.random.default_rng(7)
+    s, e = _nested_frames(rng, 120_000)
+    maxima = iv.block_maxima(e)
+    assert len(maxima) == -(-len(e) // iv.ENCLOSING_BLOCK)
+    instants = np.r_[rng.integers(int(s[0]), int(s[-1]) + 10, 300), s[::5000], e[::7000], [-5, 0, 1, 10**12, 10**13]]
+    fast_path = 0
+    for t in instants.tolist():
+        want = iv.enclosing(s, e, t)
+        assert np.array_equal(iv.enclosing_sorted(s, e, t), want)
+        assert np.array_equal(iv.enclosing_sorted(s, e, t, maxima), want)
+        k = int(np.searchsorted(s, t, side="right"))
+        blocks = np.flatnonzero(maxima[:-(-k // iv.ENCLOSING_BLOCK)] > t)
+        fast_path += len(blocks) * iv.ENCLOSING_BLOCK * 4 < k
+        if len(want) > 2:  # outermost first: the two frames that enclose everything lead
+            assert want[:2].tolist() == [0, 1]
+    # Most instants lie deep in a long thread: the block path is the one these checks held.
+    assert fast_path > 200
+
+
+def test_gap_stack_read_from_a_thread_with_thousands_of_frames(builder, tmp_path):
+    # 20,000 short frames before the gap, then the frames the gap sits in, on the one host thread
+    # (every Python row on one thread: the lookup reads the view in place) ...
+    builder.python("main.py(1): serve", 0, 100_000, pyid=1)
+    for i in range(20_000):
+        builder.python("step.py(5): tick", 1 + i * 2, 1, pyid=10 + i, parent=1)
+    builder.python("engine.py(7): schedule", 60_000, 30_000, pyid=5, parent=1)
+    builder.python("engine.py(9): wait", 60_100, 500, pyid=6, parent=5)
+    builder.launch("k_a", 59_000, 59_000, 1000)  # [59000, 60000)
+    builder.launch("k_b", 60_700, 60_705, 10)  # gap [60000, 60705): the host in engine.py's frames
+    g = tokentrace.analyze(builder.load(tmp_path)).gaps.to_json()["top"][0]
+    assert g["dur_us"] == 705.0 and g["cause"] == "cpu_busy"
+    assert g["stack"] == ["main.py(1): serve", "engine.py(7): schedule", "engine.py(9): wait"]
