@@ -3,10 +3,14 @@ stack of a gap on a thread with many thousand frames (the serving-engine shape).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+from tracebuilder import HOST_TID
 
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.host import HostLookup
 
 
 def _nested_frames(rng: np.random.Generator, calls: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +44,11 @@ def test_block_maxima_give_the_same_enclosing_intervals_as_a_full_scan():
     rng = np.random.default_rng(7)
     s, e = _nested_frames(rng, 120_000)
     maxima = iv.block_maxima(e)
+    keep = rng.random(len(s)) < 0.7
+    keep[:2] = True
+    masked = iv.block_maxima(e, keep)
+    assert np.array_equal(masked, [e[i:i + iv.ENCLOSING_BLOCK][keep[i:i + iv.ENCLOSING_BLOCK]].max(initial=np.iinfo(np.int64).min)
+                                   for i in range(0, len(e), iv.ENCLOSING_BLOCK)])
     assert len(maxima) == -(-len(e) // iv.ENCLOSING_BLOCK)
     instants = np.r_[rng.integers(int(s[0]), int(s[-1]) + 10, 300), s[::5000], e[::7000], [-5, 0, 1, 10**12, 10**13]]
     fast_path = 0
@@ -52,6 +61,9 @@ def test_block_maxima_give_the_same_enclosing_intervals_as_a_full_scan():
         fast_path += len(blocks) * iv.ENCLOSING_BLOCK * 4 < k
         if len(want) > 2:  # outermost first: the two frames that enclose everything lead
             assert want[:2].tolist() == [0, 1]
+        # Counting only some intervals (one thread's among all events): the marked ones of a full scan.
+        assert np.array_equal(iv.enclosing_sorted(s, e, t, masked, keep), want[keep[want]])
+        assert np.array_equal(iv.enclosing_sorted(s, e, t, None, keep), want[keep[want]])
     # Most instants lie deep in a long thread: the block path is the one these checks held.
     assert fast_path > 200
 
@@ -69,3 +81,25 @@ def test_gap_stack_read_from_a_thread_with_thousands_of_frames(builder, tmp_path
     g = tokentrace.analyze(builder.load(tmp_path)).gaps.to_json()["top"][0]
     assert g["dur_us"] == 705.0 and g["cause"] == "cpu_busy"
     assert g["stack"] == ["main.py(1): serve", "engine.py(7): schedule", "engine.py(9): wait"]
+
+
+def test_lookup_reads_events_out_of_start_order_the_same(builder, tmp_path):
+    # Two threads' frames; the same lookups on the events as loaded (in start order: read in
+    # place) and on the same events reversed (sorted per thread instead). Instants in ns.
+    builder.python("a.py(1): outer", 0, 1000, pyid=1)
+    builder.python("a.py(2): inner", 100, 300, pyid=2, parent=1)
+    builder.python("b.py(1): other thread", 50, 900, tid=7, pyid=3)
+    builder.cpu_op("aten::mm", 150, 50)
+    trace = builder.load(tmp_path)
+    flipped = replace(trace, events=trace.events.iloc[::-1].reset_index(drop=True))
+    for tr in (trace, flipped):
+        host = HostLookup(tr)
+        pid = int(tr.events["pid"].iloc[0])
+        assert host.python_stack(pid, HOST_TID, 200_000) == ["a.py(1): outer", "a.py(2): inner"]
+        assert host.python_stack(pid, 7, 200_000) == ["b.py(1): other thread"]
+        assert host.python_stack(pid, HOST_TID, 2_000_000) is None
+        row = host.op_at(pid, HOST_TID, 160_000)
+        assert row >= 0 and tr.names[row] == "aten::mm"
+        assert host.op_at(pid, HOST_TID, 250_000) == -1
+    assert HostLookup(trace)._rows("py", pid, HOST_TID).rows is None  # in start order: no copy
+    assert HostLookup(flipped)._rows("py", pid, HOST_TID).rows is not None

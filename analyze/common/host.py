@@ -3,52 +3,76 @@ recorded call stack: the lookups behind the `op` and `stack` of top gaps and lon
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import Trace
+
+
+@dataclass
+class _Thread:
+    """One thread's ops or frames for lookups: start-sorted ts and end, the event rows they are
+    (None: the positions are event rows), the mask of those that are the thread's (None: all),
+    and their block maxima (intervals.block_maxima)."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    rows: np.ndarray | None
+    keep: np.ndarray | None
+    maxima: np.ndarray
+
+    def enclosing(self, t: int) -> np.ndarray:
+        """Event rows of the thread's intervals enclosing t, outermost first."""
+        hit = iv.enclosing_sorted(self.ts, self.end, t, self.maxima, self.keep)
+        return hit if self.rows is None else self.rows[hit]
 
 
 class HostLookup:
     """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
 
-    Each thread's ops and frames are selected once (sorted by start: a lookup scans only the rows
-    that start before its instant), so it is meant for a handful of instants (top gaps, longest
-    syncs), not for every event."""
+    Each thread's ops and frames are marked once; the lookups read the events' own columns when
+    the events are in start order (as loaded): no frame of a serving engine's millions of Python
+    frames is built or copied. Meant for a handful of instants (top gaps, longest syncs), not for
+    every event; one per run (`ctx.shared(HostLookup)`)."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self._cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._cache: dict[tuple[str, int, int], _Thread] = {}
+        self._in_order: bool | None = None
 
-    def _rows(self, what: str, pid: int, tid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _rows(self, what: str, pid: int, tid: int) -> _Thread:
         key = (what, pid, tid)
         if key not in self._cache:
-            df = self.trace.narrow(("cpu_op",), OP_COLUMNS) if what == "op" else self.trace.narrow(("python_function",), PYTHON_COLUMNS)
-            on = (df["pid"].to_numpy() == pid) & (df["tid"].to_numpy() == tid)
-            ts, end, rows = df["ts"].to_numpy(), df["end"].to_numpy(), df.index.to_numpy(np.int64)
-            if not on.all():  # one thread holding every row (a serving engine's Python frames) is read in place
-                at = np.flatnonzero(on)
-                ts, end, rows = ts[at], end[at], rows[at]
-            if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # views follow the events' start order; else sort (stable: ties keep theirs)
-                o = np.argsort(ts, kind="stable")
-                ts, end, rows = ts[o], end[o], rows[o]
-            self._cache[key] = (ts, end, rows, iv.block_maxima(end))
+            ev = self.trace.events
+            ts, end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+            if self._in_order is None:
+                self._in_order = bool((ts[1:] >= ts[:-1]).all())
+            keep = self.trace.kind_mask("cpu_op" if what == "op" else "python_function")
+            keep &= ev["pid"].to_numpy() == pid
+            keep &= ev["tid"].to_numpy() == tid
+            if self._in_order:
+                th = _Thread(ts, end, None, keep, iv.block_maxima(end, keep))
+            else:  # sorted by start (stable: ties keep the events' order)
+                rows = np.flatnonzero(keep)
+                rows = rows[np.argsort(ts[rows], kind="stable")]
+                th = _Thread(ts[rows], end[rows], rows, None, iv.block_maxima(end[rows]))
+            self._cache[key] = th
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
         """Row of the innermost cpu op running at instant t on the thread, -1 if none."""
-        ts, end, rows, maxima = self._rows("op", pid, tid)
-        hit = iv.enclosing_sorted(ts, end, t, maxima)
-        return int(rows[hit[-1]]) if len(hit) else -1
+        hit = self._rows("op", pid, tid).enclosing(t)
+        return int(hit[-1]) if len(hit) else -1
 
     def python_stack(self, pid: int, tid: int, t: int) -> list[str] | None:
         """Python frames enclosing instant t on the thread, outermost first; None without any."""
-        ts, end, rows, maxima = self._rows("py", pid, tid)
-        hit = iv.enclosing_sorted(ts, end, t, maxima)
+        hit = self._rows("py", pid, tid).enclosing(t)
         if not len(hit):
             return None
         names = self.trace.names
-        return [str(n) for n in names[rows[hit]]]
+        return [str(n) for n in names[hit]]
 
 
 def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:

@@ -182,20 +182,33 @@ def enclosing(starts: np.ndarray, ends: np.ndarray, t: int) -> np.ndarray:
 ENCLOSING_BLOCK = 2048  # intervals per block of `block_maxima`
 
 
-def block_maxima(ends: np.ndarray) -> np.ndarray:
-    """The largest end of each block of ENCLOSING_BLOCK intervals (for `enclosing_sorted`)."""
+def block_maxima(ends: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """The largest end of each block of ENCLOSING_BLOCK intervals (for `enclosing_sorted`), of
+    those `keep` marks when given (a block without one: the smallest int64)."""
     e = _arr(ends)
-    return np.maximum.reduceat(e, np.arange(0, len(e), ENCLOSING_BLOCK)) if len(e) else np.empty(0, I64)
+    if not len(e):
+        return np.empty(0, I64)
+    if keep is None:
+        return np.maximum.reduceat(e, np.arange(0, len(e), ENCLOSING_BLOCK))
+    out = np.empty(-(-len(e) // ENCLOSING_BLOCK), I64)
+    step = 256 * ENCLOSING_BLOCK  # a chunk at a time: no full-length temporary
+    for a in range(0, len(e), step):
+        part = np.where(keep[a:a + step], e[a:a + step], np.iinfo(I64).min)
+        out[a // ENCLOSING_BLOCK:(a + len(part) - 1) // ENCLOSING_BLOCK + 1] = np.maximum.reduceat(
+            part, np.arange(0, len(part), ENCLOSING_BLOCK))
+    return out
 
 
-def enclosing_sorted(starts: np.ndarray, ends: np.ndarray, t: int, maxima: np.ndarray | None = None) -> np.ndarray:
+def enclosing_sorted(starts: np.ndarray, ends: np.ndarray, t: int, maxima: np.ndarray | None = None,
+                     keep: np.ndarray | None = None) -> np.ndarray:
     """`enclosing(starts, ends, t)` for intervals sorted by start: only those starting at or
     before t are tested (the same positions in the same order: ties keep their given order).
+    `keep` (a mask over the intervals) counts only the marked ones.
 
-    `maxima` (`block_maxima(ends)`, kept by a caller that asks many instants of one thread) limits
-    the test to the blocks holding an interval that ends after t: the frames enclosing an instant
-    are a few dozen among millions (a serving trace's thread holds 3 M Python frames), so a lookup
-    reads a few blocks instead of every interval that started before it."""
+    `maxima` (`block_maxima(ends, keep)`, kept by a caller that asks many instants of one thread)
+    limits the test to the blocks holding an interval that ends after t: the frames enclosing an
+    instant are a few dozen among millions (a serving trace's thread holds 3 M Python frames), so
+    a lookup reads a few blocks instead of every interval that started before it."""
     s, e = _arr(starts), _arr(ends)
     k = int(np.searchsorted(s, t, side="right"))
     B = ENCLOSING_BLOCK
@@ -203,9 +216,15 @@ def enclosing_sorted(starts: np.ndarray, ends: np.ndarray, t: int, maxima: np.nd
     if blocks is not None and len(blocks) * B * 4 < k:
         pos = (blocks[:, None] * B + np.arange(B)).ravel()
         pos = pos[pos < k]
-        hit = pos[e[pos] > t]
+        sel = e[pos] > t
+        if keep is not None:
+            sel &= keep[pos]
+        hit = pos[sel]
     else:
-        hit = np.flatnonzero(e[:k] > t)
+        sel = e[:k] > t
+        if keep is not None:
+            sel &= keep[:k]
+        hit = np.flatnonzero(sel)
     if not len(hit):
         return hit
     order = np.lexsort((-e[hit], s[hit]))

@@ -34,7 +34,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_ca
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -302,7 +302,7 @@ def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
 
 def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame, host: HostLookup) -> list[list[str] | None]:
     out = recorded_stacks(trace, items["op_row"].to_numpy())
-    if trace.narrow(("python_function",), PYTHON_COLUMNS).empty or not len(items):
+    if not len(items) or not trace.kind_mask("python_function").any():
         return out
     longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]
     for i in longest:
