@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 
 
 @dataclass
 class _Thread:
-    """One thread's ops or frames for lookups: start-sorted ts and end, the event rows they are
-    (None: the positions are event rows), the mask of those that are the thread's (None: all),
-    and their block maxima (intervals.block_maxima)."""
+    """One thread's ops or frames for lookups: start-sorted ts and end, the event rows at those
+    positions (None: the positions are event rows), the mask of the thread's own (None: all), and
+    their block maxima (intervals.block_maxima)."""
 
     ts: np.ndarray
     end: np.ndarray
@@ -32,33 +32,34 @@ class _Thread:
 class HostLookup:
     """What a host thread was doing at an instant: the innermost cpu op and the Python stack.
 
-    Each thread's ops and frames are marked once; the lookups read the events' own columns when
-    the events are in start order (as loaded): no frame of a serving engine's millions of Python
-    frames is built or copied. Meant for a handful of instants (top gaps, longest syncs), not for
-    every event; one per run (`ctx.shared(HostLookup)`)."""
+    A thread's ops or frames are a mask over where they already lie, read in place when those are
+    in start order (as loaded): ops over the cpu-op frame the detectors share, Python frames over
+    the events themselves, so no frame of a serving engine's millions of Python frames is built
+    or copied. Meant for a handful of instants (top gaps, longest syncs), not for every event; one
+    per run (`ctx.shared(HostLookup)`)."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self._cache: dict[tuple[str, int, int], _Thread] = {}
-        self._in_order: bool | None = None
+        self._in_order: dict[str, bool] = {}
 
     def _rows(self, what: str, pid: int, tid: int) -> _Thread:
         key = (what, pid, tid)
         if key not in self._cache:
-            ev = self.trace.events
-            ts, end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-            if self._in_order is None:
-                self._in_order = bool((ts[1:] >= ts[:-1]).all())
-            keep = self.trace.kind_mask("cpu_op" if what == "op" else "python_function")
-            keep &= ev["pid"].to_numpy() == pid
-            keep &= ev["tid"].to_numpy() == tid
-            if self._in_order:
-                th = _Thread(ts, end, None, keep, iv.block_maxima(end, keep))
-            else:  # sorted by start (stable: ties keep the events' order)
-                rows = np.flatnonzero(keep)
-                rows = rows[np.argsort(ts[rows], kind="stable")]
-                th = _Thread(ts[rows], end[rows], rows, None, iv.block_maxima(end[rows]))
-            self._cache[key] = th
+            if what == "op":
+                df = self.trace.narrow(("cpu_op",), OP_COLUMNS)
+                ts, end, rows = df["ts"].to_numpy(), df["end"].to_numpy(), df.index.to_numpy(np.int64)
+                pids, tids, mine = df["pid"].to_numpy(), df["tid"].to_numpy(), None
+            else:
+                ev = self.trace.events
+                ts, end, rows = ev["ts"].to_numpy(), ev["end"].to_numpy(), None
+                pids, tids, mine = ev["pid"].to_numpy(), ev["tid"].to_numpy(), self.trace.kind_mask("python_function")
+            keep = (pids == pid) & (tids == tid)
+            if mine is not None:
+                keep &= mine
+            if what not in self._in_order:
+                self._in_order[what] = bool((ts[1:] >= ts[:-1]).all())
+            self._cache[key] = _thread(ts, end, rows, keep, self._in_order[what])
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
@@ -73,6 +74,19 @@ class HostLookup:
             return None
         names = self.trace.names
         return [str(n) for n in names[hit]]
+
+
+def _thread(ts: np.ndarray, end: np.ndarray, rows: np.ndarray | None, keep: np.ndarray, in_order: bool) -> _Thread:
+    """The marked intervals as a _Thread: in place when in start order, else a sorted copy
+    (stable: ties keep their order)."""
+    if not keep.any():
+        return _Thread(ts[:0], end[:0], None, None, iv.block_maxima(end[:0]))
+    if in_order:
+        mark = None if keep.all() else keep
+        return _Thread(ts, end, rows, mark, iv.block_maxima(end, mark))
+    at = np.flatnonzero(keep)
+    at = at[np.argsort(ts[at], kind="stable")]
+    return _Thread(ts[at], end[at], at if rows is None else rows[at], None, iv.block_maxima(end[at]))
 
 
 def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
