@@ -34,9 +34,10 @@ random steps and on every step of the real traces), so an analysis never imports
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -48,6 +49,9 @@ from tokentrace.analysis.segments import Segments
 
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built (0.2 s): never in an analysis
+
+# A step's host calls or GPU work for step_path: a frame, or its columns as arrays.
+Columns: TypeAlias = "pd.DataFrame | Mapping[str, np.ndarray]"
 
 # A side owning at least this share of the critical path bounds the step; between the two
 # thresholds neither side dominates ("mixed"). 0.6 keeps a step with a near-even split (where
@@ -185,7 +189,7 @@ def longest_path(G: nx.DiGraph) -> StepPath:
 _NEG = -(1 << 62)  # minus infinity for int64 path lengths (real lengths are far smaller)
 
 
-def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) -> StepPath:
+def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPath:
     """`longest_path(step_graph(host, gpu, start, host_end))` without building the graph.
 
     The same longest path, node for node, ties broken as networkx breaks them (the first
@@ -197,11 +201,12 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
     stream, not once per node. tests/test_critical_path.py checks it equals networkx on every step
     of the real traces.
     """
-    hts = host["ts"].to_numpy(np.int64)
-    hend = host["end"].to_numpy(np.int64)
-    hblock = host["blocking"].to_numpy(bool)
-    hrow = host["row"].to_numpy(np.int64)
-    nh, ng = len(hts), len(gpu)
+    hts = np.asarray(host["ts"], np.int64)
+    hend = np.asarray(host["end"], np.int64)
+    hblock = np.asarray(host["blocking"], bool)
+    hrow = np.asarray(host["row"], np.int64)
+    gts = np.asarray(gpu["ts"], np.int64)
+    nh, ng = len(hts), len(gts)
     base = 2 * nh
     n = base + ng + 2
     iS, iE = n - 2, n - 1  # internal indices of S and E
@@ -213,11 +218,10 @@ def step_path(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int) 
         w = np.maximum(0, np.r_[hts[1:], host_end] - out_time)
         w_s = max(0, int(hts[0]) - start)
     if ng:
-        gts = gpu["ts"].to_numpy(np.int64)
-        gdur = np.maximum(gpu["end"].to_numpy(np.int64) - gts, 0)
-        stream = gpu["stream"].to_numpy(np.int64)
-        launch = gpu["launch"].to_numpy(np.int64)
-        ci = np.searchsorted(hts, gpu["launch_ts"].to_numpy(np.int64), side="right") - 1 if nh else np.full(ng, -1)
+        gdur = np.maximum(np.asarray(gpu["end"], np.int64) - gts, 0)
+        stream = np.asarray(gpu["stream"], np.int64)
+        launch = np.asarray(gpu["launch"], np.int64)
+        ci = np.searchsorted(hts, np.asarray(gpu["launch_ts"], np.int64), side="right") - 1 if nh else np.full(ng, -1)
         here = (ci >= 0) & (launch >= 0)
         here[here] = hrow[ci[here]] == launch[here]
         order = np.lexsort((gts, ci, stream))
@@ -355,46 +359,47 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     tids = table["tid"].to_numpy(np.int64)
     on_thread = rseg >= 0
     on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[keep][on_thread] == tids[rseg[on_thread]]
-    host = pd.DataFrame({
-        "seg": rseg, "row": rt.index.to_numpy(np.int64)[keep], "ts": r_ts,
-        "end": rt["end"].to_numpy(np.int64)[keep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep],
-    })[on_thread].sort_values(["seg", "ts"])
+    # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
+    # a groupby of the host calls) cost more than the walk itself.
+    hkeep = np.flatnonzero(on_thread)
+    h_cols = {"seg": rseg[hkeep], "row": rt.index.to_numpy(np.int64)[keep][hkeep], "ts": r_ts[hkeep],
+              "end": rt["end"].to_numpy(np.int64)[keep][hkeep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep][hkeep]}
+    horder = np.lexsort((h_cols["ts"], h_cols["seg"]))  # sort_values(["seg", "ts"]): stable
+    h_cols = {c: v[horder] for c, v in h_cols.items()}
+    h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu
     launch = gpu["launch"].to_numpy(np.int64)
     gts = gpu["ts"].to_numpy(np.int64)
-    g = pd.DataFrame({
-        "seg": segs.locate_rows(trace, gpu.index), "row": gpu.index.to_numpy(np.int64), "ts": gts,
-        "end": gpu["end"].to_numpy(np.int64), "stream": gpu["stream"].to_numpy(np.int64), "launch": launch,
-        "launch_ts": np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts),
-    }).sort_values("launch_ts", kind="stable")
-    g_launch_ts = g["launch_ts"].to_numpy(np.int64)
-    g_end = g["end"].to_numpy(np.int64)
-    g_seg = g["seg"].to_numpy(np.int64)
+    g_launch_ts = np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts)
+    gorder = np.argsort(g_launch_ts, kind="stable")
+    g_cols = {"seg": segs.locate_rows(trace, gpu.index)[gorder], "row": gpu.index.to_numpy(np.int64)[gorder], "ts": gts[gorder],
+              "end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
+              "launch": launch[gorder], "launch_ts": g_launch_ts[gorder]}
+    g_launch_ts, g_end, g_seg, g_ts = g_cols["launch_ts"], g_cols["end"], g_cols["seg"], g_cols["ts"]
 
-    wanted = set(seg_ids.tolist())
-    host_by = {k: v for k, v in host[host["seg"].isin(wanted)].groupby("seg")}
-    # Each step's GPU rows as positions in g (in g's order, as a groupby keeps them); its frame is
-    # built once from the columns, not by iloc, copy and concat per step.
+    # Each step's GPU rows as positions in launch order (the order a groupby keeps).
     in_wanted = np.flatnonzero(np.isin(g_seg, seg_ids))
-    gpu_pos = {int(k): v for k, v in pd.Series(in_wanted).groupby(g_seg[in_wanted]).groups.items()} if len(in_wanted) else {}
-    g_cols = {c: g[c].to_numpy() for c in g.columns}
-    g_ts = g_cols["ts"]
+    by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
+    sorted_seg = g_seg[by_seg]
     starts = table["start"].to_numpy(np.int64)
     rows = []
-    for s in seg_ids:
+    for s in seg_ids.tolist():
         start, hend, send = int(starts[s]), int(host_end[s]), int(step_end[s])
         # GPU work launched before the step and still running at its start.
         p = int(np.searchsorted(g_launch_ts, start, side="left"))
         lo = max(0, p - CARRY_WINDOW)
         carried = np.flatnonzero((g_end[lo:p] > start) & (g_seg[lo:p] != s)) + lo
-        own = in_wanted[np.asarray(gpu_pos.get(int(s), []), dtype=np.int64)]
-        at = np.concatenate([carried, own])
-        part = {c: v[at] for c, v in g_cols.items()}
-        part["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_ts[own]])
-        mine = pd.DataFrame(part, index=g.index[at])
-        h = host_by.get(s, host.iloc[:0])
-        path = longest_path(step_graph(h, mine, start, hend)) if USE_NETWORKX else step_path(h, mine, start, hend)
+        a, b = np.searchsorted(sorted_seg, s, side="left"), np.searchsorted(sorted_seg, s, side="right")
+        at = np.concatenate([carried, by_seg[a:b]])
+        mine = {c: v[at] for c, v in g_cols.items()}
+        mine["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_ts[by_seg[a:b]]])
+        a, b = np.searchsorted(h_seg, s, side="left"), np.searchsorted(h_seg, s, side="right")
+        h = {c: v[a:b] for c, v in h_cols.items()}
+        if USE_NETWORKX:
+            path = longest_path(step_graph(pd.DataFrame(h), pd.DataFrame(mine), start, hend))
+        else:
+            path = step_path(h, mine, start, hend)
         share = path.cpu_share
         wait = max(0, send - start - path.cpu_ns - path.gpu_ns)
         rows.append((int(s), path.cpu_ns, path.gpu_ns, wait, share, None if share is None else 1.0 - share, verdict(share)))
