@@ -87,13 +87,21 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the first row of each group. Numpy sums over these ids replace a groupby of a million-row
     DataFrame, whose construction alone copies every column into a new block."""
     key = np.zeros(len(keys[0]), dtype=np.int64)
+    top = 0  # key.max(), tracked: the keys only grow
     for k in keys:
-        k = np.asarray(k, dtype=np.int64)
+        k = np.asarray(k)
+        if k.dtype.kind not in "biu" or k.dtype == np.uint64:  # what int64 cannot take in place
+            k = k.astype(np.int64)
         lo = int(k.min())
         span = int(k.max()) - lo + 1
-        if (int(key.max()) + 1) * span >= 2**62:  # renumber densely before the product overflows
+        if (top + 1) * span >= 2**62:  # renumber densely before the product overflows
             key = pd.factorize(key)[0].astype(np.int64)
-        key = key * span + (k - lo)
+            top = int(key.max())
+        # In place (k in its own narrow type, widened by the ufunc): no temporary per key.
+        key *= span
+        key += k
+        key -= lo
+        top = top * span + span - 1
     gid = pd.factorize(key)[0].astype(np.int64)
     # First appearances come in id order: a row starts a group iff its id exceeds all before it.
     first = np.flatnonzero(np.r_[True, gid[1:] > np.maximum.accumulate(gid)[:-1]])

@@ -163,8 +163,9 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     (thread, start) keys, instead of two three-key lexsorts."""
     o_ts = ts[op_rows].astype(np.int64)
     lo, hi = int(min(o_ts.min(), ts[at_rows].min())), int(max(o_ts.max(), ts[at_rows].max()))
-    pair = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)  # one integer per (pid, tid)
-    thread, uniq = pd.factorize(np.concatenate([pair[op_rows], pair[at_rows]]))
+    rows = np.concatenate([op_rows, at_rows])
+    # One integer per (pid, tid), of these rows only (not of every event).
+    thread, uniq = pd.factorize((pid[rows].astype(np.int64) << 32) | (tid[rows].astype(np.int64) & 0xFFFFFFFF))
     span = hi - lo + 1
     if len(uniq) * span >= 2**62 or len(uniq) > 2**15 or (o_ts[1:] < o_ts[:-1]).any():
         return None
