@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _RUN = r"""
 import sys, time
 t0, c0 = time.perf_counter(), time.process_time()
+from tokentrace.analysis.allocator import keep_freed_blocks
+keep_freed_blocks()  # as the tokentrace program does when it starts
 from tokentrace.analysis.compare.diff import diff
 diff(sys.argv[1], sys.argv[2]).to_json()
 print(f"{time.perf_counter() - t0:.2f} ({time.process_time() - c0:.2f})")

@@ -46,6 +46,17 @@ def main(debug: bool) -> None:
         os.environ["TOKENTRACE_DEBUG"] = "1"
 
 
+def run() -> None:
+    """The `tokentrace` program (console script and `python -m tokentrace`): `main`, in a process
+    that exits after the command, so the allocator may keep large freed blocks for reuse
+    (analysis.allocator: fewer page faults in the detectors of a large trace). Tests invoke
+    `main` itself, leaving their process's allocator alone."""
+    from tokentrace.analysis.allocator import keep_freed_blocks
+
+    keep_freed_blocks()
+    main()
+
+
 def _add_commands() -> None:
     # Imported here, after `main` exists; each module is light (no torch, no pandas at import).
     from tokentrace.cli.analyze import analyze_cmd
