@@ -181,9 +181,15 @@ def test_qwen_attribution_conserves_gpu_time():
             full["total_ns"][g_op] += d
             full["total_count"][g_op] += 1
             g_op = parent[g_op]
-    every = att.at(np.arange(n))
+    every = att.at(np.arange(n))  # many rows in order: the ops are looked up among the rows
+    rng = np.random.default_rng(3)
+    shuffled = rng.permutation(n)[: n // 3]
+    repeated = np.r_[shuffled, shuffled[:100]]  # out of order, some twice: each row looked up in the ops
     for k, want in full.items():
         np.testing.assert_array_equal(getattr(every, k), want)
+        np.testing.assert_array_equal(getattr(att.at(shuffled), k), want[shuffled])
+        np.testing.assert_array_equal(getattr(att.at(repeated), k), want[repeated])
+    np.testing.assert_array_equal(att.ops[att.pair_at], att.pair_op)  # each pair's op by its place
     assert len(att.ops) < n / 4  # compact: ops under which something was launched, not every event
     sdpa = res.ops[res.ops["name"] == "aten::scaled_dot_product_attention"].iloc[0]
     assert sdpa["calls"] == 24 and sdpa["input_dims"][0] == [16, 16, 559, 64]

@@ -67,25 +67,36 @@ class OpGpu:
     total_ns: np.ndarray
     self_count: np.ndarray
     total_count: np.ndarray
-    # Every (op row, GPU row) pair where the GPU activity was launched under the op, all levels.
+    # Every (op row, GPU row) pair where the GPU activity was launched under the op, all levels,
+    # and the position of each pair's op in `ops`.
     pair_op: np.ndarray
     pair_gpu: np.ndarray
+    pair_at: np.ndarray
 
-    def at(self, rows: np.ndarray) -> OpGpuRows:
-        """The four values of each row in `rows` (0 for a row under which nothing was launched)."""
+    def at(self, rows: np.ndarray, positions: tuple[np.ndarray, np.ndarray] | None = None) -> OpGpuRows:
+        """The four values of each row in `rows` (0 for a row under which nothing was launched);
+        `positions`: `self.positions(rows)` when the caller has it."""
         rows = np.asarray(rows, dtype=np.int64)
-        hit = np.zeros(len(rows), dtype=bool)
-        pos = np.zeros(len(rows), dtype=np.int64)
-        if len(self.ops) and len(rows):
-            pos = np.minimum(np.searchsorted(self.ops, rows), len(self.ops) - 1)
-            hit = self.ops[pos] == rows
+        out = [np.zeros(len(rows), dtype=v.dtype) for v in (self.self_ns, self.total_ns, self.self_count, self.total_count)]
+        dest, src = self.positions(rows) if positions is None else positions
+        for o, v in zip(out, (self.self_ns, self.total_ns, self.self_count, self.total_count), strict=True):
+            o[dest] = v[src]
+        return OpGpuRows(*out)
 
-        def take(values: np.ndarray) -> np.ndarray:
-            out = np.zeros(len(rows), dtype=values.dtype)
-            out[hit] = values[pos[hit]]
-            return out
-
-        return OpGpuRows(take(self.self_ns), take(self.total_ns), take(self.self_count), take(self.total_count))
+    def positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in `rows`, positions in `ops`) of the rows that are ops here. For many rows in
+        order (every cpu op of a trace) the ops are looked up among the rows (a search per op, not
+        per row: ops under which GPU work ran are a fraction of them)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(self.ops) or not len(rows):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        if len(rows) > len(self.ops) and bool((rows[1:] > rows[:-1]).all()):
+            pos = np.minimum(np.searchsorted(rows, self.ops), len(rows) - 1)
+            src = np.flatnonzero(rows[pos] == self.ops)
+            return pos[src], src
+        pos = np.minimum(np.searchsorted(self.ops, rows), len(self.ops) - 1)
+        dest = np.flatnonzero(self.ops[pos] == rows)
+        return dest, pos[dest]
 
 
 @dataclass
@@ -134,4 +145,4 @@ def op_gpu(trace: Trace) -> OpGpu:
     self_count = np.bincount(self_at, minlength=k).astype(np.int64, copy=False)
     total_ns = np.bincount(at, weights=_concat(pair_dur, float), minlength=k).astype(float, copy=False)
     total_count = np.bincount(at, minlength=k).astype(np.int64, copy=False)
-    return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, _concat(pair_gpu, np.int64))
+    return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, _concat(pair_gpu, np.int64), at.astype(np.int64, copy=False))

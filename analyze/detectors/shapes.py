@@ -127,7 +127,8 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     gid, first = group_ids(all_names[rows], value_codes(ops["input_dims"].to_numpy()),
                            value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
-    of_rows = att.at(rows)
+    at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
+    of_rows = att.at(rows, (at_rows, at_ops))
     out = pd.DataFrame({
         "first_row": rows[first], "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
         "cpu_total_us": _sum(gid, n_groups, ops["dur"].to_numpy()) / US,
@@ -138,13 +139,14 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     out["name"] = _label(labels, all_names[rows[first]])
     out["phase"] = np.asarray(phase_u, dtype=object)[phase_c[first]]
     out["gpu_mean_us"] = out["gpu_total_us"] / out["calls"]
-    # The kernel that took most of each group's GPU time (over all nesting levels).
-    group_of_row = np.full(len(ev), -1, dtype=np.int64)
-    group_of_row[rows] = gid
+    # The kernel that took most of each group's GPU time (over all nesting levels), each pair's
+    # group through its op's place among the ops (no array over every event).
+    group_of_op = np.full(len(att.ops), -1, dtype=np.int64)
+    group_of_op[at_ops] = gid[at_rows]
     out["top_kernel"] = None
     out["top_kernel_us"] = np.nan
     if len(att.pair_op):
-        g = group_of_row[att.pair_op]
+        g = group_of_op[att.pair_at]
         keep = g >= 0
         g, k, d = g[keep], all_names[att.pair_gpu[keep]], ev["dur"].to_numpy()[att.pair_gpu[keep]]
         top_k = np.full(n_groups, -1, dtype=np.int64)
