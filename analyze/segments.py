@@ -21,6 +21,8 @@ import pandas as pd
 from tokentrace.analysis.loading.trace import Trace
 
 SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
+# Up to this many segments, instants in order are located a segment at a time (locate_times).
+_SLICE_SEGMENTS = 1 << 16
 
 
 @dataclass
@@ -43,6 +45,16 @@ class Segments:
         starts = starts[order]
         ends = t["end"].to_numpy(np.int64)[order]
         segs = t["seg"].to_numpy(np.int64)[order]
+        if len(ts) > 4 * len(starts) and len(starts) <= _SLICE_SEGMENTS and bool((ts[1:] >= ts[:-1]).all()):
+            # Instants in order (a kind's rows in start order): each segment holds one run of
+            # them, from its start to its end or the next segment's start, found by a search per
+            # segment, not per instant (the same answer as below, without gathers over every row).
+            a = np.searchsorted(ts, starts, side="left")
+            b = np.minimum(np.searchsorted(ts, ends, side="left"), np.r_[a[1:], len(ts)])
+            out = np.full(len(ts), -1, dtype=np.int64)
+            for k in np.flatnonzero(b > a).tolist():
+                out[a[k]:b[k]] = segs[k]
+            return out
         i = np.searchsorted(starts, ts, side="right") - 1
         np.maximum(i, 0, out=i)
         ok = ts < ends[i]
