@@ -10,8 +10,8 @@ huge page) at a time. An analysis of a 1 GB trace makes and drops hundreds of 20
 (a column of 3-4.5 M rows): on the development VM its detectors took ~80 k page faults, and
 their time grew faster than the trace (train at 1 GB: phases 5-7x, shapes 7-8x their 200 MB
 time). With the threshold at 1 GiB, a freed block stays in the heap (trimmed only above 2 GiB
-free) and the next one reuses its pages: ~24 k faults, the detectors 10-18% faster at 1 GB, the
-peak RSS 1-3% higher (benchmarks/README.md).
+free) and the next one reuses its pages: ~24 k faults, the detectors 7-18% faster at 1 GB (about
+even at 200 MB), the peak RSS 1-6% higher (benchmarks/README.md).
 
 Only for a process that exits after its work (the `tokentrace` command): the settings stay for
 the process's life (glibc cannot go back to its adaptive threshold), and a library changing

@@ -82,3 +82,12 @@ class Segments:
 
     def of_phase(self, phase: str) -> pd.DataFrame:
         return self.table[self.table["phase"] == phase]
+
+
+def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
+    """(segment, row) of the first of `rows` (in their order) in each segment, by segment id;
+    `seg` is each row's segment (-1: none)."""
+    ok = seg >= 0
+    seg, rows = seg[ok], rows[ok]
+    _, first = np.unique(seg, return_index=True)
+    return list(zip(seg[first].tolist(), rows[first].tolist(), strict=True))

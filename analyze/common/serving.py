@@ -28,7 +28,7 @@ from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.latency import percentiles
 from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
-from tokentrace.analysis.segments import Segments
+from tokentrace.analysis.segments import Segments, first_rows
 
 US = 1000.0
 _TEXT_COLUMNS = ("kind", "engine", "form", "capture_mode", "note")
@@ -80,10 +80,8 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
         seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
         ok = seg >= 0
         calls = np.bincount(seg[ok], minlength=n).astype(np.int64)
-        seg_ok, rows_ok = seg[ok], arows[ok]
-        _, firsts = np.unique(seg_ok, return_index=True)  # each segment's first call (in row order)
         dims = trace.events["input_dims"].to_numpy(object)
-        for s, row in zip(seg_ok[firsts].tolist(), rows_ok[firsts].tolist(), strict=True):
+        for s, row in first_rows(seg, arows):  # each segment's first call (in row order)
             d = dims[row]
             if not isinstance(d, list) or not d or not isinstance(d[0], list) or len(d[0]) != 3:
                 continue

@@ -47,7 +47,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace
-from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments
+from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments, first_rows
 from tokentrace.profiling.conventions import ANNOTATION_PREFIX, decode_step_name
 from tokentrace.profiling.conventions import PREFILL as PREFILL_ANNOTATION
 from tokentrace.profiling.conventions import TOKENIZE as TOKENIZE_ANNOTATION
@@ -190,13 +190,13 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     ts = cpu["ts"].to_numpy(np.int64)
     dims_of = trace.events["input_dims"].to_numpy(object)
     emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
-    for s, row in _first_per_segment(segs, ts[emb], rows[emb]):
+    for s, row in first_rows(segs.locate_times(ts[emb]), rows[emb]):
         dims = dims_of[row]
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
             col["emb_batch"][s], col["emb_len"][s] = int(dims[1][0]), int(dims[1][1])
     att = is_attention[rows]
     names = trace.events["name"]
-    for s, row in _first_per_segment(segs, ts[att], rows[att]):
+    for s, row in first_rows(segs.locate_times(ts[att]), rows[att]):
         name = str(names.iat[row])
         layout = next((lay for pat, lay in _ATTENTION_LAYOUTS if pat.search(name)), None)
         shape = parse_shapes(dims_of[row], layout)
@@ -210,15 +210,6 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
     tseg = segs.locate_times(marks)
     training[tseg[tseg >= 0]] = True
     return pd.DataFrame({**col, "training": training}, index=pd.RangeIndex(n))
-
-
-def _first_per_segment(segs: Segments, ts: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
-    """(segment, row) of the first of these rows (in row order) that lies in each segment."""
-    seg = segs.locate_times(ts)
-    ok = seg >= 0
-    seg, rows = seg[ok], rows[ok]
-    _, first = np.unique(seg, return_index=True)
-    return list(zip(seg[first].tolist(), rows[first].tolist(), strict=True))
 
 
 def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns | None = None) -> Segments:
