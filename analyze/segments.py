@@ -23,6 +23,10 @@ from tokentrace.analysis.loading.trace import Trace
 SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
 # Up to this many segments, instants in order are located a segment at a time (locate_times).
 _SLICE_SEGMENTS = 1 << 16
+# Places of a segment's run that first_on_thread probes for every segment at once.
+_PROBES = 8
+# "No instant" in first_on_thread's per-segment minima.
+NO_TIME = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -60,6 +64,53 @@ class Segments:
         ok = ts < ends[i]
         ok &= ts >= starts[i]  # before the first segment (i was -1)
         return np.where(ok, segs[i], -1)
+
+    def first_on_thread(self, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray) -> np.ndarray:
+        """Per segment (by id), the earliest of the instants `ts` located in it (locate_times)
+        whose `tid` is the segment's own (`seg_tid`, by id); NO_TIME where there is none.
+
+        Instants in order (a kind's rows in start order) are not located one by one: a segment's
+        instants are one run of them (as in locate_times), and its first on its thread is found
+        by probing the run's first few places together for every segment, then searching the
+        rest of the runs where the first few were on other threads. Otherwise: locate each."""
+        ts = np.asarray(ts, dtype=np.int64)
+        n = len(self.table)
+        out = np.full(n, NO_TIME, dtype=np.int64)
+        if n == 0 or len(ts) == 0:
+            return out
+        t = self.table
+        starts = t["start"].to_numpy(np.int64)
+        order = np.argsort(starts, kind="quicksort")  # as locate_times orders them
+        starts = starts[order]
+        segs = t["seg"].to_numpy(np.int64)[order]
+        want = np.asarray(seg_tid)[segs]
+        if len(starts) > _SLICE_SEGMENTS or not bool((ts[1:] >= ts[:-1]).all()):
+            seg = self.locate_times(ts)
+            ok = seg >= 0
+            ok[ok] = np.asarray(tid)[ok] == np.asarray(seg_tid)[seg[ok]]
+            np.minimum.at(out, seg[ok], ts[ok])
+            return out
+        # Each segment's run, exactly as locate_times' ordered path bounds it.
+        j = np.searchsorted(ts, starts, side="left")
+        e = np.minimum(np.searchsorted(ts, t["end"].to_numpy(np.int64)[order], side="left"), np.r_[j[1:], len(ts)])
+        found = np.full(len(j), -1, dtype=np.int64)
+        active = np.flatnonzero(j < e)
+        for _ in range(_PROBES):  # most steps open with an op of their own thread
+            if not len(active):
+                break
+            at = j[active]
+            hit = tid[at] == want[active]
+            found[active[hit]] = at[hit]
+            j[active] += 1
+            active = active[~hit]
+            active = active[j[active] < e[active]]
+        for k in active.tolist():  # the rest of a run whose first instants were on other threads
+            rel = np.flatnonzero(tid[j[k]:e[k]] == want[k])
+            if len(rel):
+                found[k] = j[k] + rel[0]
+        ok = found >= 0
+        out[segs[ok]] = ts[found[ok]]
+        return out
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""

@@ -36,3 +36,49 @@ def test_known_segments_of_instants_in_order(ts):
     segs = Segments(pd.DataFrame({"seg": [7, 3], "start": [10, 20], "end": [15, 30]}))
     want = [7 if 10 <= t < 15 else 3 if 20 <= t < 30 else -1 for t in ts]
     assert segs.locate_times(np.asarray(ts)).tolist() == want
+
+
+def _first_by_location(segs: Segments, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray) -> np.ndarray:
+    """The definition: locate every instant, keep those on their segment's thread, take the minimum."""
+    out = np.full(len(segs), seg_mod.NO_TIME, dtype=np.int64)
+    seg = segs.locate_times(ts)
+    for s, t, th in zip(seg.tolist(), ts.tolist(), tid.tolist(), strict=True):
+        if s >= 0 and th == seg_tid[s]:
+            out[s] = min(out[s], t)
+    return out
+
+
+@pytest.mark.parametrize("probes", [8, 1, 0])
+def test_first_instant_on_the_segments_thread_equals_locating_every_instant(monkeypatch, probes):
+    # With fewer probes more answers come from searching the rest of a run: the same answers.
+    monkeypatch.setattr(seg_mod, "_PROBES", probes)
+    rng = np.random.default_rng(11)
+    found = 0
+    for trial in range(300):
+        m = int(rng.integers(1, 30))
+        starts = np.sort(rng.integers(0, 1000, m))
+        ends = starts + rng.integers(0, 120, m)  # overlapping, nested, tied and empty segments too
+        perm = rng.permutation(m)
+        segs = Segments(pd.DataFrame({"seg": np.arange(m)[perm], "start": starts[perm], "end": ends[perm]}))
+        n = int(rng.integers(50, 3000))
+        ts = np.sort(rng.integers(-50, 1100, n))
+        # A busy other thread (7) often fills the first places of a run: the probes miss there.
+        tid = np.where(rng.random(n) < rng.uniform(0.0, 0.97), 7, rng.integers(1, 4, n)).astype(np.int32)
+        seg_tid = rng.integers(1, 4, m)
+        want = _first_by_location(segs, ts, tid, seg_tid)
+        np.testing.assert_array_equal(segs.first_on_thread(ts, tid, seg_tid), want, err_msg=f"trial {trial}")
+        # Out of start order the located path gives the same answer.
+        shuffled = rng.permutation(n)
+        np.testing.assert_array_equal(segs.first_on_thread(ts[shuffled], tid[shuffled], seg_tid), want)
+        found += int((want != seg_mod.NO_TIME).sum())
+    assert found > 1000  # the trials are not all empty
+
+
+def test_known_first_instants_on_each_segments_thread():
+    # Segment 1 [10, 20) runs on thread 5, segment 0 [20, 40) on thread 6, segment 2 [50, 60) on 5.
+    segs = Segments(pd.DataFrame({"seg": [1, 0, 2], "start": [10, 20, 50], "end": [20, 40, 60]}))
+    ts = np.array([9, 10, 12, 19, 20, 21, 22, 39, 40, 55])
+    tid = np.array([5, 6, 5, 5, 5, 5, 6, 6, 6, 6])
+    got = segs.first_on_thread(ts, tid, np.array([6, 5, 5]))
+    # 0: the first thread-6 instant in [20, 40) is 22; 1: 12 (10 is thread 6); 2: none on thread 5.
+    assert got.tolist() == [22, 12, seg_mod.NO_TIME]

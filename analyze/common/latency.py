@@ -25,7 +25,7 @@ import pandas as pd
 from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
-from tokentrace.analysis.segments import Segments
+from tokentrace.analysis.segments import NO_TIME, Segments
 
 # Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
 _DTOH = re.compile(r"DtoH|DeviceToHost|Device -> (?:Pinned|Pageable)", re.IGNORECASE)
@@ -55,22 +55,18 @@ def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
-def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(seg id, ts) of the operations that can open a step on its own thread: cpu ops and launch
-    calls. A leading blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits
-    for earlier work; it is not the step's first operation."""
+def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> np.ndarray:
+    """Per segment, the start (ns) of the first operation that can open the step on its own
+    thread: cpu ops and launch calls (NO_TIME: none). A leading blocking sync
+    (torch.cuda.synchronize() at the top of a profiler step) waits for earlier work; it is not the
+    step's first operation."""
     rt = trace.narrow_runtime
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     launch = name_mask(rt["name"], LAUNCH_APIS)
-    ts = np.concatenate([ops["ts"].to_numpy(np.int64), rt["ts"].to_numpy(np.int64)[launch]])
-    tid = np.concatenate([ops["tid"].to_numpy(np.int64), rt["tid"].to_numpy(np.int64)[launch]])
-    seg = segs.locate_times(ts)
-    ok = seg >= 0
-    ok[ok] = tid[ok] == tid_of_seg[seg[ok]]
-    return seg[ok], ts[ok]
-
-
-_NO_TIME = np.iinfo(np.int64).max  # "no value yet" for per-segment minima
+    # Each kind on its own (each in start order as loaded), the earlier of the two per segment.
+    first_op = segs.first_on_thread(ops["ts"].to_numpy(), ops["tid"].to_numpy(), tid_of_seg)
+    first_launch = segs.first_on_thread(rt["ts"].to_numpy()[launch], rt["tid"].to_numpy()[launch], tid_of_seg)
+    return np.minimum(first_op, first_launch)
 
 
 def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
@@ -87,10 +83,8 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
 
     # First host operation of each step on the step's own thread.
-    hseg, hts = _first_ops(trace, segs, tid_of_seg)
-    first = np.full(n, _NO_TIME, np.int64)
-    np.minimum.at(first, hseg, hts)  # per-segment minimum of integers: no groupby needed
-    first_op = np.where(first != _NO_TIME, first, start)
+    first = _first_ops(trace, segs, tid_of_seg)
+    first_op = np.where(first != NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
     rt = trace.narrow_runtime
@@ -126,8 +120,8 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     if len(g):
         gs = g["seg"].to_numpy(np.int64)
         idx = np.flatnonzero(np.bincount(gs, minlength=n))
-        lo = np.full(n, _NO_TIME, np.int64)
-        hi = np.full(n, -_NO_TIME, np.int64)
+        lo = np.full(n, NO_TIME, np.int64)
+        hi = np.full(n, -NO_TIME, np.int64)
         np.minimum.at(lo, gs, g["ts"].to_numpy(np.int64))
         np.maximum.at(hi, gs, g["end"].to_numpy(np.int64))
         gpu_first[idx] = lo[idx]

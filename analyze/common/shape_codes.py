@@ -50,6 +50,7 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
     # Ids stay valid: `values` holds every object alive for the duration of this call.
     ids = object_ids(values)
     obj_code, uniq_ids = pd.factorize(ids)
+    del ids  # row-length temporaries go as soon as they are used (they set the peak on a large trace)
     objs = np.empty(len(uniq_ids), dtype=object)
     objs[obj_code] = values  # any row of a code holds the same object
     enc = msgspec.json.encode

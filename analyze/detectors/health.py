@@ -31,7 +31,7 @@ import numpy as np
 from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_CAPTURE_END_APIS, HOST_API_KINDS, LAUNCH_APIS
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
-from tokentrace.analysis.loading.trace import Trace, isin_mask
+from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask
 
 NAME = "health"
 NEEDS = ("phases",)
@@ -123,7 +123,7 @@ class _Cols:
     end: np.ndarray
     dur: np.ndarray
     launch: np.ndarray
-    names: np.ndarray
+    names: RowNames
     timed: np.ndarray
     gpu: np.ndarray
     api: np.ndarray

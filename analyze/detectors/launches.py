@@ -19,7 +19,7 @@ from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace, isin_mask
+from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -83,7 +83,7 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, names: np.ndarray, is_graph: np.ndarray) -> pd.DataFrame:
+def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> pd.DataFrame:
     ev = trace.events
     gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
@@ -98,7 +98,11 @@ def _activities(trace: Trace, names: np.ndarray, is_graph: np.ndarray) -> pd.Dat
         "launch_ts": ev["ts"].to_numpy()[ln], "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
     })
     # A graph replay's kernels share one launch: only the first one started "because of" it.
-    first_of_launch = ~act.sort_values("ts", kind="stable")["launch"].duplicated().reindex(act.index).to_numpy()
+    # (In start order, stable: the launch column's first appearances, put back in row order;
+    # sorting the arrays, not the frame of every column.)
+    order = np.argsort(act["ts"].to_numpy(), kind="stable")
+    first_of_launch = np.empty(len(act), dtype=bool)
+    first_of_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
     act["counts_launch"] = ~graph | first_of_launch
     act["delay_us"] = np.where(act["counts_launch"], (act["ts"] - act["launch_ts"]) / US, np.nan)
     act["depth"] = _queue_depth(act)

@@ -102,7 +102,7 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key += k
         key -= lo
         top = top * span + span - 1
-    gid = pd.factorize(key)[0].astype(np.int64)
+    gid = pd.factorize(key)[0].astype(np.int64, copy=False)
     # First appearances come in id order: a row starts a group iff its id exceeds all before it.
     first = np.flatnonzero(np.r_[True, gid[1:] > np.maximum.accumulate(gid)[:-1]])
     return gid, first
@@ -128,13 +128,14 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
                            value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
-    of_rows = att.at(rows, (at_rows, at_ops))
+    # GPU sums over those ops only (every other op adds 0): no array of every op's values.
+    gpu_gid = gid[at_rows]
     out = pd.DataFrame({
         "first_row": rows[first], "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
         "cpu_total_us": _sum(gid, n_groups, ops["dur"].to_numpy()) / US,
-        "gpu_total_us": _sum(gid, n_groups, of_rows.total_ns) / US,
-        "gpu_self_us": _sum(gid, n_groups, of_rows.self_ns) / US,
-        "kernels": _sum(gid, n_groups, of_rows.total_count).astype(np.int64),
+        "gpu_total_us": _sum(gpu_gid, n_groups, att.total_ns[at_ops]) / US,
+        "gpu_self_us": _sum(gpu_gid, n_groups, att.self_ns[at_ops]) / US,
+        "kernels": _sum(gpu_gid, n_groups, att.total_count[at_ops]).astype(np.int64),
     })
     out["name"] = _label(labels, all_names[rows[first]])
     out["phase"] = np.asarray(phase_u, dtype=object)[phase_c[first]]
