@@ -17,7 +17,7 @@ from tracebuilder import HOST_PID, TraceBuilder
 import tokentrace
 from tokentrace.analysis.loading import json_decode as decode
 from tokentrace.analysis.loading import loader
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, RowNames
 from tokentrace.cli import main
 from tokentrace.errors import TraceError
 
@@ -332,3 +332,21 @@ def test_ids_beyond_int32_stay_exact_and_small_ones_are_narrowed(tmp_path):
     s = tokentrace.load(small.write(tmp_path / "small.json"), cache=False).events
     assert all(s[col].dtype == np.int32 for col in NARROW_COLUMNS)
     assert s.at[s.index[s["kind"] == "kernel"][0], "launch"] == s.index[s["kind"] == "runtime"][0]
+
+
+def test_names_by_row_are_the_name_column_at_those_rows(tmp_path):
+    t = tokentrace.load(small_trace().write(tmp_path / "t.json"))
+    want = t.events["name"].astype(object).to_numpy()
+    n = len(want)
+    assert len(t.names) == n
+    rows = np.array([n - 1, 0, 2, 2, 1])
+    got = t.names[rows]
+    assert got.dtype == object
+    # NaN where an event has no name (metadata without one reads as missing), the text elsewhere.
+    assert [None if pd.isna(v) else v for v in got] == [None if pd.isna(v) else v for v in want[rows]]
+    mask = np.arange(n) % 2 == 0
+    assert [str(v) for v in t.names[mask]] == [str(v) for v in want[mask]]
+    assert str(t.names[1]) == str(want[1])
+    # A frame whose name column is not categorical is read the same way.
+    plain = RowNames(t.events["name"].astype(object))
+    assert [str(v) for v in plain[rows]] == [str(v) for v in want[rows]]
