@@ -10,7 +10,7 @@ import pytest
 from tracebuilder import GPU_PID, HOST_PID, TraceBuilder
 
 import tokentrace
-from tokentrace.analysis.loading.links import innermost_containing, nest_parents
+from tokentrace.analysis.loading.links import innermost_containing, innermost_ops, nest_parents
 
 
 def _row(trace, name: str, nth: int = 0) -> int:
@@ -233,3 +233,59 @@ def test_innermost_containing():
     parent = nest_parents(ts, end)
     at = np.array([5, 15, 20, 35, 40, 45, 100, -1])
     assert innermost_containing(ts, end, parent, at).tolist() == [0, 1, 0, 2, 3, 2, -1, -1]
+
+
+def _nested_ops(rng: np.random.Generator, threads: int) -> tuple[np.ndarray, ...]:
+    """Properly nested ops (durations >= 1) on several threads, as rows sorted by start (ties:
+    longer first), with each op's parent row: a loaded trace's cpu ops."""
+    spans: list[tuple[int, int, int, int]] = []  # (ts, end, tid, parent index in spans)
+
+    def grow(lo: int, hi: int, tid: int, parent: int, depth: int) -> None:
+        t = lo
+        while t < hi - 1 and depth < 5:
+            a = int(rng.integers(t, hi - 1))
+            b = int(rng.integers(a + 1, min(hi, a + 1 + (hi - lo) // 2 + 1) + 1))
+            spans.append((a, b, tid, parent))
+            grow(a, b, tid, len(spans) - 1, depth + 1)
+            t = b + int(rng.integers(0, 3))
+
+    for tid in range(1, threads + 1):
+        grow(0, 400, tid, -1, 0)
+    order = sorted(range(len(spans)), key=lambda i: (spans[i][0], -spans[i][1], i))
+    row_of = {i: r for r, i in enumerate(order)}
+    ts = np.array([spans[i][0] for i in order], dtype=np.int64)
+    end = np.array([spans[i][1] for i in order], dtype=np.int64)
+    tid = np.array([spans[i][2] for i in order], dtype=np.int32)
+    parent = np.array([row_of[spans[i][3]] if spans[i][3] >= 0 else -1 for i in order], dtype=np.int32)
+    return ts, end, tid, parent
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed):
+    rng = np.random.default_rng(seed)
+    ts, end, tid, parent = _nested_ops(rng, threads=int(rng.integers(1, 4)))
+    n_ops = len(ts)
+    # Instants (memory events) on the ops' threads, at starts, ends (exclusive) and between.
+    m = 300
+    at_ts = np.sort(np.r_[rng.choice(ts, 50), rng.choice(end, 50), rng.integers(-5, 410, m - 100)])
+    at_tid = rng.integers(1, 4, m).astype(np.int32)
+    # The instants join the ops as rows of one trace, all in start order (ops first on ties).
+    all_ts = np.r_[ts, at_ts]
+    order = np.lexsort((np.r_[np.zeros(n_ops), np.ones(m)], all_ts))
+    new_row = np.empty(len(order), dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    ev_ts, ev_end = all_ts[order], np.r_[end, at_ts][order]
+    ev_tid = np.r_[tid, at_tid][order]
+    ev_parent = np.r_[np.where(parent >= 0, new_row[np.maximum(parent, 0)], -1), np.full(m, -1)][order]
+    op_rows, at_rows = new_row[:n_ops], new_row[n_ops:]
+    want = []
+    for r in at_rows.tolist():
+        inside = [o for o in op_rows.tolist() if ev_tid[o] == ev_tid[r] and ev_ts[o] <= ev_ts[r] < ev_end[o]]
+        # Nested: the containing ops form a chain; the innermost starts last (ties: the shorter,
+        # then the later row: a child spanning exactly its parent's range comes after it).
+        want.append(max(inside, key=lambda o: (ev_ts[o], -ev_end[o], o)) if inside else -1)
+    cols = dict(ts=ev_ts, end=ev_end, pid=np.zeros(len(ev_ts), np.int32), tid=ev_tid, parent=ev_parent)
+    assert innermost_ops(**cols, op_rows=np.sort(op_rows), at_rows=at_rows).tolist() == want
+    # Ops given out of order take the general path: the same answer.
+    assert innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows).tolist() == want
+    assert sum(w >= 0 for w in want) > 50  # most instants fall inside some op

@@ -143,7 +143,9 @@ def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.n
         return fast
     threads = _thread_ids(np.concatenate([pid[op_rows], pid[at_rows]]), np.concatenate([tid[op_rows], tid[at_rows]]))
     op_thread, at_thread = threads[: len(op_rows)], threads[len(op_rows):]
-    order = np.lexsort((-end[op_rows], ts[op_rows], op_thread))
+    # Ties in (thread, start, end) by row, whatever order the ops came in: of two ops spanning the
+    # same range the earlier row is the parent (as the loader nests them), so it goes first.
+    order = np.lexsort((op_rows, -end[op_rows], ts[op_rows], op_thread))
     rows = op_rows[order]
     # Parents as positions in this op order (a cpu op's parent is a cpu op of the same thread).
     pos = np.full(len(ts), -1, dtype=np.int64)
