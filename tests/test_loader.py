@@ -350,3 +350,28 @@ def test_names_by_row_are_the_name_column_at_those_rows(tmp_path):
     # A frame whose name column is not categorical is read the same way.
     plain = RowNames(t.events["name"].astype(object))
     assert [str(v) for v in plain[rows]] == [str(v) for v in want[rows]]
+
+
+def test_span_excludes_flows_and_metadata_even_when_they_end_last(tmp_path):
+    """The span is the timed events' first start and last end: a flow event later than every
+    op and kernel (a truncated capture's dangling flow) does not stretch it, and the answer is
+    the masked one whichever row ends last."""
+
+    b = TraceBuilder()
+    b.cpu_op("aten::mm", 10.0, 50.0)
+    b.launch("gemm_kernel", 20.0, 30.0, 25.0)  # kernel ends at 55 us
+    b.events.append({"ph": "f", "bp": "e", "id": 999, "pid": 0, "tid": 7, "ts": 900.0, "cat": "ac2g", "name": "ac2g"})
+    t = b.load(tmp_path)
+    ev = t.events
+    kind = ev["kind"].astype(object).to_numpy()
+    timed = ~np.isin(kind, ["flow", "metadata"])
+    ts, end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+    assert not timed[int(end.argmax())]  # the flow ends last: the masked path answers
+    assert t.span_ns == (int(ts[timed].min()), int(end[timed].max()))
+    assert t.duration_ns == 50_000  # 10 us to the op's end at 60 us
+
+    b2 = TraceBuilder()
+    b2.cpu_op("aten::mm", 10.0, 50.0)
+    b2.launch("gemm_kernel", 20.0, 30.0, 80.0)  # the kernel ends last, at 110 us
+    t2 = b2.load(tmp_path, "second.pt.trace.json")
+    assert t2.duration_ns == 100_000

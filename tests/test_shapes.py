@@ -107,6 +107,20 @@ def test_value_codes_merge_equal_lists_held_by_different_objects():
     assert value_codes(np.empty(0, dtype=object)).tolist() == []
 
 
+def test_value_codes_of_one_object_on_every_row_equal_those_of_a_copy():
+    """An absent column (a stride-0 view of None, as a trace without shapes loads) and a view of
+    one list repeated code like their materialised copies: -1 on every row, 0 on every row."""
+    from tokentrace.analysis.loading.trace import absent_column
+
+    absent = absent_column(5, object)
+    assert absent.strides[0] == 0
+    assert value_codes(absent).tolist() == value_codes(absent.copy()).tolist() == [-1] * 5
+    one = np.empty(1, dtype=object)
+    one[0] = [[2, 8], [8, 4]]
+    repeated = np.broadcast_to(one, (4,))
+    assert value_codes(repeated).tolist() == value_codes(repeated.copy()).tolist() == [0] * 4
+
+
 def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
     tr, seg = build(tmp_path)
     ops = tr.cpu_ops
