@@ -316,3 +316,20 @@ def test_better_or_worse_only_beyond_the_measured_spread(tmp_path):
     assert large.at["tpot_mean_us", "verdict"] == "worse" and large.at["tpot_mean_us", "delta"] > large.at["tpot_mean_us", "noise"]
     # TTFT has one prefill per run: no spread to measure, so the 1% rule, and the table says so.
     assert large.at["ttft_us", "noise_basis"].startswith("1% of the larger value")
+
+
+def test_kernel_table_groups_kernels_by_launch_shape(tmp_path):
+    """One kernel name launched with two grids is two items, each with its shape, count and time;
+    a memcpy (no grid) has no shape."""
+    from tokentrace.analysis.compare.diff import kernel_table
+
+    b = TraceBuilder()
+    b.launch("gemm", 10.0, 20.0, 30.0, grid=[4, 1, 1], block=[128, 1, 1])
+    b.launch("gemm", 60.0, 70.0, 10.0, grid=[4, 1, 1], block=[128, 1, 1])
+    b.launch("gemm", 90.0, 100.0, 5.0, grid=[8, 2, 1], block=[256, 1, 1])
+    b.launch("Memcpy HtoD (Pageable -> Device)", 120.0, 130.0, 2.0, api="cudaMemcpyAsync", cat="gpu_memcpy")
+    t = b.load(tmp_path)
+    got = {(r.name, r.shape): (r.count, r.total_us) for r in kernel_table(t).itertuples()}
+    assert got == {("gemm", "grid [4, 1, 1] block [128, 1, 1]"): (2, 40.0),
+                   ("gemm", "grid [8, 2, 1] block [256, 1, 1]"): (1, 5.0),
+                   ("Memcpy HtoD (Pageable -> Device)", ""): (1, 2.0)}

@@ -257,7 +257,9 @@ def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     g = trace.narrow_gpu
     if g.empty:
         return _empty_items(gpu=False)
-    grid, block = _dims_text(g["grid"]), _dims_text(g["block"])
+    ev, rows = trace.events, g.index.to_numpy()
+    grid = _dims_text(pd.Series(ev["grid"].to_numpy()[rows], index=g.index))
+    block = _dims_text(pd.Series(ev["block"].to_numpy()[rows], index=g.index))
     shape = np.where(grid.to_numpy() == "", "", "grid " + grid.astype(str) + " block " + block.astype(str))
     df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": g["name"].astype(str).to_numpy(),
                        "shape": shape, "dur": g["dur"].to_numpy()})

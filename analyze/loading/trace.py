@@ -50,10 +50,11 @@ OP_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "pid", "tid", "parent
 # `trace.narrow_runtime` hold them for every detector, so the wide `gpu` and `runtime` views (every
 # column, 20-40 ms each on a 200 MB trace, most of it memory written for columns no detector reads
 # of those rows: shapes, memory events, Python ids) are never built by an analysis.
-GPU_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "kind", "cat", "pid", "tid", "device", "stream", "correlation",
-                                "external_id", "bytes", "grid", "block", "launch", "op")
-RUNTIME_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "cat", "pid", "tid", "device", "stream", "correlation",
-                                    "external_id", "launch", "op")
+# The link columns stand for the correlation and external ids, which no detector reads; a kernel's
+# grid and block only `tokentrace diff` reads (analysis.compare.diff gathers them itself).
+GPU_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "kind", "cat", "pid", "tid", "device", "stream", "bytes",
+                                "launch", "op")
+RUNTIME_COLUMNS: tuple[str, ...] = ("ts", "dur", "end", "name", "cat", "pid", "tid", "device", "stream", "launch", "op")
 
 
 @dataclass(eq=False)
