@@ -124,6 +124,21 @@ class Segments:
             ts[has] = all_ts[launch[has]]
         return self.locate_times(ts)
 
+    def locate_gpu(self, trace: Trace) -> np.ndarray:
+        """`locate_rows` of every row of `trace.narrow_gpu` (in its order), computed once per trace
+        for these segments: the utilization, steady-state, latency, critical-path and kernel-table
+        work all locate the same GPU rows. Read-only."""
+        # Not a dataclass field: the results cache stores the fields only, and a trace's rows are
+        # no part of the segmentation.
+        memo: dict[int, tuple[Trace, np.ndarray]] = self.__dict__.setdefault("_gpu_seg", {})
+        hit = memo.get(id(trace))
+        if hit is None or hit[0] is not trace:
+            seg = self.locate_rows(trace, trace.narrow_gpu.index.to_numpy(np.int64))
+            seg.setflags(write=False)
+            memo.clear()  # one trace at a time: an older one's entry would keep it alive
+            memo[id(trace)] = hit = (trace, seg)
+        return hit[1]
+
     def label(self, seg: int) -> tuple[str | None, int | None]:
         """(phase, index) of a segment id, (None, None) for -1."""
         if seg < 0 or seg >= len(self.table):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from tracebuilder import TraceBuilder
 
 from tokentrace.analysis import segments as seg_mod
 from tokentrace.analysis.segments import Segments
@@ -82,3 +83,24 @@ def test_known_first_instants_on_each_segments_thread():
     got = segs.first_on_thread(ts, tid, np.array([6, 5, 5]))
     # 0: the first thread-6 instant in [20, 40) is 22; 1: 12 (10 is thread 6); 2: none on thread 5.
     assert got.tolist() == [22, 12, seg_mod.NO_TIME]
+
+
+def test_gpu_rows_are_located_by_their_launch_once_per_trace(tmp_path):
+    """locate_gpu: every GPU row's segment by its launch's start (a kernel that runs after its step
+    ended still counts in the step that launched it), the same as locate_rows of those rows,
+    computed once per trace and made again for another trace."""
+    b = TraceBuilder()
+    b.launch("k0", 10.0, 20.0, 5.0)  # launched in step 0, runs in it
+    b.launch("k1", 40.0, 120.0, 5.0)  # launched in step 0 (ends at 100 us), runs after it
+    b.launch("k2", 150.0, 160.0, 5.0)  # launched outside every step
+    b.launch("k3", 210.0, 215.0, 5.0)  # step 1
+    t = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1], "start": [0, 200_000], "end": [100_000, 300_000]}))
+    got = segs.locate_gpu(t)
+    names = t.narrow_gpu["name"].astype(str).tolist()
+    assert dict(zip(names, got.tolist(), strict=True)) == {"k0": 0, "k1": 0, "k2": -1, "k3": 1}
+    np.testing.assert_array_equal(got, segs.locate_rows(t, t.narrow_gpu.index.to_numpy()))
+    assert segs.locate_gpu(t) is got and not got.flags.writeable
+    b.launch("k4", 220.0, 230.0, 5.0)
+    other = b.load(tmp_path, "other.pt.trace.json")
+    assert segs.locate_gpu(other).tolist() == [0, 0, -1, 1, 1]

@@ -373,7 +373,7 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     gts = gpu["ts"].to_numpy(np.int64)
     g_launch_ts = np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts)
     gorder = np.argsort(g_launch_ts, kind="stable")
-    g_cols = {"seg": segs.locate_rows(trace, gpu.index)[gorder], "row": gpu.index.to_numpy(np.int64)[gorder], "ts": gts[gorder],
+    g_cols = {"seg": segs.locate_gpu(trace)[gorder], "row": gpu.index.to_numpy(np.int64)[gorder], "ts": gts[gorder],
               "end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
               "launch": launch[gorder], "launch_ts": g_launch_ts[gorder]}
     g_launch_ts, g_end, g_seg, g_ts = g_cols["launch_ts"], g_cols["end"], g_cols["seg"], g_cols["ts"]

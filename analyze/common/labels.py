@@ -25,15 +25,16 @@ OUTSIDE_PHASE = "other"
 OUTSIDE_REGION = "outside any annotated region"
 
 
-def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(phase code, phase labels, segment id) per event row, codes numbered in order of first
     appearance like pd.factorize of the labels. Labels are resolved per segment and factorized as
-    integers: factorizing a million label strings is what would cost."""
+    integers: factorizing a million label strings is what would cost. `seg`: the rows' segments
+    where the caller has them (`segments.locate_rows(trace, rows)`, as `locate_gpu` gives)."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(segments) == 0:
         labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
         return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
-    seg = segments.locate_rows(trace, rows)
+    seg = segments.locate_rows(trace, rows) if seg is None else seg
     table = segments.table
     # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
     text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))

@@ -100,8 +100,7 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     # (launched before the profiler started) that runs before the step's first operation is what
     # a leading sync waited for, not the step's work.
     gpu = trace.narrow_gpu
-    grows = gpu.index.to_numpy(np.int64)
-    gseg = segs.locate_rows(trace, grows)
+    gseg = segs.locate_gpu(trace)
     gk = gseg >= 0
     orphan = gpu["launch"].to_numpy(np.int64) < 0
     gk[gk & orphan] = gpu["ts"].to_numpy(np.int64)[gk & orphan] >= first_op[gseg[gk & orphan]]

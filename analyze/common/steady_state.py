@@ -55,8 +55,7 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     gpu = trace.narrow_gpu
     if gpu.empty or not len(segs):
         return None
-    rows = gpu.index.to_numpy(np.int64)
-    seg = segs.locate_rows(trace, rows)
+    seg = segs.locate_gpu(trace)
     table = segs.table.set_index("seg")
     # Whether each segment is a step, then per row through its segment (a text per row cost).
     seg_is_step = np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)

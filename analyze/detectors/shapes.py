@@ -184,7 +184,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     # Shape codes once per distinct launching op, not once per kernel.
     uniq, inv = np.unique(np.maximum(op, 0), return_inverse=True)
     op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[uniq])[inv], -1)
-    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
     t = np.where(has, all_names[np.maximum(top, 0)], -1)
     gid, first = group_ids(all_names[rows], o, op_dims, t, phase_c)

@@ -166,7 +166,7 @@ def _by_phase(trace: Trace, segs: Segments) -> pd.DataFrame:
     gpu = trace.narrow_gpu
     if len(segs) == 0 or gpu.empty:
         return pd.DataFrame(columns=cols)
-    seg = segs.locate_rows(trace, gpu.index.to_numpy())
+    seg = segs.locate_gpu(trace)
     ok = seg >= 0
     if not ok.any():
         return pd.DataFrame(columns=cols)
