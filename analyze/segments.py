@@ -130,13 +130,11 @@ class Segments:
         work all locate the same GPU rows. Read-only."""
         # Not a dataclass field: the results cache stores the fields only, and a trace's rows are
         # no part of the segmentation.
-        memo: dict[int, tuple[Trace, np.ndarray]] = self.__dict__.setdefault("_gpu_seg", {})
-        hit = memo.get(id(trace))
-        if hit is None or hit[0] is not trace:
+        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get("_gpu_seg")
+        if hit is None or hit[0] is not trace:  # one trace at a time
             seg = self.locate_rows(trace, trace.narrow_gpu.index.to_numpy(np.int64))
             seg.setflags(write=False)
-            memo.clear()  # one trace at a time: an older one's entry would keep it alive
-            memo[id(trace)] = hit = (trace, seg)
+            self.__dict__["_gpu_seg"] = hit = (trace, seg)
         return hit[1]
 
     def label(self, seg: int) -> tuple[str | None, int | None]:

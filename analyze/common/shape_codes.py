@@ -10,6 +10,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.loading.trace import is_absent_column
+
 # CPython's id() is the object's address, which is what an object array holds: the ids of a
 # million rows are then one copy of the array's pointers instead of a million id() calls.
 _IDS_ARE_POINTERS = platform.python_implementation() == "CPython" and np.dtype(np.intp).itemsize == ctypes.sizeof(ctypes.c_void_p)
@@ -47,18 +49,17 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
         values = arr
     if len(values) == 0:
         return np.empty(0, dtype=np.int64)
-    enc = msgspec.json.encode
-    if values.ndim == 1 and values.strides[0] == 0:
+    if is_absent_column(values):
         # An absent column (traces recorded without shapes): one object on every row, one code,
         # without a row-length array of its ids to factorize.
-        only = values[0]
-        return np.full(len(values), -1 if only is None else 0, dtype=np.int64)
+        return np.full(len(values), -1 if values[0] is None else 0, dtype=np.int64)
     # Ids stay valid: `values` holds every object alive for the duration of this call.
     ids = object_ids(values)
     obj_code, uniq_ids = pd.factorize(ids)
     del ids  # row-length temporaries go as soon as they are used (they set the peak on a large trace)
     objs = np.empty(len(uniq_ids), dtype=object)
     objs[obj_code] = values  # any row of a code holds the same object
+    enc = msgspec.json.encode
     keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
     content = pd.factorize(keys, use_na_sentinel=True)[0]
     return content[obj_code].astype(np.int64, copy=False)

@@ -42,7 +42,7 @@ from tokentrace.analysis.common.fits import CONFIDENCE, t_quantile
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.json_values import records as json_records
 from tokentrace.analysis.compare.metrics import Metric, dig, is_summary, metrics_for
-from tokentrace.analysis.loading.trace import OP_COLUMNS
+from tokentrace.analysis.loading.trace import OP_COLUMNS, values_at
 from tokentrace.errors import TokentraceError
 
 DIFF_SCHEMA_VERSION = 1
@@ -258,8 +258,8 @@ def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     if g.empty:
         return _empty_items(gpu=False)
     ev, rows = trace.events, g.index.to_numpy()
-    grid = _dims_text(pd.Series(ev["grid"].to_numpy()[rows], index=g.index))
-    block = _dims_text(pd.Series(ev["block"].to_numpy()[rows], index=g.index))
+    grid = _dims_text(pd.Series(values_at(ev["grid"], rows), index=g.index))
+    block = _dims_text(pd.Series(values_at(ev["block"], rows), index=g.index))
     shape = np.where(grid.to_numpy() == "", "", "grid " + grid.astype(str) + " block " + block.astype(str))
     df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": g["name"].astype(str).to_numpy(),
                        "shape": shape, "dur": g["dur"].to_numpy()})
