@@ -41,18 +41,18 @@ def launch_in(b: TraceBuilder, clk: Clock, t: float, kernel: str, us: float) -> 
 
 
 def sdpa(b: TraceBuilder, clk: Clock, *, q: int, kv: int, us: float, batch: int = 2, heads: int = 8, kv_heads: int | None = None,
-         d: int = 64, backend: str = "flash") -> None:
+         d: int = 64, backend: str = "flash", causal: bool = True) -> None:
     """aten::scaled_dot_product_attention as PyTorch records it: the public op, the backend's op, its kernels."""
     kv_heads = kv_heads or heads
     t = clk.host
     qd, kd = [batch, heads, q, d], [batch, kv_heads, kv, d]
     dims = [qd, kd, kd, [], [], [], [], []]
     types = [BF16, BF16, BF16, "", "Scalar", "Scalar", "Scalar", "Scalar"]
-    concrete = ["", "", "", "", "0.", "True", "", "False"]
+    concrete = ["", "", "", "", "0.", str(causal), "", "False"]
     b.cpu_op("aten::scaled_dot_product_attention", t, 40, input_dims=dims, input_type=types, concrete=concrete)
     if backend == "flash":
         b.cpu_op("aten::_scaled_dot_product_flash_attention", t + 1, 38, input_dims=[qd, kd, kd, [], [], [], []],
-                 input_type=[BF16] * 3 + ["Scalar"] * 4, concrete=["", "", "", "0.", "True", "False", ""])
+                 input_type=[BF16] * 3 + ["Scalar"] * 4, concrete=["", "", "", "0.", str(causal), "False", ""])
         launch_in(b, clk, t + 2, FLASH_KERNEL, us)
     else:  # the math fallback: matmul, softmax, matmul inside _scaled_dot_product_attention_math
         b.cpu_op("aten::_scaled_dot_product_attention_math", t + 1, 38, input_dims=[qd, kd, kd, [], [], [], []],
@@ -106,6 +106,19 @@ def test_sdpa_call_shapes_backend_and_gpu_time(tmp_path):
     json.dumps(doc)
     assert doc["calls"] == 1 and doc["backends"] == {"flash": 1}
     assert doc["groups"][0]["q_len"] == 300 and doc["groups"][0]["backend"] == "flash"
+
+
+def test_each_call_gets_its_own_shapes_and_causality_among_repeated_ones(tmp_path):
+    # Shapes and causality are parsed once per distinct (dims, types, inputs, op): calls that
+    # repeat, interleave and differ only in is_causal must each still get their own.
+    b = TraceBuilder()
+    clk = Clock()
+    plan = [(64, True, 2), (1, False, 2), (64, True, 2), (64, False, 2), (1, False, 4), (128, True, 2), (1, False, 2)]
+    for q, causal, batch in plan:
+        sdpa(b, clk, q=q, kv=q if q > 1 else 200, us=10.0, batch=batch, causal=causal)
+    res = run_alone(b.load(tmp_path))
+    got = [(int(c.q_len), bool(c.causal), int(c.batch), int(c.kv_len)) for c in res.calls.itertuples()]
+    assert got == [(q, causal, batch, q if q > 1 else 200) for q, causal, batch in plan]
 
 
 def test_math_fallback_is_found_and_flagged(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from tracebuilder import GPU_PID, HOST_PID, TraceBuilder
 
 import tokentrace
-from tokentrace.analysis.loading.links import innermost_containing, innermost_ops, nest_parents
+from tokentrace.analysis.loading.links import FEW_THREADS, innermost_containing, innermost_ops, nest_parents, thread_codes
 
 
 def _row(trace, name: str, nth: int = 0) -> int:
@@ -260,15 +260,17 @@ def _nested_ops(rng: np.random.Generator, threads: int) -> tuple[np.ndarray, ...
     return ts, end, tid, parent
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed):
     rng = np.random.default_rng(seed)
-    ts, end, tid, parent = _nested_ops(rng, threads=int(rng.integers(1, 4)))
+    # Mostly a few threads; two seeds with more than FEW_THREADS (threads coded by a hash table).
+    threads = int(rng.integers(1, 4)) if seed < 6 else FEW_THREADS + 8
+    ts, end, tid, parent = _nested_ops(rng, threads=threads)
     n_ops = len(ts)
     # Instants (memory events) on the ops' threads, at starts, ends (exclusive) and between.
     m = 300
     at_ts = np.sort(np.r_[rng.choice(ts, 50), rng.choice(end, 50), rng.integers(-5, 410, m - 100)])
-    at_tid = rng.integers(1, 4, m).astype(np.int32)
+    at_tid = rng.integers(1, max(threads, 3) + 1, m).astype(np.int32)
     # The instants join the ops as rows of one trace, all in start order (ops first on ties).
     all_ts = np.r_[ts, at_ts]
     order = np.lexsort((np.r_[np.zeros(n_ops), np.ones(m)], all_ts))
@@ -289,3 +291,19 @@ def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed)
     # Ops given out of order take the general path: the same answer.
     assert innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows).tolist() == want
     assert sum(w >= 0 for w in want) > 50  # most instants fall inside some op
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5, FEW_THREADS - 1, FEW_THREADS, FEW_THREADS + 20])
+def test_thread_codes_number_threads_by_first_appearance_like_factorize(threads):
+    rng = np.random.default_rng(threads)
+    # (pid, tid) pairs, negative ids (a trace's named threads) and pairs sharing a pid or a tid.
+    pairs = np.array([(int(rng.integers(-3, 3)), int(rng.integers(-2, 10**6))) for _ in range(threads)], dtype=np.int32)
+    pairs = np.unique(pairs, axis=0)
+    pick = rng.integers(0, len(pairs), 500)
+    pid, tid = pairs[pick, 0], pairs[pick, 1]
+    codes, n = thread_codes(pid, tid)
+    seen: dict[tuple[int, int], int] = {}
+    want = [seen.setdefault((int(p), int(t)), len(seen)) for p, t in zip(pid, tid, strict=True)]
+    assert n == len(seen) == len(np.unique(pick))
+    assert codes.tolist() == want
+    assert thread_codes(pid[:0], tid[:0])[1] == 0

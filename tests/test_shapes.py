@@ -14,7 +14,7 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.common import attribution
 from tokentrace.analysis.common import labels as phase_lab
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, value_codes
 from tokentrace.analysis.detectors import shapes
 from tokentrace.analysis.segments import Segments
 
@@ -138,13 +138,13 @@ def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
 def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
     rng = np.random.default_rng(0)
     a, b = rng.integers(-1, 5, 500), rng.integers(-1, 3, 500)
-    gid, first = shapes.group_ids(a, b)
+    gid, first = group_ids(a, b)
     expect = pd.DataFrame({"a": a, "b": b}).groupby(["a", "b"], sort=False).ngroup().to_numpy()
     assert gid.tolist() == expect.tolist()
     assert first.tolist() == [int(np.flatnonzero(gid == g)[0]) for g in range(gid.max() + 1)]
     # Keys wide enough that the combined key would overflow int64 without renumbering.
     wide = np.array([0, 2**40, 0, 2**40])
-    assert shapes.group_ids(wide, wide, wide, np.array([0, 1, 0, 0]))[0].tolist() == [0, 1, 0, 2]
+    assert group_ids(wide, wide, wide, np.array([0, 1, 0, 0]))[0].tolist() == [0, 1, 0, 2]
     # Keys of every integer width the callers pass (category codes, phase codes, uint64), taken in
     # place: the same groups as pandas on random keys.
     for trial in range(200):
@@ -153,7 +153,7 @@ def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
                 for _ in range(int(rng.integers(1, 6)))]
         if trial % 7 == 0:
             keys.append(rng.integers(0, 2**40, n).astype(np.uint64))
-        gid, first = shapes.group_ids(*keys)
+        gid, first = group_ids(*keys)
         frame = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)})
         expect = frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
         assert gid.tolist() == expect.tolist() and first.tolist() == np.unique(expect, return_index=True)[1].tolist()

@@ -48,7 +48,7 @@ from tokentrace.analysis.common.attention_ops import (
 from tokentrace.analysis.common.attribution import climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
@@ -172,25 +172,30 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
 
     dims = ev["input_dims"].to_numpy()
     types = ev["input_type"].to_numpy()
-    dcodes, tcodes = value_codes(dims[order]), value_codes(types[order])
-    parsed: dict[tuple[int, int, int], dict[str, Any]] = {}
-    for dc, tc, sp, r in zip(dcodes, tcodes, spec_o, order, strict=True):  # once per distinct (shapes, types, op kind)
-        key = (int(dc), int(tc), int(sp))
-        if key not in parsed:
-            parsed[key] = op_shapes(dims[r], types[r], kinds[sp])
-    shapes_o = [parsed[(int(dc), int(tc), int(sp))] for dc, tc, sp in zip(dcodes, tcodes, spec_o, strict=True)]
-    per_row["ok"] = [p["q_len"] is not None for p in shapes_o]
-    per_row["i"] = np.arange(len(order))
     concrete = ev["concrete_inputs"].to_numpy()
-    per_row["causal"] = [_causal(concrete[r], kinds[sp].causal) for r, sp in zip(order, spec_o, strict=True)]
-    cols = (*SHAPE_KEYS, "dtype", "kv_dtype", "causal")
-    shape_cols: dict[str, list] = {k: [None] * n_calls for k in cols}
-    for c, i in per_row[per_row["ok"]].drop_duplicates("call")[["call", "i"]].itertuples(index=False):
-        for k in (*SHAPE_KEYS, "dtype", "kv_dtype"):
-            shape_cols[k][c] = shapes_o[i][k]
+    # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
+    # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
+    inv, first_of = group_ids(value_codes(dims[order]), value_codes(types[order]), value_codes(concrete[order]), spec_o)
+    first_rows, first_spec = order[first_of], spec_o[first_of]
+    shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(first_rows.tolist(), first_spec.tolist(), strict=True)]
+    causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(first_rows.tolist(), first_spec.tolist(), strict=True)],
+                        dtype=object)
+    ok_u = np.array([sh["q_len"] is not None for sh in shapes_u], dtype=bool)
+    per_row["ok"] = ok_u[inv]
+    per_row["i"] = np.arange(len(order))
+    per_row["causal"] = causal_u[inv]
+    shape_cols: dict[str, list] = {}
+    # Each call's shapes: those of its first row (outer first) whose dims parse.
+    firsts = per_row[per_row["ok"]].drop_duplicates("call")
+    have_c, have_u = firsts["call"].to_numpy(np.int64), inv[firsts["i"].to_numpy(np.int64)]
+    for k in (*SHAPE_KEYS, "dtype", "kv_dtype"):
+        col = np.full(n_calls, None, dtype=object)
+        col[have_c] = np.array([sh[k] for sh in shapes_u], dtype=object)[have_u]  # ints, strings or None
+        shape_cols[k] = col.tolist()
     causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
-    for c, v in zip(causal["call"], causal["causal"], strict=True):
-        shape_cols["causal"][c] = bool(v)
+    col = np.full(n_calls, None, dtype=object)
+    col[causal["call"].to_numpy(np.int64)] = [bool(v) for v in causal["causal"]]
+    shape_cols["causal"] = col.tolist()
 
     g_op = gpu["op"].to_numpy()
     nearest = climb_to(parent, g_op, is_att)

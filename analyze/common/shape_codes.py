@@ -1,5 +1,6 @@
-"""Integer codes for the shape (Input Dims / Input type) lists of ops, so detectors group and
-compare shapes with numpy instead of hashing a million nested lists."""
+"""Integer codes for the shape (Input Dims / Input type) lists of ops, and group ids over several
+such integer keys, so detectors group and compare shapes with numpy instead of hashing a million
+nested lists or building a DataFrame to group by."""
 
 from __future__ import annotations
 
@@ -63,3 +64,30 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
     keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
     content = pd.factorize(keys, use_na_sentinel=True)[0]
     return content[obj_code].astype(np.int64, copy=False)
+
+
+def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group id per row for each distinct combination of the integer key columns (at least one
+    row), numbered in order of first appearance as DataFrame.groupby(sort=False) numbers them, and
+    the first row of each group. Numpy sums over these ids replace a groupby of a million-row
+    DataFrame, whose construction alone copies every column into a new block."""
+    key = np.zeros(len(keys[0]), dtype=np.int64)
+    top = 0  # key.max(), tracked: the keys only grow
+    for k in keys:
+        k = np.asarray(k)
+        if k.dtype.kind not in "biu" or k.dtype == np.uint64:  # what int64 cannot take in place
+            k = k.astype(np.int64)
+        lo = int(k.min())
+        span = int(k.max()) - lo + 1
+        if (top + 1) * span >= 2**62:  # renumber densely before the product overflows
+            key = pd.factorize(key)[0].astype(np.int64)
+            top = int(key.max())
+        # In place (k in its own narrow type, widened by the ufunc): no temporary per key.
+        key *= span
+        key += k
+        key -= lo
+        top = top * span + span - 1
+    gid = pd.factorize(key)[0].astype(np.int64, copy=False)
+    # First appearances come in id order: a row starts a group iff its id exceeds all before it.
+    first = np.flatnonzero(np.r_[True, gid[1:] > np.maximum.accumulate(gid)[:-1]])
+    return gid, first

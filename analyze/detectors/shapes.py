@@ -21,7 +21,7 @@ import pandas as pd
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -79,33 +79,6 @@ def _label(labels: np.ndarray, codes: np.ndarray, missing: Any = "") -> np.ndarr
     codes = np.asarray(codes, dtype=np.int64)
     out = labels[np.maximum(codes, 0)] if len(labels) else np.full(len(codes), missing, dtype=object)
     return np.where(codes >= 0, out, missing).astype(object)
-
-
-def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Group id per row for each distinct combination of the integer key columns (at least one
-    row), numbered in order of first appearance as DataFrame.groupby(sort=False) numbers them, and
-    the first row of each group. Numpy sums over these ids replace a groupby of a million-row
-    DataFrame, whose construction alone copies every column into a new block."""
-    key = np.zeros(len(keys[0]), dtype=np.int64)
-    top = 0  # key.max(), tracked: the keys only grow
-    for k in keys:
-        k = np.asarray(k)
-        if k.dtype.kind not in "biu" or k.dtype == np.uint64:  # what int64 cannot take in place
-            k = k.astype(np.int64)
-        lo = int(k.min())
-        span = int(k.max()) - lo + 1
-        if (top + 1) * span >= 2**62:  # renumber densely before the product overflows
-            key = pd.factorize(key)[0].astype(np.int64)
-            top = int(key.max())
-        # In place (k in its own narrow type, widened by the ufunc): no temporary per key.
-        key *= span
-        key += k
-        key -= lo
-        top = top * span + span - 1
-    gid = pd.factorize(key)[0].astype(np.int64, copy=False)
-    # First appearances come in id order: a row starts a group iff its id exceeds all before it.
-    first = np.flatnonzero(np.r_[True, gid[1:] > np.maximum.accumulate(gid)[:-1]])
-    return gid, first
 
 
 def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
