@@ -66,6 +66,29 @@ def test_gap_while_host_in_cpu_op_without_launching(builder, tmp_path):
     assert f.op == "aten::topk" and f.cost_total_us == pytest.approx(710.0)
 
 
+def test_host_free_time_counts_nested_ops_once_and_calls_that_outlast_their_op(builder, tmp_path):
+    # Host time free of launching, during the gap [200, 910): time in ops that launch nothing
+    # (a nest of them counted once; one inside a launching op still counts) plus time outside
+    # any op or runtime call (a call that outlasts its op is host activity up to its end).
+    builder.launch("k_a", 50, 100, 100)  # [100, 200)
+    builder.cpu_op("aten::outer", 150, 350)  # [150, 500), launches nothing
+    builder.cpu_op("aten::inner", 160, 140)
+    builder.cpu_op("aten::leaf", 170, 30)
+    builder.cpu_op("aten::tail", 600, 50)  # [600, 650)
+    builder.runtime("cudaGetDevice", 640, 60)  # starts inside aten::tail, runs to 700
+    builder.cpu_op("aten::step", 880, 110)  # [880, 990): launches, through aten::add
+    builder.cpu_op("aten::prep", 880, 20)  # [880, 900), launches nothing
+    builder.cpu_op("aten::add", 900, 20)
+    builder.launch("k_b", 905, 910, 10)  # gap [200, 910); the launch call returns at 910
+    _, g = _gaps(builder, tmp_path)
+    row = g.gaps.iloc[0]
+    assert len(g.gaps) == 1 and (row["start"], row["end"]) == (200_000, 910_000)
+    # Not launching: [200, 500) + [600, 650) + [880, 900) = 370; no host activity at all:
+    # 710 - ([200, 500) + [600, 700) + [880, 910)) = 280.
+    assert row["host_free_us"] == pytest.approx(650.0)
+    assert row["cause"] == "cpu_busy"
+
+
 def test_gap_while_host_in_python_lists_the_stack(builder, tmp_path):
     builder.python("model.py(1): generate", 0, 1000, pyid=1)
     builder.python("sampler.py(10): sample", 210, 390, pyid=2, parent=1)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, HOST_API_KINDS, LAUNCH_APIS
+from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, device_busy
@@ -312,14 +312,24 @@ class _ThreadIntervals:
         ev = trace.events
         self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
         self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-        self.native = np.flatnonzero(trace.kind_mask("cpu_op", *HOST_API_KINDS))
         self.py = None
-        # Ops that launched GPU work themselves or through a descendant.
+        # Only the measure of these unions is read (iv.overlap), and an interval inside another
+        # one of the same set adds nothing to it: an op lies inside its parent (the loader's
+        # parent is the enclosing op of the same thread; a graph map's added ops, parented across
+        # threads, last no time), a runtime call inside its op unless it outlasts it. So each
+        # union is made of the outermost members only (a tenth of a training step's ops).
+        ops = trace.narrow(("cpu_op",), OP_COLUMNS)
+        op_rows, op_parent = ops.index.to_numpy(np.int64), ops["parent"].to_numpy()
         rt = trace.narrow_runtime
-        launch_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
+        rt_rows, rt_op = rt.index.to_numpy(np.int64), rt["op"].to_numpy()
+        outlasts = (rt_op < 0) | (self.end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
+        self.native = np.sort(np.r_[op_rows[op_parent < 0], rt_rows[outlasts]], kind="stable")
+        # Ops that launched GPU work themselves or through a descendant; of the others, those
+        # whose parent launched (or that have none): an op's descendants launch only if it does.
+        launch_rows = rt_rows[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
-        ops = trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64)
-        self.nolaunch = ops[~launching[ops]]
+        free = ~launching[op_rows]
+        self.nolaunch = op_rows[free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])]
         self.coll = np.flatnonzero(host_collective_mask(trace))
         self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]
         self.waits = calls[(calls["kind"] == "gpu_wait") & (calls["pid"] >= 0)]
