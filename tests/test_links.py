@@ -307,3 +307,7 @@ def test_thread_codes_number_threads_by_first_appearance_like_factorize(threads)
     assert n == len(seen) == len(np.unique(pick))
     assert codes.tolist() == want
     assert thread_codes(pid[:0], tid[:0])[1] == 0
+    # Ids wider than 32 bits, equal in their low halves: apart past FEW_THREADS too (no packing).
+    wide_tid = np.arange(FEW_THREADS + 8, dtype=np.int64) << 33
+    wide, n_wide = thread_codes(np.zeros(len(wide_tid), np.int64), wide_tid)
+    assert n_wide == len(wide_tid) and wide.tolist() == list(range(len(wide_tid)))

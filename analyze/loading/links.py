@@ -102,7 +102,7 @@ def thread_codes(pid: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, int]:
     n = 1
     while len(rest):
         if n == FEW_THREADS:
-            full, uniq = pd.factorize((pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF))
+            full, uniq = pd.factorize(_thread_ids(pid, tid))
             return full, len(uniq)
         p, t = pid[rest], tid[rest]
         same = (p == p[0]) & (t == t[0])
