@@ -82,6 +82,20 @@ def test_take_rows_is_iloc_with_or_without_absent_columns(tmp_path):
     pd.testing.assert_frame_equal(take_rows(ev, rows[:0]), ev.iloc[rows[:0]])
 
 
+def test_take_rows_keeps_object_columns_object_whatever_the_rows_hold():
+    # Rows whose object column holds only strings (or only numbers) keep the column's type, as
+    # iloc does: handed to DataFrame as arrays, they would come back as str (or int64).
+    stack = np.empty(6, dtype=object)
+    stack[:] = ["f;g", None, "h", "i;j", 7, 8]
+    dims = np.empty(6, dtype=object)
+    dims[:] = [[1, 2], None, [3], [], None, [4]]
+    ev = pd.DataFrame({"ts": np.arange(6, dtype=np.int64), "stack": stack, "input_dims": dims})
+    for rows in (np.array([0, 2, 3]), np.array([4, 5]), np.array([1, 4]), np.array([], dtype=np.int64)):
+        got = take_rows(ev, rows)
+        pd.testing.assert_frame_equal(got, ev.iloc[rows])
+        assert (got.dtypes == ev.dtypes).all() and got["stack"].tolist() == stack[rows].tolist()
+
+
 def test_the_cache_reads_absent_columns_back_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_cache, "MIN_JSON_BYTES", 0)
     p = ops_and_kernels().write(tmp_path / "t.json.gz")
