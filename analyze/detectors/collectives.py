@@ -25,6 +25,7 @@ cause, top kernel, busy time), which names what a late rank was doing instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -246,9 +247,9 @@ def host_calls(trace: Trace) -> pd.DataFrame:
     m["call"] = call
     # Type of each member and how sure it is: the args' collective name, then the backend's own
     # range (nccl:all_reduce), then the framework op (c10d::allreduce_, vllm::all_reduce).
-    arg_type = [cc.normalise_type(x) for x in m["coll_name"]]
-    name_type = [cc.host_type(str(x)) for x in names]
-    backend = [str(x).split(":", 1)[0] if ":" in str(x) and "::" not in str(x) else None for x in names]
+    arg_type = _per_distinct(m["coll_name"].to_numpy(dtype=object), cc.normalise_type)
+    name_type = _per_distinct(names, lambda x: cc.host_type(str(x)))
+    backend = _per_distinct(names, lambda x: str(x).split(":", 1)[0] if ":" in str(x) and "::" not in str(x) else None)
     m["type"] = [a or b for a, b in zip(arg_type, name_type, strict=True)]
     m["prio"] = [0 if a else (1 if bk else 2) if b else 9 for a, b, bk in zip(arg_type, name_type, backend, strict=True)]
     m["type_source"] = ["args" if a else ("op" if b else None) for a, b in zip(arg_type, name_type, strict=True)]
@@ -281,6 +282,15 @@ def host_calls(trace: Trace) -> pd.DataFrame:
     maxes = g[["dims_bytes", "ratio"]].max()
     out = out.join(firsts).join(maxes)
     return out[cols]
+
+
+def _per_distinct(values: np.ndarray, fn: Callable[[Any], Any]) -> list[Any]:
+    """`[fn(v) for v in values]`, calling fn once per distinct value (a training trace's thousands
+    of collective ranges carry a handful of names)."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    out = np.empty(len(uniq), dtype=object)
+    out[:] = [fn(u) for u in uniq]
+    return out[codes].tolist()
 
 
 def first_pos(call: np.ndarray) -> np.ndarray:
