@@ -166,9 +166,10 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
         inside = (k >= 0) & (starts < ce[np.maximum(k, 0)])
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    top = cpu[(cpu["tid"] == tid) & (cpu["parent"] < 0)]
     rt = trace.narrow_runtime
-    host = pd.concat([top[["ts", "end"]], rt[rt["tid"] == tid][["ts", "end"]]]).sort_values("ts")
+    # Two columns of the thread's rows, not every column of them (loc with the column list).
+    top = cpu.loc[((cpu["tid"] == tid) & (cpu["parent"] < 0)).to_numpy(), ["ts", "end"]]
+    host = pd.concat([top, rt.loc[(rt["tid"] == tid).to_numpy(), ["ts", "end"]]]).sort_values("ts")
     hts = host["ts"].to_numpy(np.int64)
     reach = np.maximum.accumulate(host["end"].to_numpy(np.int64)) if len(host) else np.empty(0, np.int64)
     j = np.searchsorted(hts, limit, side="left") - 1
