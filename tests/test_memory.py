@@ -173,3 +173,28 @@ def test_sample_capture_dynamic_cache_is_flagged():
 def test_real_traces_do_not_crash(path):
     res = run_memory(tokentrace.load(path))
     json.dumps(res.to_json())
+
+
+@pytest.mark.parametrize("on_one, on_zero, main", [(5, 3, 1), (3, 3, 0)])
+def test_the_device_with_most_memory_events_is_read_ties_to_the_lower_id(tmp_path, on_one, on_zero, main):
+    # Events of two GPUs and of the host, interleaved: the timeline is the busier GPU's alone
+    # (on a tie, the lower (type, id), as a groupby's key order leaves it).
+    b = TraceBuilder()
+    b.cpu_op("aten::empty", 0, 100)
+    t, level = 1.0, {0: 0, 1: 0}
+    # Round-robin over the three sources until each is spent (-1: the host), device 1 first.
+    plan = [d for k in range(max(on_one, on_zero, 2)) for d, n in ((1, on_one), (-1, 2), (0, on_zero)) if k < n]
+    for i, dev in enumerate(plan):
+        if dev < 0:
+            b.memory(t, 64, allocated=10 ** 9, reserved=10 ** 9, device=0, device_type=0)
+        else:
+            level[dev] += (dev + 1) * 1000
+            b.memory(t, (dev + 1) * 1000, allocated=level[dev], reserved=1 << 30, device=dev)
+        t += 1.0 + i
+    tr = b.load(tmp_path)
+    res = memory.run(tr, context(tr))
+    s = res.summary
+    assert s["device"] == {"device_type": 1, "device_id": main, "devices": 2}
+    assert s["events"] == (on_one if main == 1 else on_zero) and s["host_events"] == len(plan) - s["events"]
+    assert s["peak_allocated_bytes"] == level[main]
+    assert res.timeline["bytes"].tolist() == [(main + 1) * 1000] * s["events"]

@@ -127,10 +127,12 @@ class TraceBuilder:
             self.cuda_sync(kineto, ts, dur, corr=corr, stream=stream)
         return corr
 
-    def memory(self, ts: float, nbytes: int, *, allocated: int, reserved: int, addr: int = 1 << 40, device: int = 0) -> None:
+    def memory(self, ts: float, nbytes: int, *, allocated: int, reserved: int, addr: int = 1 << 40, device: int = 0,
+               device_type: int = 1) -> None:
         self.events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": HOST_PID,
                             "tid": HOST_TID, "ts": ts, "args": {"Total Reserved": reserved, "Total Allocated": allocated,
-                                                              "Bytes": nbytes, "Addr": addr, "Device Id": device, "Device Type": 1}})
+                                                              "Bytes": nbytes, "Addr": addr, "Device Id": device,
+                                                              "Device Type": device_type}})
 
     # ---- LLM inference ---------------------------------------------------------------
     def llm_step(self, t0: float, *, q_len: int, kv_len: int | None = None, batch: int = 1, layers: int = 2,

@@ -27,7 +27,7 @@ from tokentrace.analysis.common.shape_codes import value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.links import innermost_ops
+from tokentrace.analysis.loading.links import innermost_ops, thread_codes
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
@@ -130,12 +130,22 @@ MEMORY_COLUMNS = ("ts", "mem_bytes", "total_allocated", "total_reserved", "devic
 
 
 def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None]:
-    gpu = mem[mem["device_type"].to_numpy() != CPU_DEVICE_TYPE]
-    if gpu.empty:
-        return gpu, None
-    counts = gpu.groupby(["device_type", "device_id"]).size().sort_values(ascending=False)
+    """The events of the accelerator with the most of them, and which it is. The few (type, id)
+    pairs are counted from comparison codes, not by a groupby over every event; the frame is
+    filtered only when some events are elsewhere (usually all are on one device)."""
+    dtype_, did = mem["device_type"].to_numpy(), mem["device_id"].to_numpy()
+    on_gpu = dtype_ != CPU_DEVICE_TYPE
+    if not on_gpu.any():
+        return mem[on_gpu], None
+    codes, n = thread_codes(dtype_[on_gpu], did[on_gpu])
+    first = np.full(n, len(codes), dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(len(codes), dtype=np.int64))
+    pairs = pd.MultiIndex.from_arrays([dtype_[on_gpu][first], did[on_gpu][first]], names=["device_type", "device_id"])
+    # In key order, then most events first: the order groupby(...).size().sort_values() gives.
+    counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
     dt, di = counts.index[0]
-    sel = gpu[(gpu["device_type"] == dt) & (gpu["device_id"] == di)]
+    keep = on_gpu & (dtype_ == dt) & (did == di)
+    sel = mem if keep.all() else mem[keep]
     return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(len(counts))}
 
 
@@ -271,7 +281,9 @@ def run(trace: Trace, ctx: Context) -> Memory:
     ev = trace.events
     all_mem = trace.narrow(("memory",), MEMORY_COLUMNS)
     mem, device = _main_device(all_mem)
-    mem = mem.sort_values("ts", kind="stable")
+    ts_mem = mem["ts"].to_numpy()
+    if not bool((ts_mem[1:] >= ts_mem[:-1]).all()):  # loaded traces are in start order already
+        mem = mem.sort_values("ts", kind="stable")
     rows = mem.index.to_numpy(np.int64)
     enc = enclosing_ops(trace, rows)
     is_cat = np.zeros(len(ev), dtype=bool)
