@@ -88,8 +88,12 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key -= lo
         top = top * span + span - 1
     gid = pd.factorize(key)[0].astype(np.int64, copy=False)
-    # Each group's first row: its least row (ids number groups in first-appearance order, so these
-    # come sorted); ufunc.at takes half the time of a running maximum over the ids.
-    first = np.full(int(gid.max()) + 1 if len(gid) else 0, len(gid), dtype=np.int64)
-    np.minimum.at(first, gid, np.arange(len(gid), dtype=np.int64))
-    return gid, first
+    return gid, first_rows(gid, int(gid.max()) + 1 if len(gid) else 0)
+
+
+def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
+    """The first row of each id 0..n-1, for ids numbered in order of first appearance (so the rows
+    come sorted); ufunc.at takes half the time of a running maximum over the ids."""
+    first = np.full(n, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
+    return first

@@ -23,7 +23,7 @@ from tokentrace.analysis.common.attention_calls import time_column
 from tokentrace.analysis.common.attribution import OpGpu, climb_to, op_gpu
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import first_rows, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -137,10 +137,10 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
     on_gpu = dtype_ != CPU_DEVICE_TYPE
     if not on_gpu.any():
         return mem[on_gpu], None
-    codes, n = thread_codes(dtype_[on_gpu], did[on_gpu])
-    first = np.full(n, len(codes), dtype=np.int64)
-    np.minimum.at(first, codes, np.arange(len(codes), dtype=np.int64))
-    pairs = pd.MultiIndex.from_arrays([dtype_[on_gpu][first], did[on_gpu][first]], names=["device_type", "device_id"])
+    g_type, g_id = dtype_[on_gpu], did[on_gpu]
+    codes, n = thread_codes(g_type, g_id)
+    first = first_rows(codes, n)
+    pairs = pd.MultiIndex.from_arrays([g_type[first], g_id[first]], names=["device_type", "device_id"])
     # In key order, then most events first: the order groupby(...).size().sort_values() gives.
     counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
     dt, di = counts.index[0]
