@@ -311,3 +311,40 @@ def test_thread_codes_number_threads_by_first_appearance_like_factorize(threads)
     wide_tid = np.arange(FEW_THREADS + 8, dtype=np.int64) << 33
     wide, n_wide = thread_codes(np.zeros(len(wide_tid), np.int64), wide_tid)
     assert n_wide == len(wide_tid) and wide.tolist() == list(range(len(wide_tid)))
+
+
+def test_innermost_ops_zero_length_op_holds_the_instant_at_its_start():
+    # One thread, rows in start order: A [0, 100), a zero-length op Z at 40 inside A, instants at
+    # 40 (Z's start: inside Z), 41 (after Z: back in A) and 100 (A's end: outside).
+    ts = np.array([0, 40, 40, 41, 100])
+    end = np.array([100, 40, 40, 41, 100])
+    parent = np.array([-1, 0, -1, -1, -1])
+    cols = dict(ts=ts, end=end, pid=np.zeros(5, np.int32), tid=np.ones(5, np.int32), parent=parent)
+    for op_rows in (np.array([0, 1]), np.array([1, 0])):  # start order (fast path) and not (general path)
+        assert innermost_ops(**cols, op_rows=op_rows, at_rows=np.array([2, 3, 4])).tolist() == [1, 0, -1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_innermost_ops_walks_the_parent_column_through_the_given_ops_only(seed):
+    # With only some ops given, a walk stops at a parent that is not one of them; both paths
+    # (ops in start order, ops permuted) apply that same rule.
+    rng = np.random.default_rng(100 + seed)
+    ts, end, tid, parent = _nested_ops(rng, threads=2)
+    at = np.sort(rng.integers(0, 400, 200))
+    n = len(ts)
+    all_ts = np.r_[ts, at]
+    order = np.lexsort((np.r_[np.zeros(n), np.ones(len(at))], all_ts))
+    new_row = np.empty(len(order), dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    cols = dict(ts=all_ts[order], end=np.r_[end, at][order], pid=np.zeros(len(order), np.int32),
+                tid=np.r_[tid, rng.integers(1, 3, len(at)).astype(np.int32)][order],
+                parent=np.r_[np.where(parent >= 0, new_row[np.maximum(parent, 0)], -1), np.full(len(at), -1)][order])
+    op_rows = np.sort(rng.choice(new_row[:n], n * 2 // 3, replace=False))
+    at_rows = new_row[n:]
+    fast = innermost_ops(**cols, op_rows=op_rows, at_rows=at_rows)
+    general = innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows)
+    assert fast.tolist() == general.tolist()
+    assert set(fast.tolist()) - {-1} <= set(op_rows.tolist())
+    # The rule matters here: some walk stops at a parent left out (a deeper op was missing).
+    full = innermost_ops(**cols, op_rows=new_row[:n], at_rows=at_rows)
+    assert (fast != full).any()

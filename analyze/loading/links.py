@@ -200,36 +200,40 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     op_thread, at_thread = thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):]
     order = np.argsort(op_thread, kind="stable")  # (thread, start, row) order: the rows are in start order
     o_thread, o_ts = op_thread[order], o_ts[order]
-    o_end = end[op_rows][order].astype(np.int64)
     # Ties in (thread, start) go longer first, then by row, as the lexsort (-end, ts, thread) orders them.
     tie = np.flatnonzero((o_thread[1:] == o_thread[:-1]) & (o_ts[1:] == o_ts[:-1]))
     if len(tie):
         at = np.unique(np.r_[tie, tie + 1])
-        sub_order = at[np.lexsort((at, -o_end[at], o_ts[at], o_thread[at]))]
+        at_end = end[op_rows[order[at]]].astype(np.int64)
+        sub_order = at[np.lexsort((at, -at_end, o_ts[at], o_thread[at]))]
         order[at] = order[sub_order]
-        o_thread, o_ts, o_end = op_thread[order], ts[op_rows][order].astype(np.int64), end[op_rows][order].astype(np.int64)
+        o_thread, o_ts = op_thread[order], ts[op_rows[order]].astype(np.int64)
     o_rows = op_rows[order]
-    pr = parent[o_rows]
-    if bool((op_rows[1:] > op_rows[:-1]).all()):
-        # Parents' positions by a search among the ops' rows (ascending), not through a table
-        # over every event (40 MB to fill at 5 M events, for a few ops' worth of lookups).
-        k = np.minimum(np.searchsorted(op_rows, pr), len(op_rows) - 1)
-        at_order = np.empty(len(order), dtype=np.int64)
-        at_order[order] = np.arange(len(order))
-        p = np.where((pr >= 0) & (op_rows[k] == pr), at_order[k], -1)
-    else:
-        pos = np.full(len(ts), -1, dtype=np.int64)
-        pos[o_rows] = np.arange(len(o_rows))
-        p = np.where(pr >= 0, pos[np.maximum(pr, 0)], -1)
     # The last op of the row's thread starting at or before it (an op before an instant at the same time).
     key = o_thread.astype(np.int64) * span + (o_ts - lo)
     a_ts = ts[at_rows].astype(np.int64)
     last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
     ok = last >= 0
     ok[ok] = o_thread[last[ok]] == at_thread[ok]
-    last = np.where(ok, last, -1)
-    hit = innermost_containing(o_ts, o_end, p, a_ts, last)
-    return np.where(hit >= 0, o_rows[np.maximum(hit, 0)], -1)
+    # Walk up from that op by the parent column, in rows: only the ops visited are looked at, not
+    # a parent position for every op (a search of each op's parent among the ops' rows was a
+    # third of this lookup at 1 GB, for the few ops an instant climbs past).
+    sorted_ops = op_rows if bool((op_rows[1:] > op_rows[:-1]).all()) else np.sort(op_rows)
+    hit = np.where(ok, o_rows[np.maximum(last, 0)], -1)
+    todo = np.flatnonzero(ok)
+    while len(todo):
+        cur = hit[todo]
+        c_ts, c_end, at = ts[cur], end[cur], a_ts[todo]
+        # Zero-length ops (dur 0) contain the instant they start at.
+        inside = (at < c_end) | ((c_end == c_ts) & (at == c_ts))
+        todo = todo[~inside]
+        up = parent[hit[todo]]
+        # Only a cpu op's parent that is itself one of the ops continues the walk.
+        k = np.minimum(np.searchsorted(sorted_ops, up), len(sorted_ops) - 1)
+        up = np.where((up >= 0) & (sorted_ops[k] == up), up, -1)
+        hit[todo] = up
+        todo = todo[up >= 0]
+    return hit
 
 
 def _last_started(op_thread: np.ndarray, op_ts: np.ndarray, at_thread: np.ndarray, at: np.ndarray) -> np.ndarray:
