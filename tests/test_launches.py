@@ -44,6 +44,19 @@ def test_queue_depth_per_stream(builder, tmp_path):
     assert streams[8]["depth_max"] == 0
 
 
+def test_queue_depth_with_launches_sharing_a_time(builder, tmp_path):
+    # A graph replay's three kernels enter the queue together (one launch time): none was launched
+    # strictly before another, so each finds the queue empty. A launch at 1 finds all three
+    # queued; one at 40 finds three (g1, g2 and k1: g0 ended at 30); one at 200 finds none.
+    builder.graph_launch(0, 10, [("g0", 20.0), ("g1", 20.0), ("g2", 20.0)])
+    builder.launch("k1", 1, 80, 10)
+    builder.launch("k2", 40, 95, 10)
+    builder.launch("k3", 200, 205, 10)
+    _, res = _launches(builder, tmp_path)
+    act = res.activities.sort_values(["launch_ts", "ts"])
+    assert act["depth"].tolist() == [0, 0, 0, 3, 3, 0]
+
+
 def test_graph_launch_owns_its_kernels(builder, tmp_path):
     builder.graph_launch(0, 50, [(f"node{i}", 3.0) for i in range(200)], gap=0.0)
     _, res = _launches(builder, tmp_path)
