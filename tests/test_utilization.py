@@ -29,12 +29,19 @@ def test_union_complement_overlap_exact():
     assert iv.count_active(s, e, np.array([60, 112, 500])).tolist() == [2, 2, 0]
 
 
-def test_union_grouped_matches_per_group_union():
+@pytest.mark.parametrize("order", ["any", "by start", "by group and start"])
+def test_union_grouped_matches_per_group_union(order):
+    # Rows in any order, in start order (groups interleaved: a loaded trace's rows) and already
+    # grouped: each takes its own way to the (group, start) order, with the same unions.
     rng = np.random.default_rng(0)
     g = rng.integers(0, 4, 500)
     s = rng.integers(0, 10_000, 500)
-    e = s + rng.integers(1, 300, 500)
+    e = s + rng.integers(-5, 300, 500)  # a few ends before their start count as empty
+    if order != "any":
+        at = np.argsort(s, kind="stable") if order == "by start" else np.lexsort((s, g))
+        g, s, e = g[at], s[at], e[at]
     gg, ms, me = iv.union_grouped(g, s, e)
+    assert (np.diff(gg) >= 0).all()
     for k in range(4):
         a, b = iv.union(s[g == k], e[g == k])
         assert ms[gg == k].tolist() == a.tolist() and me[gg == k].tolist() == b.tolist()

@@ -162,8 +162,8 @@ class _Cols:
     def in_capture(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row lies inside a stream capture (begin .. end call), where launches record a
         graph's nodes instead of running them."""
-        begins = np.sort(self.ts[self.capture_begin])
-        ends = np.sort(self.end[self.capture_end])
+        begins = np.sort(self.ts[self.capture_begin], kind="stable")
+        ends = np.sort(self.end[self.capture_end], kind="stable")
         if not len(begins) or not len(ends):
             return np.zeros(len(rows), dtype=bool)
         t = self.ts[rows]
@@ -313,7 +313,7 @@ def _cropped_step(c: _Cols, real: np.ndarray, segments: Any) -> HealthCheck:
     steps = table[table["phase"].isin(("prefill", "decode", "step", "mixed"))] if table is not None and len(table) else None
     if steps is None or steps.empty:
         return HealthCheck("cropped_step", "skipped", "no steps found to check the window against")
-    lts = np.sort(c.ts[c.launch_call & real])
+    lts = np.sort(c.ts[c.launch_call & real], kind="stable")  # in order already: stable sorts take one pass
     if not len(lts):
         return HealthCheck("cropped_step", "skipped", "no launch calls to count")
     starts = steps["start"].to_numpy(np.int64)

@@ -147,10 +147,10 @@ def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray,
     on_tid = cpu[cpu["tid"] == tid]
     att = on_tid[is_attention[on_tid.index.to_numpy()]]
     if not att.empty:
-        count = np.searchsorted(np.sort(att["ts"].to_numpy(np.int64)), ts)
+        count = np.searchsorted(np.sort(att["ts"].to_numpy(np.int64), kind="stable"), ts)
         new = np.r_[True, count[1:] > count[:-1]]
     else:
-        count = np.searchsorted(np.sort(on_tid["ts"].to_numpy(np.int64)), ts)
+        count = np.searchsorted(np.sort(on_tid["ts"].to_numpy(np.int64), kind="stable"), ts)
         new = np.r_[True, (count[1:] - count[:-1]) >= MIN_OPS_PER_FORWARD]
     return ts[new], emb.index.to_numpy(np.int64)[new], tid
 
