@@ -128,6 +128,22 @@ def test_device_busy_openers_and_closers(builder, tmp_path):
     assert [names[r] for r in busy.closer[0]] == ["long", "after"]
 
 
+
+def test_device_busy_of_two_devices_interleaved_in_time(builder, tmp_path):
+    # Rows in start order alternate between the devices: each device's busy time is its own.
+    builder.launch("a0", 0, 0, 100, device=0)
+    builder.launch("b0", 1, 50, 70, device=1)  # 50..120
+    builder.launch("a1", 2, 90, 30, device=0)  # 90..120, inside a0's run: 0..120
+    builder.launch("b1", 3, 130, 10, device=1)
+    builder.launch("a2", 4, 150, 50, device=0)
+    trace = builder.load(tmp_path)
+    busy = device_busy(trace)
+    names = trace.events["name"].astype(str).to_numpy()
+    assert busy.devices == [0, 1]
+    assert busy.starts[0].tolist() == [0, 150_000] and busy.ends[0].tolist() == [120_000, 200_000]
+    assert busy.starts[1].tolist() == [50_000, 130_000] and busy.ends[1].tolist() == [120_000, 140_000]
+    assert [names[r] for r in busy.closer[0]] == ["a1", "a2"] and [names[r] for r in busy.opener[1]] == ["b0", "b1"]
+
 # ---- nsys rule parity --------------------------------------------------------------------------
 
 def test_nsys_rules_on_built_trace(builder, tmp_path):

@@ -38,8 +38,9 @@ def device_busy(trace: Trace) -> BusyTimeline:
     dev = gpu["device"].to_numpy(np.int64)
     ts = gpu["ts"].to_numpy(np.int64)
     end = gpu["end"].to_numpy(np.int64)
-    order = np.lexsort((ts, dev))
-    rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
+    order = iv.group_start_order(dev, ts)  # None: in (device, start) order already
+    if order is not None:
+        rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
     bounds = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1], True])
     for a, b in pairwise(bounds):
         d = int(dev[a])

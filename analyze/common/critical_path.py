@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
+from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
@@ -364,8 +365,9 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     hkeep = np.flatnonzero(on_thread)
     h_cols = {"seg": rseg[hkeep], "row": rt.index.to_numpy(np.int64)[keep][hkeep], "ts": r_ts[hkeep],
               "end": rt["end"].to_numpy(np.int64)[keep][hkeep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep][hkeep]}
-    horder = np.lexsort((h_cols["ts"], h_cols["seg"]))  # sort_values(["seg", "ts"]): stable
-    h_cols = {c: v[horder] for c, v in h_cols.items()}
+    horder = iv.group_start_order(h_cols["seg"], h_cols["ts"])  # sort_values(["seg", "ts"]): stable
+    if horder is not None:
+        h_cols = {c: v[horder] for c, v in h_cols.items()}
     h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu

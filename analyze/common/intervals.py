@@ -67,7 +67,7 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
     g, s, e = _arr(groups), _arr(starts), _arr(ends)
     if len(s) == 0:
         return g.copy(), s.copy(), e.copy()
-    order = _group_start_order(g, s)
+    order = group_start_order(g, s)
     if order is None:
         e = np.maximum(e, s)
     else:
@@ -88,7 +88,7 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
     return g[first], s[first], reach[last]
 
 
-def _group_start_order(g: np.ndarray, s: np.ndarray) -> np.ndarray | None:
+def group_start_order(g: np.ndarray, s: np.ndarray) -> np.ndarray | None:
     """np.lexsort((s, g)), or None where that is the identity. Rows often come in start order
     (a loaded trace's are): then a stable sort by group alone gives the same order (ties keep
     their order in both), and when the groups are in order too there is nothing to sort; a
