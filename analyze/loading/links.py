@@ -190,12 +190,15 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     re-sorted longer first) and each row's last started op found by one binary search on
     (thread, start) keys, instead of two three-key lexsorts."""
     o_ts = ts[op_rows].astype(np.int64)
-    lo, hi = int(min(o_ts.min(), ts[at_rows].min())), int(max(o_ts.max(), ts[at_rows].max()))
+    if (o_ts[1:] < o_ts[:-1]).any():
+        return None
+    a_ts = ts[at_rows].astype(np.int64)
+    lo, hi = min(int(o_ts[0]), int(a_ts.min())), max(int(o_ts[-1]), int(a_ts.max()))  # the ops' ends of range: in order
     rows = np.concatenate([op_rows, at_rows])
     # One integer per (pid, tid), of these rows only (not of every event).
     thread, n_threads = thread_codes(pid[rows], tid[rows])
     span = hi - lo + 1
-    if n_threads * span >= 2**62 or n_threads > 2**15 or (o_ts[1:] < o_ts[:-1]).any():
+    if n_threads * span >= 2**62 or n_threads > 2**15:
         return None
     op_thread, at_thread = thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):]
     order = np.argsort(op_thread, kind="stable")  # (thread, start, row) order: the rows are in start order
@@ -211,7 +214,6 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     o_rows = op_rows[order]
     # The last op of the row's thread starting at or before it (an op before an instant at the same time).
     key = o_thread.astype(np.int64) * span + (o_ts - lo)
-    a_ts = ts[at_rows].astype(np.int64)
     last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
     ok = last >= 0
     ok[ok] = o_thread[last[ok]] == at_thread[ok]
