@@ -159,6 +159,21 @@ def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
         assert gid.tolist() == expect.tolist() and first.tolist() == np.unique(expect, return_index=True)[1].tolist()
 
 
+
+def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
+    # Keys whose combined range is small take the table; the same keys with the table off take
+    # the hash: the ids and first rows of both are groupby's (key values appear out of order).
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(7)
+    keys = (rng.integers(0, 30, 5000)[::-1].copy(), rng.integers(-2, 4, 5000))
+    expect = pd.DataFrame({"a": keys[0], "b": keys[1]}).groupby(["a", "b"], sort=False).ngroup().to_numpy()
+    by_table = group_ids(*keys)
+    monkeypatch.setattr(shape_codes, "DENSE_KEYS_PER_ROW", 0)
+    by_hash = group_ids(*keys)
+    for gid, first in (by_table, by_hash):
+        assert gid.tolist() == expect.tolist()
+        assert first.tolist() == np.unique(expect, return_index=True)[1].tolist()
+
 def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):
     b = TraceBuilder()
     b.cpu_op("aten::tie", 100, 50, input_dims=[[4]], input_type=[BF16])

@@ -87,8 +87,29 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key += k
         key -= lo
         top = top * span + span - 1
+    if len(key) and top < DENSE_KEYS_PER_ROW * len(key):
+        return _dense_group_ids(key, top + 1)
     gid = pd.factorize(key)[0].astype(np.int64, copy=False)
     return gid, first_rows(gid, int(gid.max()) + 1 if len(gid) else 0)
+
+
+# group_ids numbers the combined keys through a table over their range (instead of a hash table)
+# when the range is at most this many times the rows: the table costs no more memory than a few
+# row-length arrays, and a lookup in it is a fraction of a hash probe.
+DENSE_KEYS_PER_ROW = 4
+
+
+def _dense_group_ids(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """group_ids' numbering of keys in 0..size-1 by a table over the range: each key's first row
+    (the groups' first rows, once sorted), the keys ranked by it (first appearance), and each
+    row's rank. The same ids and first rows as factorizing the keys."""
+    first = np.full(size, len(key), dtype=np.int64)
+    np.minimum.at(first, key, np.arange(len(key), dtype=np.int64))
+    present = np.flatnonzero(first < len(key))
+    by_first = np.argsort(first[present], kind="stable")  # distinct first rows: any sort is exact
+    rank = np.empty(size, dtype=np.int64)
+    rank[present[by_first]] = np.arange(len(present), dtype=np.int64)
+    return rank[key], first[present[by_first]]
 
 
 def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
