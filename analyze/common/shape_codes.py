@@ -103,8 +103,7 @@ def _dense_group_ids(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
     """group_ids' numbering of keys in 0..size-1 by a table over the range: each key's first row
     (the groups' first rows, once sorted), the keys ranked by it (first appearance), and each
     row's rank. The same ids and first rows as factorizing the keys."""
-    first = np.full(size, len(key), dtype=np.int64)
-    np.minimum.at(first, key, np.arange(len(key), dtype=np.int64))
+    first = first_rows(key, size)
     present = np.flatnonzero(first < len(key))
     by_first = np.argsort(first[present], kind="stable")  # distinct first rows: any sort is exact
     rank = np.empty(size, dtype=np.int64)
@@ -113,8 +112,9 @@ def _dense_group_ids(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
 
 
 def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
-    """The first row of each id 0..n-1, for ids numbered in order of first appearance (so the rows
-    come sorted); ufunc.at takes half the time of a running maximum over the ids."""
+    """The first row of each id 0..n-1 (len(ids) for an id that does not occur); for ids numbered
+    in order of first appearance the rows come sorted. ufunc.at takes half the time of a running
+    maximum over the ids."""
     first = np.full(n, len(ids), dtype=np.int64)
     np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
     return first

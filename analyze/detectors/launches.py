@@ -119,8 +119,8 @@ def _queue_depth(act: pd.DataFrame) -> np.ndarray:
     for _, idx in act.groupby(["device", "stream"]).indices.items():
         lt = act["launch_ts"].to_numpy()[idx]
         en = act["end"].to_numpy()[idx]
-        # Stable sorts: a stream's launch times and ends come nearly in order, which the stable
-        # sort (timsort/radix) takes in one pass; the sorted values are the same either way.
+        # A stream's launch times and ends come nearly in order: in-order launch times need no
+        # sort (_before), and the stable sort takes the ends in one pass (the same sorted values).
         launched = _before(lt)  # launched strictly before
         finished = np.searchsorted(np.sort(en, kind="stable"), lt, side="right")  # ended at or before
         depth[idx] = np.maximum(launched - finished, 0)
