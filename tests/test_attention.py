@@ -345,3 +345,33 @@ def test_real_traces_do_not_crash(path):
     json.dumps(res.to_json())
     assert len(res.calls) == res.to_json()["calls"]
     assert np.isfinite(res.calls["gpu_us"].to_numpy(float)).all()
+
+
+def test_match_categories_rows_of_the_mask_only():
+    """Each row's first matching pattern by its name, -1 for no name, no match, or a row outside
+    the mask; names that occur only outside the mask are never matched (their rows are -1)."""
+    import re
+
+    from tokentrace.analysis.common.attention_ops import match_categories
+
+    compiled = [(re.compile(r"flash"), ()), (re.compile(r"attn|flash"), ())]
+    cats = ["aten::mm", "flash_fwd", "my_attn", "other_flash", "unused"]
+    names = pd.Categorical([None, "flash_fwd", "aten::mm", "my_attn", None, "other_flash", "my_attn", "flash_fwd"],
+                           categories=cats)
+    where = np.array([True, True, True, True, False, False, True, False])
+    expected_all = [-1, 0, -1, 1, -1, 0, 1, 0]
+    assert match_categories(names, compiled).tolist() == expected_all
+    assert match_categories(names, compiled, where).tolist() == [e if w else -1 for e, w in zip(expected_all, where, strict=True)]
+    # A name seen only off the mask is not looked up at all.
+    seen: list[str] = []
+
+    class Spy:
+        def __init__(self, pat: str) -> None:
+            self.pat = re.compile(pat)
+
+        def search(self, s: str) -> bool:
+            seen.append(s)
+            return bool(self.pat.search(s))
+
+    match_categories(names, [(Spy(r"flash"), ())], where)
+    assert sorted(set(seen)) == ["aten::mm", "flash_fwd", "my_attn"]

@@ -375,3 +375,21 @@ def test_span_excludes_flows_and_metadata_even_when_they_end_last(tmp_path):
     b2.launch("gemm_kernel", 20.0, 30.0, 80.0)  # the kernel ends last, at 110 us
     t2 = b2.load(tmp_path, "second.pt.trace.json")
     assert t2.duration_ns == 100_000
+
+
+@pytest.mark.parametrize("values", [
+    (), ("zz",), ("b",), ("b", None), (None,), ("a", "c", "e"), tuple("abcdefghijk"), tuple("abcdefghijk") + (None,),
+])
+def test_isin_mask_equals_pandas_isin(values):
+    """The categorical mask (no hit, one, a few compared, many through the table, missing rows
+    asked for or not) is pandas' isin row for row."""
+    from tokentrace.analysis.loading.trace import isin_mask
+
+    rng = np.random.default_rng(7)
+    letters = list("abcdefghijkl")
+    raw = [letters[i] if i < len(letters) else None for i in rng.integers(0, len(letters) + 2, 500)]
+    col = pd.Series(pd.Categorical(raw, categories=letters))
+    got = isin_mask(col, values)
+    assert got.dtype == bool
+    assert got.tolist() == col.isin(list(values)).tolist()
+    assert got.any() == bool(set(values) & (set(raw) | ({None} if None in raw else set())))

@@ -173,18 +173,22 @@ def match_categories(names: pd.Categorical, compiled: list, where: np.ndarray | 
     cats = names.categories
     codes = np.asarray(names.codes)
     sel = codes if where is None else codes[where]
-    present = np.bincount(sel.astype(np.int64) + 1, minlength=len(cats) + 1)[1:] > 0  # code -1 counts in bin 0
+    # Code -1 (no name) indexes the last slot of both tables: not present, and no match (-1).
+    present = np.zeros(len(cats) + 1, dtype=bool)
+    present[sel] = True
     idx = np.full(len(cats) + 1, -1, dtype=np.int64)
     texts = cats.tolist()  # one conversion, not an Index lookup per name
-    for i in np.flatnonzero(present).tolist():
+    for i in np.flatnonzero(present[:-1]).tolist():
         s = str(texts[i])
         for j, (pat, _) in enumerate(compiled):
             if pat.search(s):
                 idx[i] = j
                 break
-    out = idx[np.where(codes >= 0, codes, len(cats))]
-    if where is not None:
-        out[~where] = -1
+    if where is None:
+        return idx[codes]
+    # Only the rows of the mask are looked up: the others are -1 without a pass over them.
+    out = np.full(len(codes), -1, dtype=np.int64)
+    out[where] = idx[sel]
     return out
 
 

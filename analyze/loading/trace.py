@@ -367,10 +367,13 @@ def category_mask(col: pd.Series, hit: np.ndarray, missing: bool = False) -> np.
     every row), more are looked up in a table."""
     codes = col.array.codes
     hits = np.flatnonzero(hit).tolist() + ([-1] if missing else [])
+    if not hits:
+        return np.zeros(len(codes), dtype=bool)
     if len(hits) <= 8:
-        out = np.zeros(len(codes), dtype=bool)
-        for c in hits:
-            out |= codes == c
+        # The first comparison is the mask (no zeroed array to OR it into); the rest in place.
+        out = codes == hits[0]
+        for c in hits[1:]:
+            np.logical_or(out, codes == c, out=out)
         return out
     table = np.zeros(len(hit) + 1, dtype=bool)  # code -1 reads the last slot
     table[hits] = True
