@@ -22,6 +22,7 @@ reads any result it was given (no `needs` restriction).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -64,6 +65,8 @@ class Context:
     errors: dict[str, str] = field(default_factory=dict)
     # Per-trace values computed once per run (see `shared`), keyed by the function.
     memo: dict[Callable[[Trace], Any], Any] = field(default_factory=dict)
+    # One lock per shared function, held while it is computed (shared by every view, as memo is).
+    locks: dict[Callable[[Trace], Any], threading.Lock] = field(default_factory=dict)
     # The detector this view belongs to and what it declared; None: unrestricted (tests, notebooks).
     detector: str | None = None
     needs: frozenset[str] | None = None
@@ -94,8 +97,11 @@ class Context:
         return seg
 
     def shared(self, fn: Callable[[Trace], T]) -> T:
-        """fn(trace), computed once per run and shared by every detector (fn must be pure)."""
+        """fn(trace), computed once per run and shared by every detector (fn must be pure). With
+        detectors in several threads, one computes it and any other that asks meanwhile waits."""
         if fn not in self.memo:
-            self.memo[fn] = fn(self.trace)
+            with self.locks.setdefault(fn, threading.Lock()):  # setdefault: one lock per fn, atomically
+                if fn not in self.memo:
+                    self.memo[fn] = fn(self.trace)
         value: T = self.memo[fn]
         return value

@@ -40,12 +40,14 @@ import heapq
 import os
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
+from tokentrace.analysis import parallel
 from tokentrace.analysis.common import nsys_rules
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.detectors import (
@@ -158,6 +160,9 @@ class Options:
     # $TOKENTRACE_NO_CACHE is set; a folder: that cache folder).
     max_trace_size: int | str | None = None
     cache: bool | str | os.PathLike[str] | None = None
+    # Threads for the detectors (None: $TOKENTRACE_JOBS, else one, or up to four in the
+    # `tokentrace` program; analysis.parallel). Results are the same for any number.
+    jobs: int | None = None
 
 
 def check_options(detectors: tuple[ModuleType, ...]) -> None:
@@ -274,49 +279,7 @@ def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: O
         opened = trace if isinstance(trace, OpenedTrace) else open_trace(trace, opts)
         trace, results_store = opened.trace, opened.store
     ctx = Context(trace=trace, options=opts)
-    cached: list[str] = []
-    refreshed: list[str] = []
-    seconds: dict[str, float] = {}
-    for mod in RUN_ORDER:
-        name = mod.NAME
-        reads = tuple(getattr(mod, "OPTIONS", ()))
-        view = ctx.for_detector(name, mod.NEEDS, reads)
-        t0 = time.perf_counter()
-        key = base = None
-        if results_store is not None:
-            key = results_store.key(name, _values(opts, reads), mod.NEEDS)
-            value = results_store.get(name, key) if key is not None else MISS
-            if value is not MISS:
-                cached.append(name)
-            elif key is not None and hasattr(mod, "refresh"):
-                base = _base_key(mod, results_store, opts)
-                value = _refresh(mod, results_store, base, trace, view)
-                if value is not MISS:
-                    # Not stored: it would repeat its previous result's large tables (launches'
-                    # activities) on disk, and making it again costs about what reading it would.
-                    refreshed.append(name)
-            if value is not MISS:
-                ctx.results[name] = value
-                seconds[name] = time.perf_counter() - t0
-                continue
-        if trace.deferred:
-            # Read the columns here, not inside the detector: a trace that cannot be read (changed
-            # since its results were keyed) is the run's error, not one detector's.
-            _ = trace.events
-        try:
-            ctx.results[name] = mod.run(trace, view)
-        except Exception as exc:  # one detector's failure must not hide the others
-            if os.environ.get("TOKENTRACE_DEBUG"):
-                raise
-            ctx.errors[name] = f"{type(exc).__name__}: {exc}"
-            if results_store is not None:
-                results_store.forget(name)
-            _say(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})")
-        else:
-            if results_store is not None and key is not None and results_store.put(name, key, ctx.results[name]) and base:
-                # What a later run with other gaps or options refreshes from: this computed result.
-                results_store.put(_alias(name), base, key)
-        seconds[name] = time.perf_counter() - t0
+    cached, refreshed, seconds = _run_detectors(ctx, trace, results_store, opts, opts.jobs)
     if results_store is not None:
         results_store.evict()
         if cached or refreshed:
@@ -326,6 +289,132 @@ def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: O
                  f"in {sum(seconds[n] for n in cached + refreshed):.2f} s{unread} ({results_store.dir}; --no-cache to bypass)")
     return Analysis(trace=trace, options=opts, results=ctx.results, errors=ctx.errors, cached=tuple(cached), seconds=seconds,
                     results_store=results_store, refreshed=tuple(refreshed))
+
+
+@dataclass
+class _Started:
+    """A detector whose result is not cached, on its way to be computed."""
+
+    mod: ModuleType
+    view: Context
+    t0: float
+    key: str | None
+    base: str | None
+    ready: float  # when the look-up in the cache was over
+
+
+def _run_detectors(ctx: Context, trace: Trace, store: ResultStore | None, opts: Options,
+                   jobs: int | None) -> tuple[list[str], list[str], dict[str, float]]:
+    """Every detector's result (or error) into `ctx`: from the results cache where it is there,
+    else computed, in up to `jobs` threads, each detector once everything in its NEEDS is done
+    (analysis.parallel). The cache, the errors and the warnings are handled here, in this thread;
+    ctx.results and ctx.errors come out in RUN_ORDER whatever order the threads finished in, so
+    that nothing of a run depends on the threads. Returns (cached, refreshed, seconds)."""
+    cached: list[str] = []
+    refreshed: list[str] = []
+    seconds: dict[str, float] = {}
+
+    def start(mod: ModuleType) -> _Started | None:
+        """The detector's result from the cache (None: done), or what computing it needs."""
+        name = mod.NAME
+        reads = tuple(getattr(mod, "OPTIONS", ()))
+        view = ctx.for_detector(name, mod.NEEDS, reads)
+        t0 = time.perf_counter()
+        key = base = None
+        if store is not None:
+            key = store.key(name, _values(opts, reads), mod.NEEDS)
+            value = store.get(name, key) if key is not None else MISS
+            if value is not MISS:
+                cached.append(name)
+            elif key is not None and hasattr(mod, "refresh"):
+                base = _base_key(mod, store, opts)
+                value = _refresh(mod, store, base, trace, view)
+                if value is not MISS:
+                    # Not stored: it would repeat its previous result's large tables (launches'
+                    # activities) on disk, and making it again costs about what reading it would.
+                    refreshed.append(name)
+            if value is not MISS:
+                ctx.results[name] = value
+                seconds[name] = time.perf_counter() - t0
+                return None
+        if trace.deferred:
+            # Read the columns here, not inside the detector: a trace that cannot be read (changed
+            # since its results were keyed) is the run's error, not one detector's.
+            _ = trace.events
+        return _Started(mod, view, t0, key, base, time.perf_counter())
+
+    def compute(job: _Started) -> tuple[Any, Exception | None, float]:
+        """The detector's run (in any thread): (result, None, seconds) or (None, error, seconds)."""
+        t = time.perf_counter()
+        try:
+            value = job.mod.run(trace, job.view)
+        except Exception as exc:  # one detector's failure must not hide the others
+            if os.environ.get("TOKENTRACE_DEBUG"):
+                raise
+            return None, exc, time.perf_counter() - t
+        return value, None, time.perf_counter() - t
+
+    def finish(job: _Started, value: Any, exc: Exception | None, took: float, inline: bool = False) -> None:
+        name = job.mod.NAME
+        if exc is not None:
+            ctx.errors[name] = f"{type(exc).__name__}: {exc}"
+            if store is not None:
+                store.forget(name)
+            _say(f"tokentrace: warning: {trace.path}: {name} analysis failed ({ctx.errors[name]})")
+        else:
+            ctx.results[name] = value
+            if store is not None and job.key is not None and store.put(name, job.key, value) and job.base:
+                # What a later run with other gaps or options refreshes from: this computed result.
+                store.put(_alias(name), job.base, job.key)
+        # Its own time (the cache's look-up and the run), not the time it waited for a thread.
+        seconds[name] = (time.perf_counter() - job.t0) if inline else (job.ready - job.t0) + took
+
+    pending = list(RUN_ORDER)
+    running: dict[Future[tuple[Any, Exception | None, float]], _Started] = {}
+    limit: int | None = None  # threads, decided when the first detector must run (the trace is read)
+    pool: ThreadPoolExecutor | None = None
+    try:
+        while pending or running:
+            took_one = False
+            for mod in list(pending):  # in run order: a detector whose needs are done goes next
+                if limit is not None and len(running) >= limit:
+                    break
+                if any(n not in ctx.results and n not in ctx.errors for n in mod.NEEDS):
+                    continue
+                pending.remove(mod)
+                took_one = True
+                job = start(mod)
+                if job is None:  # read from the cache
+                    continue
+                if limit is None:
+                    limit = parallel.jobs(jobs, len(trace.events))
+                if limit <= 1:  # one thread: this one, in run order
+                    finish(job, *compute(job), inline=True)
+                    continue
+                if pool is None:
+                    pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="tokentrace-detector")
+                running[pool.submit(compute, job)] = job
+            if not running:
+                if not took_one and pending:  # cannot happen with RUN_ORDER's needs; never spin on it
+                    raise RegistryError(f"detectors {', '.join(m.NAME for m in pending)} wait for results no detector gives")
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                finish(running.pop(fut), *fut.result())
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    # In run order, as one thread would have made them.
+    order = [m.NAME for m in RUN_ORDER]
+    ordered = {n: ctx.results[n] for n in order if n in ctx.results}
+    ctx.results.clear()
+    ctx.results.update(ordered)
+    errors = {n: ctx.errors[n] for n in order if n in ctx.errors}
+    ctx.errors.clear()
+    ctx.errors.update(errors)
+    at = {n: i for i, n in enumerate(order)}
+    return (sorted(cached, key=at.__getitem__), sorted(refreshed, key=at.__getitem__),
+            {n: seconds[n] for n in order if n in seconds})
 
 
 def _values(opts: Options, names: Any) -> dict[str, Any]:

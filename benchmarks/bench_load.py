@@ -16,8 +16,11 @@ own (getrusage ru_maxrss, which includes the interpreter and libraries: `base` i
 - naive: `json.load` + `pandas.DataFrame(traceEvents)`.
 
 Our methods run as the `tokentrace` program does: the allocator first told to keep large freed
-blocks (`tokentrace.analysis.allocator`, which the command calls when it starts; the Python API
-does not). HTA and the naive loader run with glibc's defaults.
+blocks and share one heap among threads (`tokentrace.analysis.allocator`, which the command
+calls when it starts; the Python API does not), and the detectors of a trace of 1.5 M events or
+more in up to four threads (`tokentrace.analysis.parallel`; TOKENTRACE_JOBS=1 for one). The
+table's "analyze" is wall time; its CPU seconds are in the JSON. HTA and the naive loader run
+with glibc's defaults.
 
 Nothing here asserts a time. Typical runs:
 
@@ -64,7 +67,9 @@ def rss_peak():
 out = {}
 if method not in ("hta", "naive"):  # as the tokentrace program runs (cli.run)
     from tokentrace.analysis.allocator import keep_freed_blocks
-    keep_freed_blocks()
+    if keep_freed_blocks():
+        from tokentrace.analysis import parallel
+        parallel.allow_threads()  # its detectors' threads ($TOKENTRACE_JOBS=1: one)
 if method in ("load", "gz", "repeat_load"):
     from tokentrace.analysis.loading import loader
     use = cache if method == "repeat_load" else False

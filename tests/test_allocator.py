@@ -62,3 +62,43 @@ def test_the_python_api_leaves_the_allocator_alone():
             "print('tokentrace.analysis.allocator' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# The same, with both arrays made and freed in a thread other than the main one.
+_THREAD_REFAULTS = r"""
+import resource, sys, threading
+import numpy as np
+if sys.argv[1] == "keep":
+    from tokentrace.analysis.allocator import keep_freed_blocks
+    assert keep_freed_blocks()
+out = []
+def work():
+    a = np.ones(6 << 20)  # 48 MiB: within a thread arena's heap (64 MiB)
+    del a
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    b = np.ones(6 << 20)
+    out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    del b
+    c = np.ones(8 << 20)  # 64 MiB: larger than such a heap
+    del c
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    d = np.ones(8 << 20)
+    out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(*out)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="the allocator settings are glibc's")
+def test_a_thread_reuses_freed_large_blocks_too():
+    # The detectors' threads (analysis.parallel) allocate from the heap that keeps freed blocks:
+    # with an arena of its own, a thread's 64 MiB block is mapped for itself and unmapped when
+    # freed, and the next one faults in again.
+    def run(mode: str) -> list[int]:
+        out = subprocess.run([sys.executable, "-c", _THREAD_REFAULTS, mode], capture_output=True, text=True, check=True)
+        return [int(x) for x in out.stdout.split()]
+
+    assert run("default")[1] >= 32
+    assert max(run("keep")) < 8

@@ -26,6 +26,7 @@ row position in `events`, so links can be followed with `trace.events.loc[row]`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -150,12 +151,18 @@ class Trace:
         key = (tuple(kinds), tuple(columns))
         cache = self._narrow_cache
         if key not in cache:
-            cache[key] = take_rows(self.events, np.flatnonzero(self.kind_mask(*kinds)), columns)
+            with self._narrow_lock:  # detectors in other threads wait for it rather than repeat it
+                if key not in cache:
+                    cache[key] = take_rows(self.events, np.flatnonzero(self.kind_mask(*kinds)), columns)
         return cache[key]
 
     @cached_property
     def _narrow_cache(self) -> dict[tuple[tuple[str, ...], tuple[str, ...]], pd.DataFrame]:
         return {}
+
+    @cached_property
+    def _narrow_lock(self) -> threading.Lock:
+        return threading.Lock()
 
     @cached_property
     def names(self) -> RowNames:

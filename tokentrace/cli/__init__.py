@@ -49,11 +49,16 @@ def main(debug: bool) -> None:
 def run() -> None:
     """The `tokentrace` program (console script and `python -m tokentrace`): `main`, in a process
     that exits after the command, so the allocator may keep large freed blocks for reuse
-    (analysis.allocator: fewer page faults in the detectors of a large trace). Tests invoke
-    `main` itself, leaving their process's allocator alone."""
+    (analysis.allocator: fewer page faults in the detectors of a large trace), and its detectors
+    may run in several threads (analysis.parallel). Tests invoke `main` itself, leaving their
+    process's allocator alone."""
     from tokentrace.analysis.allocator import keep_freed_blocks
 
-    keep_freed_blocks()
+    if keep_freed_blocks():
+        # Threads now share the heap that keeps freed blocks: the detectors may run in several.
+        from tokentrace.analysis import parallel
+
+        parallel.allow_threads()
     main()
 
 
