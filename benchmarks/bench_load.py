@@ -6,7 +6,8 @@ own (getrusage ru_maxrss, which includes the interpreter and libraries: `base` i
 
 - load: `tokentrace.load(path, cache=False)`: wall and CPU seconds, MB/s of uncompressed JSON;
 - gz: the same load of `{shape}_{size}.json.gz` (made with gzip -6 when missing and --gz is given);
-- analyze: load + every detector (`tokentrace.analyze`, cache off), with each detector's seconds;
+- analyze: load + every detector (`tokentrace.analyze`, cache off), with each detector's seconds
+  (with the detectors in threads, each one's own wall time, its waits for the GIL included);
 - repeat: after one `analyze` + HTML report that writes the caches (loaded trace, detector
   results and drawn figures, in a temporary folder; timed as `first report`), new processes run
   `load`, `analyze`, `analyze` + HTML report, and `analyze --min-gap-us 10` (other options: gaps
