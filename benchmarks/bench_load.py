@@ -197,6 +197,12 @@ def render(results: list[dict[str, Any]]) -> str:
         x = base["cpu_seconds"] / r["cpu_seconds"] if inverse else r["cpu_seconds"] / base["cpu_seconds"]
         return f" {x:.1f}x" if x >= 10 else f" {x:.2f}x"
 
+    def wall_ratio(r: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
+        # analyze's detectors may run in threads: its wall time is then less than its CPU's.
+        if not r or not base or "seconds" not in r or "seconds" not in base or r.get("cpu_seconds", 0) <= r["seconds"] * 1.02:
+            return ""
+        return f", wall {r['seconds'] / base['seconds']:.2f}x"
+
     lines = [
         "| file | MB | events | load s | MB/s wall (CPU) | peak RSS / JSON | .gz load s, x plain | analyze s, x load | "
         "analyze peak RSS / JSON | repeat load s, x faster | repeat analyze s, x faster | repeat analyze, other min gap s, x faster | "
@@ -213,7 +219,7 @@ def render(results: list[dict[str, Any]]) -> str:
             f"{mb / load['seconds']:.0f} ({mb / load['cpu_seconds']:.0f})" if ok else "-",
             f"{load['peak_rss'] / res['json_bytes']:.2f}" if ok else "-",
             cell(res.get("gz")) + ratio(res.get("gz"), load),
-            cell(an) + ratio(an, load),
+            cell(an) + ratio(an, load) + wall_ratio(an, load),
             f"{an['peak_rss'] / res['json_bytes']:.2f}" if an and "peak_rss" in an else "-",
             cell(res.get("repeat_load")) + ratio(res.get("repeat_load"), load, inverse=True),
             cell(res.get("repeat_analyze")) + ratio(res.get("repeat_analyze"), an, inverse=True),
