@@ -306,8 +306,10 @@ class _Started:
 def _run_detectors(ctx: Context, trace: Trace, store: ResultStore | None, opts: Options,
                    jobs: int | None) -> tuple[list[str], list[str], dict[str, float]]:
     """Every detector's result (or error) into `ctx`: from the results cache where it is there,
-    else computed, in up to `jobs` threads, each detector once everything in its NEEDS is done
-    (analysis.parallel). The cache, the errors and the warnings are handled here, in this thread;
+    else computed, each once everything in its NEEDS is done, in as many threads as
+    `parallel.jobs(jobs, events)` gives (decided when the first must be computed, the trace then
+    read), in this thread and in run order when that is one. The cache, the errors and the
+    warnings are handled here, in this thread;
     ctx.results and ctx.errors come out in RUN_ORDER whatever order the threads finished in, so
     that nothing of a run depends on the threads. Returns (cached, refreshed, seconds)."""
     cached: list[str] = []
