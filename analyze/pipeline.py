@@ -16,7 +16,10 @@ detector (tests/test_architecture.py checks).
 **Adding a detector** = one new module under analysis/detectors/ and one line in `DETECTORS`
 below. The tuple's order is the order of sections in the JSON summary; the run order comes from
 the NEEDS declarations (graphlib), ties kept in registry order. A cycle, an unknown dependency or
-a repeated NAME raises `RegistryError` when this module is imported.
+a repeated NAME raises `RegistryError` when this module is imported. Detectors whose NEEDS are
+done may run at the same time, in threads (analysis.parallel): a detector must not change the
+trace, its views or anything `ctx.shared` gives (they are shared, and several are read-only
+arrays); what it makes for itself is its own.
 
 **A detector may also define `refresh(previous, trace, ctx) -> result | None`** with
 `REFRESH_NEEDS` and/or `REFRESH_OPTIONS`: the needs and options whose change it can absorb without
