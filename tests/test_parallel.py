@@ -181,3 +181,23 @@ def test_the_jobs_option_of_a_command(monkeypatch):
     assert parallel.JOBS_ENV not in os.environ  # set for the command only
     r = CliRunner().invoke(main, ["analyze", str(path), "--jobs", "0"])
     assert r.exit_code == 2 and "--jobs" in r.output
+
+
+def test_a_run_changes_nothing_the_detectors_share():
+    """What threads share (the trace's events and its views) reads the same after a run as
+    before it: no detector writes into them (the contract in pipeline's docstring)."""
+    import pandas as pd
+
+    path = GPU_SAMPLES[0] if GPU_SAMPLES else pytest.skip("no GPU sample traces")
+    trace = load(path, cache=False)
+    run_pipeline(trace, Options(jobs=1))  # makes the views the detectors read
+    views = {k: v.copy(deep=True) for k, v in trace._narrow_cache.items()}
+    kinds = {name: getattr(trace, name).copy(deep=True) for name in ("gpu", "kernels", "runtime", "cpu_ops")}
+    events = trace.events.copy(deep=True)
+    assert views and len(events)
+    run_pipeline(trace, Options(jobs=3))
+    pd.testing.assert_frame_equal(trace.events, events)
+    for k, v in views.items():
+        pd.testing.assert_frame_equal(trace._narrow_cache[k], v)
+    for name, v in kinds.items():
+        pd.testing.assert_frame_equal(getattr(trace, name), v)
