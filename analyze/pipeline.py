@@ -282,7 +282,7 @@ def run_pipeline(trace: Trace | OpenedTrace | str | os.PathLike[str], options: O
         opened = trace if isinstance(trace, OpenedTrace) else open_trace(trace, opts)
         trace, results_store = opened.trace, opened.store
     ctx = Context(trace=trace, options=opts)
-    cached, refreshed, seconds = _run_detectors(ctx, trace, results_store, opts, opts.jobs)
+    cached, refreshed, seconds = _run_detectors(ctx, trace, results_store, opts)
     if results_store is not None:
         results_store.evict()
         if cached or refreshed:
@@ -306,15 +306,15 @@ class _Started:
     ready: float  # when the look-up in the cache was over
 
 
-def _run_detectors(ctx: Context, trace: Trace, store: ResultStore | None, opts: Options,
-                   jobs: int | None) -> tuple[list[str], list[str], dict[str, float]]:
+def _run_detectors(ctx: Context, trace: Trace, store: ResultStore | None,
+                   opts: Options) -> tuple[list[str], list[str], dict[str, float]]:
     """Every detector's result (or error) into `ctx`: from the results cache where it is there,
     else computed, each once everything in its NEEDS is done, in as many threads as
-    `parallel.jobs(jobs, events)` gives (decided when the first must be computed, the trace then
-    read), in this thread and in run order when that is one. The cache, the errors and the
-    warnings are handled here, in this thread;
-    ctx.results and ctx.errors come out in RUN_ORDER whatever order the threads finished in, so
-    that nothing of a run depends on the threads. Returns (cached, refreshed, seconds)."""
+    `parallel.jobs(opts.jobs, events)` gives (decided when the first must be computed, the trace
+    then read), in this thread and in run order when that is one. The cache, the errors and the
+    warnings are handled here, in this thread; ctx.results and ctx.errors come out in RUN_ORDER
+    whatever order the threads finished in, so that nothing of a run depends on the threads.
+    Returns (cached, refreshed, seconds)."""
     cached: list[str] = []
     refreshed: list[str] = []
     seconds: dict[str, float] = {}
@@ -392,7 +392,7 @@ def _run_detectors(ctx: Context, trace: Trace, store: ResultStore | None, opts: 
                 if job is None:  # read from the cache
                     continue
                 if limit is None:
-                    limit = parallel.jobs(jobs, len(trace.events))
+                    limit = parallel.jobs(opts.jobs, len(trace.events))
                 if limit <= 1:  # one thread: this one, in run order
                     finish(job, *compute(job), inline=True)
                     continue
