@@ -534,6 +534,8 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
     sav = res.savings["cuda_graphs"]
     decode = sav["decode_steps"] > 0
     evidence_cols = ["start_us", "dur_us", "cause", "detail", "phase", "step", "prev", "next", "next_op"]
+    # Only the columns read below: each filter copies every column of what it filters.
+    g = g[[*evidence_cols, "graph_launch"]]
 
     def evidence(rows: pd.DataFrame) -> list[dict[str, Any]]:
         top = rows.loc[rows["dur_us"].nlargest(5).index, evidence_cols]

@@ -305,9 +305,10 @@ def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame, host: HostLo
     if not len(items) or not trace.kind_mask("python_function").any():
         return out
     longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]
+    pid, tid, ts = (calls[c].to_numpy() for c in ("pid", "tid", "ts"))  # once, not three column reads a lookup
     for i in longest:
-        if out[i] is None and calls["pid"].iat[i] >= 0:
-            out[i] = host.python_stack(int(calls["pid"].iat[i]), int(calls["tid"].iat[i]), int(calls["ts"].iat[i]))
+        if out[i] is None and pid[i] >= 0:
+            out[i] = host.python_stack(int(pid[i]), int(tid[i]), int(ts[i]))
     return out
 
 
