@@ -18,6 +18,8 @@ Nested matches keep the outermost range, as ProfilerStep nesting does.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -34,6 +36,27 @@ _CANDIDATE = re.compile(r"^\s*(?:execute_|step\[|capture_\d)")
 _INT_COLUMNS = tuple(c for c in ENGINE_COLUMNS if c in es.COUNT_FIELDS)
 
 
+def name_hits(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
+    """`regex_mask(names, pattern)`; in a view with fewer rows than the trace has names (the user
+    annotations), only the names present are searched."""
+    if _few_rows(names):
+        return _per_present_name(names, lambda s: bool(pattern.search(s)), False, bool)
+    return regex_mask(names, pattern)
+
+
+def _few_rows(names: pd.Series) -> bool:
+    return isinstance(names.dtype, pd.CategoricalDtype) and len(names) < len(names.array.categories)
+
+
+def _per_present_name(names: pd.Series, value: Callable[[str], Any], missing: Any, dtype: Any) -> np.ndarray:
+    """value(name) per row of a categorical column, computed once per distinct name present (rows
+    without a name get `missing`)."""
+    cats = names.array.categories
+    present, inverse = np.unique(names.array.codes, return_inverse=True)
+    table = np.array([value(str(cats[c])) if c >= 0 else missing for c in present.tolist()], dtype=dtype)
+    return table[inverse] if len(table) else np.zeros(0, dtype)
+
+
 def outermost(df: pd.DataFrame) -> pd.DataFrame:
     """Ranges not contained in an earlier one (nested markers: keep the outer)."""
     df = df.sort_values(["ts", "end"], ascending=[True, False])
@@ -45,7 +68,7 @@ def outermost(df: pd.DataFrame) -> pd.DataFrame:
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
     """Segment rows (start, end, name, tid, phase, batch, q_len, step and ENGINE_COLUMNS) for the
     engine step markers among `annotations` (ts, end, name, tid), None when there are none."""
-    cand = annotations[regex_mask(annotations["name"], _CANDIDATE)]
+    cand = annotations[name_hits(annotations["name"], _CANDIDATE)]
     if cand.empty:
         return None
     parsed = es.parse_names(cand["name"])
@@ -122,7 +145,11 @@ def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
 
 def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, np.ndarray]:
     """(mask of the names with a role, their roles): `_roles` and `!= ""`, the mask from the
-    category codes (no comparison of a text per row)."""
+    category codes (no comparison of a text per row), or per name present in a small view."""
+    if _few_rows(names):
+        role = _per_present_name(names, lambda s: patterns.role_of(s) or "", "", object)
+        hit = role != ""
+        return hit, role[hit]
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories.tolist()] + [""], dtype=object)
         hit = category_mask(names, cats[:-1] != "")

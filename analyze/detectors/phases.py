@@ -95,10 +95,17 @@ def _frame(start, end, name, tid, phase, batch=None, q_len=None, step=None) -> p
 
 
 _outermost = sm.outermost
+# The columns of user annotations the segmenter reads: a narrow view of them, not the wide
+# `trace.annotations` (every one of the events' 40-odd columns copied).
+ANNOTATION_COLUMNS = ("ts", "end", "name", "tid")
+
+
+def _annotations(trace: Trace) -> pd.DataFrame:
+    return trace.narrow(("user_annotation",), ANNOTATION_COLUMNS)
 
 
 def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
-    ann = trace.annotations
+    ann = _annotations(trace)
     names = ann["name"].astype(str)
     mine = ann[names.str.startswith(ANNOTATION_PREFIX)]
     if mine.empty:
@@ -113,7 +120,7 @@ def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
 
 def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     """(segments, confidence): engine step annotations (exact), else vLLM's execute_model (high)."""
-    ann = trace.annotations
+    ann = _annotations(trace)
     engine = sm.engine_segments(ann)
     if engine is not None:
         return engine, "exact"
@@ -126,12 +133,12 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
     """Rows of several views whose name matches (filtered before concatenating: views are large)."""
-    return pd.concat([f.loc[lat.regex_mask(f["name"], pattern), ["ts", "end", "name", "tid"]] for f in frames])
+    return pd.concat([f.loc[sm.name_hits(f["name"], pattern), ["ts", "end", "name", "tid"]] for f in frames])
 
 
 def _profiler_steps(trace: Trace) -> pd.DataFrame:
     # Current traces record ProfilerStep#N as a user_annotation, 2021-era ones as a cpu_op.
-    ps = _matching((trace.annotations, trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP)
+    ps = _matching((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP)
     return _outermost(ps) if not ps.empty else ps
 
 
@@ -207,7 +214,7 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> p
             col["att_kv"][s] = shape["kv_len"] or -1
     # Start times of the training markers only (a training trace's backward ops are most of its ops:
     # no frame of them is built).
-    marks = np.concatenate([f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)] for f in (cpu, trace.annotations)])
+    marks = np.concatenate([f["ts"].to_numpy(np.int64)[sm.name_hits(f["name"], _TRAINING)] for f in (cpu, _annotations(trace))])
     tseg = segs.locate_times(marks)
     training[tseg[tseg >= 0]] = True
     return pd.DataFrame({**col, "training": training}, index=pd.RangeIndex(n))
@@ -229,7 +236,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
         if table is not None:
             method = "framework_markers"
         else:
-            table, requests = sm.user_segments((trace.annotations, trace.narrow(("cpu_op",), OP_COLUMNS)), patterns or pp.compile_patterns())
+            table, requests = sm.user_segments((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), patterns or pp.compile_patterns())
             if table is not None:
                 method = "user_annotations"
                 table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])
