@@ -404,3 +404,18 @@ def test_sample_llama_tpot_slope_is_not_a_result():
     assert d["tpot_slope"]["mean"] == pytest.approx(d["tpot_us"]["mean"], abs=0.01)
     line = [x for x in res.summary_lines() if x.startswith("TPOT")][0]
     assert "us per kv_token" not in line and "range too narrow to fit (kv_token 513..520)" in line
+
+
+@pytest.mark.parametrize("keys", [
+    [], ["decode"], ["prefill", "decode", "decode", "step", "prefill", "decode", "other", "step", "decode"],
+    [3, -1, 3, 0, -1, -1, 7, 3, 0],
+])
+def test_cumcount_equals_pandas(keys):
+    """phases._cumcount (the index within phase, the step within a request) is pandas' groupby
+    cumcount: unordered keys, repeats, negative keys, empty input."""
+    import pandas as pd
+
+    keys = np.array(keys, dtype=object if keys and isinstance(keys[0], str) else np.int64)
+    expect = pd.Series(keys).groupby(keys).cumcount().to_numpy(np.int64)
+    got = phases._cumcount(keys)
+    assert got.dtype == np.int64 and got.tolist() == expect.tolist()

@@ -42,23 +42,24 @@ TTFT_ENGINE_REASON = ("serving-engine steps batch many requests' prompt chunks; 
                       "phases.serving.per_step)")
 
 
-def fill_step_columns(table: pd.DataFrame) -> None:
-    """Give every segment the step columns in place: engine steps keep theirs; a prefill or decode
-    pass with known batch and tokens per sequence gets its requests and tokens from them."""
-    n = len(table)
+def fill_step_columns(table: dict[str, Any]) -> None:
+    """Give every segment the step columns in place (`table`: the segment table's columns by name,
+    arrays or Series): engine steps keep theirs; a prefill or decode pass with known batch and
+    tokens per sequence gets its requests and tokens from them."""
+    n = len(table["phase"])
     for c in ENGINE_COLUMNS:
         if c not in table:
-            table[c] = None if c in _TEXT_COLUMNS else np.full(n, -1, np.int64)
-    phase = table["phase"].to_numpy(object)
-    kind = table["kind"].to_numpy(object)
+            table[c] = np.full(n, None, object) if c in _TEXT_COLUMNS else np.full(n, -1, np.int64)
+    phase = np.asarray(table["phase"], dtype=object)
+    kind = np.asarray(table["kind"], dtype=object)
     table["kind"] = np.where(pd.isna(kind), np.where(np.isin(phase, es.KINDS), phase, "step"), kind)
-    batch, q = table["batch"].to_numpy(np.int64), table["q_len"].to_numpy(np.int64)
-    known = (table["total_tokens"].to_numpy(np.int64) < 0) & (batch > 0) & (q > 0)
+    batch, q = np.asarray(table["batch"], np.int64), np.asarray(table["q_len"], np.int64)
+    known = (np.asarray(table["total_tokens"], np.int64) < 0) & (batch > 0) & (q > 0)
     pre, dec = known & (phase == "prefill"), known & (phase == "decode")
     for col, val in (("prefill_requests", np.where(pre, batch, 0)), ("prefill_tokens", np.where(pre, batch * q, 0)),
                      ("decode_requests", np.where(dec, batch, 0)), ("decode_tokens", np.where(dec, batch * q, 0)),
                      ("requests", batch), ("total_tokens", batch * q)):
-        table[col] = np.where(pre | dec, val, table[col].to_numpy(np.int64)).astype(np.int64)
+        table[col] = np.where(pre | dec, val, np.asarray(table[col], np.int64)).astype(np.int64)
 
 
 def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -> pd.DataFrame:
