@@ -17,6 +17,7 @@ from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common import serving
 from tokentrace.analysis.common.gpu_specs import identify
 from tokentrace.analysis.detectors import phases
 from tokentrace.analysis.pipeline import Options
@@ -449,3 +450,16 @@ def test_every_real_trace_has_a_device_unless_it_has_no_gpu_work(path):
     t = _analyze(str(path)).to_json()["trace"]
     has_gpu = t["kinds"].get("kernel", 0) + t["kinds"].get("gpu_memcpy", 0) + t["kinds"].get("runtime", 0) > 0
     assert (t["device"] is not None) == has_gpu
+
+
+def test_rows_of_is_set_index_loc_as_positions():
+    """serving._rows_of gives the rows `table.set_index("seg").loc[wanted]` would, in wanted's order."""
+    import pandas as pd
+
+    seg = pd.Series([4, 0, 2, 1])
+    wanted = np.array([2, 4, 1, 0, 2])
+    expect = pd.DataFrame({"seg": seg, "row": range(4)}).set_index("seg").loc[wanted, "row"].tolist()
+    assert serving._rows_of(seg, wanted).tolist() == expect
+    assert serving._rows_of(seg, np.array([], np.int64)).tolist() == []
+    with pytest.raises(KeyError):
+        serving._rows_of(seg, np.array([3]))

@@ -62,13 +62,13 @@ def fill_step_columns(table: dict[str, Any]) -> None:
         table[col] = np.where(pre | dec, val, np.asarray(table[col], np.int64)).astype(np.int64)
 
 
-def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -> pd.DataFrame:
-    """Per segment (index seg): attention calls (outermost attention ops in it) and the query's
+def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -> dict[str, np.ndarray]:
+    """Per segment (arrays by seg id): attention calls (outermost attention ops in it) and the query's
     tokens, heads and head size and the value head size from the first call's input shapes
     (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say)."""
     n = len(segs)
-    # Filled as arrays and framed once: a .loc write per segment cost ~0.1 ms each (56 ms on a
-    # serving trace of 500 steps).
+    # Filled as arrays: a .loc write per segment cost ~0.1 ms each (56 ms on a serving trace of
+    # 500 steps).
     calls = np.zeros(n, np.int64)
     geo = {c: np.full(n, -1, np.int64) for c in ("q_tokens", "heads", "head_dim", "head_dim_v")}
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
@@ -89,79 +89,101 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
             geo["q_tokens"][s], geo["heads"][s], geo["head_dim"][s] = (int(x) for x in d[0])
             v = d[2] if len(d) > 2 and isinstance(d[2], list) and len(d[2]) == 3 else None
             geo["head_dim_v"][s] = int(v[2]) if v else int(d[0][2])
-    return pd.DataFrame({"calls": calls, **geo}, index=pd.RangeIndex(n))
+    return {"calls": calls, **geo}
 
 
-def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per segment (same rows as `steps`): the serving numbers (see the module docstring)."""
-    t = table.set_index("seg").loc[steps["seg"].to_numpy()]
+def _rows_of(seg: pd.Series, wanted: np.ndarray) -> np.ndarray:
+    """Positions in `seg` (a column of distinct segment ids) of the ids `wanted`, in their order:
+    `set_index("seg").loc[wanted]` as positions (KeyError for an id that is not there)."""
+    pos = pd.Index(seg.to_numpy()).get_indexer(wanted)
+    if (pos < 0).any():
+        raise KeyError(f"segments not in the table: {wanted[pos < 0].tolist()}")
+    return pos
+
+
+def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+    """Per segment (same rows as `steps`): the serving numbers (see the module docstring).
+    `geometry`: attention_geometry's arrays by seg id."""
+    seg = steps["seg"].to_numpy()
+    at = _rows_of(table["seg"], seg)
+    t = {c: table[c].to_numpy()[at] for c in (
+        "kind", "requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
+        "decode_kv_tokens", "total_tokens", "prefill_sqsq", "decode_sqsq", "prefill_sqsk", "decode_sqsk", "note")}
     wall = steps["step_us"].to_numpy(float)
-    tokens = t["total_tokens"].to_numpy(np.int64)
-    kind = t["kind"].to_numpy(object)
-    out = pd.DataFrame({
-        "seg": steps["seg"].to_numpy(), "index": steps["index"].to_numpy(), "kind": kind, "name": steps["name"].to_numpy(),
+    tokens = t["total_tokens"].astype(np.int64)
+    kind = t["kind"].astype(object)
+    # Gathered in a dict and framed once (each column written into a frame costs ~0.1 ms).
+    out: dict[str, Any] = {
+        "seg": seg, "index": steps["index"].to_numpy(), "kind": kind, "name": steps["name"].to_numpy(),
         "start_us": steps["start_us"].to_numpy(float), "wall_us": wall, "gpu_busy_us": steps["gpu_busy_us"].to_numpy(float),
-    })
+    }
     for c in ("requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
               "decode_kv_tokens", "total_tokens"):
-        out[c] = t[c].to_numpy(np.int64)
+        out[c] = t[c].astype(np.int64)
     out["us_per_token"] = np.where(tokens > 0, wall / np.maximum(tokens, 1), np.nan)
     out["itl_us"] = np.where(np.isin(kind, ("decode", "mixed")), wall, np.nan)
-    sq = t["prefill_tokens"].to_numpy(np.int64), t["decode_tokens"].to_numpy(np.int64)
-    sqsq = t["prefill_sqsq"].to_numpy(np.int64), t["decode_sqsq"].to_numpy(np.int64)
-    sqsk = t["prefill_sqsk"].to_numpy(np.int64), t["decode_sqsk"].to_numpy(np.int64)
-    known = np.ones(len(t), bool)
-    pairs = np.zeros(len(t))
+    sq = t["prefill_tokens"].astype(np.int64), t["decode_tokens"].astype(np.int64)
+    sqsq = t["prefill_sqsq"].astype(np.int64), t["decode_sqsq"].astype(np.int64)
+    sqsk = t["prefill_sqsk"].astype(np.int64), t["decode_sqsk"].astype(np.int64)
+    known = np.ones(len(seg), bool)
+    pairs = np.zeros(len(seg))
     for q, qq, qk in zip(sq, sqsq, sqsk, strict=True):
         known &= (q >= 0) & (qq >= 0) & (qk >= 0)
         pairs += es.causal_pairs(np.maximum(q, 0), np.maximum(qq, 0), np.maximum(qk, 0))
     out["attention_pairs"] = np.where(known & (tokens >= 0), pairs, np.nan)
-    out["attention_flops"] = np.nan
-    if geometry is not None and len(geometry):
-        g = geometry.reindex(out["seg"].to_numpy())
+    out["attention_flops"] = np.full(len(seg), np.nan)
+    if geometry is not None and len(geometry["calls"]):
+        g = {c: v[seg] for c, v in geometry.items()}
         # The shapes describe this step only if the query holds the step's tokens (graph padding
         # may round the count up).
-        fits = (g["heads"].to_numpy() > 0) & (g["q_tokens"].to_numpy() >= tokens) & (tokens > 0)
-        flops = es.attention_flops(out["attention_pairs"].to_numpy(float), g["heads"].to_numpy(), g["head_dim"].to_numpy(),
-                                   g["head_dim_v"].to_numpy(), g["calls"].to_numpy())
+        fits = (g["heads"] > 0) & (g["q_tokens"] >= tokens) & (tokens > 0)
+        flops = es.attention_flops(out["attention_pairs"], g["heads"], g["head_dim"], g["head_dim_v"], g["calls"])
         out["attention_flops"] = np.where(fits & known, flops, np.nan)
-    out["note"] = t["note"].to_numpy(object)
-    return out
+    out["note"] = t["note"].astype(object)
+    return pd.DataFrame(out)
 
 
 def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """The `phases.serving` JSON section, or None when no step's tokens are known. Throughput is
     over `gpu_window_us` (the steady-state window, relative to the trace start) when given."""
-    s = serving[serving["kind"].isin(("prefill", "decode", "mixed", "step"))]
-    tok = s["total_tokens"].to_numpy(np.int64)
-    if not len(s) or not (tok > 0).any():
+    # The token steps' columns as arrays (a frame of them would copy every column).
+    keep = serving["kind"].isin(("prefill", "decode", "mixed", "step")).to_numpy()
+    tok = serving["total_tokens"].to_numpy(np.int64)[keep]
+    if not len(tok) or not (tok > 0).any():
         return None
-    st = steps.set_index("seg").loc[s["seg"].to_numpy()]
-    t0, t1 = gpu_window_us or (float(st["first_op_us"].min()), float(st["token_ready_us"].max()))
+    if gpu_window_us:
+        t0, t1 = gpu_window_us
+    else:
+        at = _rows_of(steps["seg"], serving["seg"].to_numpy()[keep])
+        t0, t1 = float(np.nanmin(steps["first_op_us"].to_numpy(float)[at])), float(np.nanmax(steps["token_ready_us"].to_numpy(float)[at]))
     window = max(t1 - t0, 0.0)
+    columns = [c for c in PER_STEP_KEYS if c in serving]  # the columns _record reads
     known = tok >= 0
     total = int(tok[known].sum())
-    dec = s["decode_tokens"].to_numpy(np.int64)
-    itl = s["itl_us"].dropna().to_numpy(float)
-    flops = s["attention_flops"].dropna()
-    notes = sorted({str(n) for n in s["note"] if isinstance(n, str) and n})
+    dec = serving["decode_tokens"].to_numpy(np.int64)[keep]
+    pre = serving["prefill_tokens"].to_numpy(np.int64)[keep]
+    itl = serving["itl_us"].to_numpy(float)[keep]
+    itl = itl[~np.isnan(itl)]
+    flops = serving["attention_flops"].to_numpy(float)[keep]
+    flops = flops[~np.isnan(flops)]
+    notes = sorted({str(n) for n in serving["note"].to_numpy(object)[keep] if isinstance(n, str) and n})
     return {
-        "steps": int(len(s)),
-        "by_kind": {str(k): int(v) for k, v in s["kind"].value_counts().items()},
+        "steps": int(len(tok)),
+        "by_kind": {str(k): int(v) for k, v in serving["kind"][keep].value_counts().items()},
         "steps_with_tokens": int(known.sum()),
         "window_us": round(window, 3),
         "window": "gpu" if gpu_window_us else "host",
         "tokens": total,
-        "prefill_tokens": int(s.loc[s["prefill_tokens"] >= 0, "prefill_tokens"].sum()),
+        "prefill_tokens": int(pre[pre >= 0].sum()),
         "decode_tokens": int(dec[dec >= 0].sum()),
         "tokens_per_s": round(total / window * 1e6, 3) if window > 0 else None,
         "decode_tokens_per_s": round(float(dec[dec >= 0].sum()) / window * 1e6, 3) if window > 0 else None,
         "us_per_token": round(window / total, 4) if total > 0 else None,
         "itl_us": percentiles(itl),
-        "attention_flops": float(flops.sum()) if len(flops) else None,
+        "attention_flops": float(pd.Series(flops).sum()) if len(flops) else None,  # pandas' sum, as it always was
         "attention_flops_steps": int(len(flops)),
         "notes": notes,
-        "per_step": [_record(r) for r in serving.to_dict("records")],
+        "per_step": [_record(dict(zip(columns, r, strict=True))) for r in zip(*(serving[c].tolist() for c in columns), strict=True)],
     }
 
 

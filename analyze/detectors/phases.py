@@ -526,6 +526,20 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
     capture_batch = trace.capture.get("batch")
     if isinstance(capture_batch, int) and segs.method == "annotations":
         batch = np.where(batch <= 0, capture_batch, batch)
+    measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
+    host_end = t["end"].to_numpy(np.int64)
+    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
+    # The critical path's columns as arrays by segment (NaN / None where no path was analysed).
+    on_path = {c: np.full(len(t), np.nan) for c in ("cp_cpu_us", "cp_gpu_us", "cp_wait_us", "cpu_share", "gpu_share")}
+    bound = np.full(len(t), None, object)
+    if not paths.empty:
+        at = paths["seg"].to_numpy(np.int64)
+        on_path["cp_cpu_us"][at] = paths["cp_cpu"].to_numpy(float) / US
+        on_path["cp_gpu_us"][at] = paths["cp_gpu"].to_numpy(float) / US
+        on_path["cp_wait_us"][at] = paths["cp_wait"].to_numpy(float) / US
+        on_path["cpu_share"][at] = paths["cpu_share"].to_numpy(float)
+        on_path["gpu_share"][at] = paths["gpu_share"].to_numpy(float)
+        bound[at] = paths["bound"].to_numpy(object)
     steps = pd.DataFrame({
         "seg": t["seg"], "phase": phase, "index": t["index"], "name": t["name"], "request": request,
         "step": t["step"], "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"],
@@ -545,24 +559,10 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         "kernels": m["kernels"].to_numpy(np.int64),
         "launches": m["launches"].to_numpy(np.int64),
         "sync_blocked_us": m["sync_blocked"].to_numpy(np.int64) / US,
+        **on_path,
+        # An object column (None where no path), as writing the verdicts into a column of None made it.
+        "bound": pd.Series(bound, index=t.index, dtype=object),
     })
-    measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
-    host_end = t["end"].to_numpy(np.int64)
-    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
-    steps["cp_cpu_us"] = np.nan
-    steps["cp_gpu_us"] = np.nan
-    steps["cp_wait_us"] = np.nan
-    steps["cpu_share"] = np.nan
-    steps["gpu_share"] = np.nan
-    steps["bound"] = None
-    if not paths.empty:
-        at = paths["seg"].to_numpy(np.int64)
-        steps.loc[at, "cp_cpu_us"] = paths["cp_cpu"].to_numpy(float) / US
-        steps.loc[at, "cp_gpu_us"] = paths["cp_gpu"].to_numpy(float) / US
-        steps.loc[at, "cp_wait_us"] = paths["cp_wait"].to_numpy(float) / US
-        steps.loc[at, "cpu_share"] = paths["cpu_share"].to_numpy(float)
-        steps.loc[at, "gpu_share"] = paths["gpu_share"].to_numpy(float)
-        steps.loc[at, "bound"] = paths["bound"].to_numpy(object)
     steps.attrs["paths"] = paths
     return steps
 
