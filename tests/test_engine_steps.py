@@ -162,3 +162,17 @@ def test_attention_flops_of_the_vllm_mixed_step():
     assert float(es.attention_flops(pairs, 64, 64, layers=24)) == 4 * 64 * 64 * 3971984 * 24
     assert float(es.attention_flops(10, 2, 128, head_dim_v=64)) == 2 * (128 + 64) * 2 * 10
     np.testing.assert_array_equal(es.attention_flops(np.array([1.0, 2.0]), 1, 1), [4.0, 8.0])
+
+
+def test_parse_names_counts_are_int64_with_minus_one_where_unknown():
+    """parse_names fills unknown counts with -1 per distinct name: the frame converting each count
+    column afterwards gave (repeated, unordered and non-engine names; no engine name at all)."""
+    names = pd.Series(["execute_new_2_cached_0", "aten::mm", "step[DECODE bs=4]", "execute_new_2_cached_0",
+                       "capture_8_DECODE", "execute_context_1(7)_generation_0(0)"], index=[5, 3, 9, 1, 7, 2])
+    hits = [n for n in names if es.parse(n) is not None]
+    ref = pd.DataFrame([es.parse(n).to_json() for n in hits], index=[5, 9, 1, 7, 2], columns=list(es.STEP_FIELDS))
+    for c in es.COUNT_FIELDS:
+        ref[c] = pd.to_numeric(ref[c], errors="coerce").fillna(-1).astype(np.int64)
+    pd.testing.assert_frame_equal(es.parse_names(names), ref)
+    none = es.parse_names(pd.Series(["aten::mm"]))
+    assert none.empty and all(none[c].dtype == np.int64 for c in es.COUNT_FIELDS)
