@@ -164,9 +164,11 @@ def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> 
 
     `frames` are views with ts, end, name, tid (annotations, cpu ops); each distinct name is
     matched once."""
+    hits = [_role_hits(f["name"], patterns) for f in frames]
+    if not any(len(role) for _, role in hits):  # most traces: no name has a role
+        return None, pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
     parts = []
-    for f in frames:
-        hit, role = _role_hits(f["name"], patterns)
+    for f, (hit, role) in zip(frames, hits, strict=True):
         sub = f.loc[hit, ["ts", "end", "name", "tid"]].copy()
         sub["role"] = role
         parts.append(sub)

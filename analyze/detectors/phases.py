@@ -132,8 +132,13 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
 
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
-    """Rows of several views whose name matches (filtered before concatenating: views are large)."""
-    return pd.concat([f.loc[sm.name_hits(f["name"], pattern), ["ts", "end", "name", "tid"]] for f in frames])
+    """Rows of several views whose name matches (filtered before concatenating: views are large).
+    Views without a match are left out (the views share their columns' dtypes): most have none."""
+    hits = [sm.name_hits(f["name"], pattern) for f in frames]
+    found = [f.loc[h, ["ts", "end", "name", "tid"]] for f, h in zip(frames, hits, strict=True) if h.any()]
+    if len(found) == 1:
+        return found[0]
+    return pd.concat(found) if found else frames[0].loc[hits[0], ["ts", "end", "name", "tid"]]
 
 
 def _profiler_steps(trace: Trace) -> pd.DataFrame:
