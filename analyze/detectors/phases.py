@@ -61,6 +61,7 @@ OPTIONS = ("phases",)
 _STEP_HEAD, _STEP_TAIL = decode_step_name(0).rsplit("0", 1)
 _DECODE_STEP = re.compile("^" + re.escape(_STEP_HEAD) + r"(\d+)" + re.escape(_STEP_TAIL) + "$")
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+_TOKENTRACE_NAME = re.compile("^" + re.escape(ANNOTATION_PREFIX))
 # vLLM: the model runner's execute_model, as a record_function or a Python frame "...py(N): execute_model".
 _VLLM_STEP = re.compile(r"(?:^|: |\.)execute_model$")
 # Fewest cpu ops between two embedding lookups for them to open separate forwards, used only when
@@ -106,10 +107,10 @@ def _annotations(trace: Trace) -> pd.DataFrame:
 
 def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
     ann = _annotations(trace)
-    names = ann["name"].astype(str)
-    mine = ann[names.str.startswith(ANNOTATION_PREFIX)]
-    if mine.empty:
+    hit = sm.name_hits(ann["name"], _TOKENTRACE_NAME)
+    if not hit.any():
         return None
+    mine = ann[hit]
     n = mine["name"].astype(str)
     step = n.str.extract(_DECODE_STEP)[0]
     phase = np.where(n == PREFILL_ANNOTATION, "prefill", np.where(step.notna(), "decode", "other"))
@@ -150,21 +151,27 @@ def _profiler_steps(trace: Trace) -> pd.DataFrame:
 def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """(start ns, embedding row) of each forward pass, and the thread they run on."""
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    emb = cpu[lat.name_mask(cpu["name"], set(EMBEDDING_OPS))]
-    if emb.empty:
+    is_emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+    if not is_emb.any():
         return np.empty(0, np.int64), np.empty(0, np.int64), -1
-    tid = int(emb["tid"].mode().iloc[0])
-    emb = emb[emb["tid"] == tid].sort_values("ts")
-    ts = emb["ts"].to_numpy(np.int64)
-    on_tid = cpu[cpu["tid"] == tid]
-    att = on_tid[is_attention[on_tid.index.to_numpy()]]
-    if not att.empty:
-        count = np.searchsorted(np.sort(att["ts"].to_numpy(np.int64), kind="stable"), ts)
+    # Columns as arrays, not frames of the rows (a frame filter copies every column).
+    tids = cpu["tid"].to_numpy()
+    # The thread with the most lookups; the lowest id among equals (Series.mode's first).
+    values, counts = np.unique(tids[is_emb], return_counts=True)
+    tid = int(values[np.argmax(counts)])
+    on_tid = tids == tid
+    all_ts = cpu["ts"].to_numpy(np.int64)
+    emb = np.flatnonzero(is_emb & on_tid)
+    emb = emb[np.argsort(all_ts[emb], kind="quicksort")]  # sort_values("ts")'s order
+    ts = all_ts[emb]
+    att = on_tid & is_attention[cpu.index.to_numpy()]
+    if att.any():
+        count = np.searchsorted(np.sort(all_ts[att], kind="stable"), ts)
         new = np.r_[True, count[1:] > count[:-1]]
     else:
-        count = np.searchsorted(np.sort(on_tid["ts"].to_numpy(np.int64), kind="stable"), ts)
+        count = np.searchsorted(np.sort(all_ts[on_tid], kind="stable"), ts)
         new = np.r_[True, (count[1:] - count[:-1]) >= MIN_OPS_PER_FORWARD]
-    return ts[new], emb.index.to_numpy(np.int64)[new], tid
+    return ts[new], cpu.index.to_numpy(np.int64)[emb][new], tid
 
 
 def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFrame) -> pd.DataFrame:
@@ -179,11 +186,14 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rt = trace.narrow_runtime
-    # Two columns of the thread's rows, not every column of them (loc with the column list).
-    top = cpu.loc[((cpu["tid"] == tid) & (cpu["parent"] < 0)).to_numpy(), ["ts", "end"]]
-    host = pd.concat([top, rt.loc[(rt["tid"] == tid).to_numpy(), ["ts", "end"]]]).sort_values("ts")
-    hts = host["ts"].to_numpy(np.int64)
-    reach = np.maximum.accumulate(host["end"].to_numpy(np.int64)) if len(host) else np.empty(0, np.int64)
+    # The thread's top-level ops and runtime calls: two columns of them as arrays.
+    top = (cpu["tid"].to_numpy() == tid) & (cpu["parent"].to_numpy() < 0)
+    calls = rt["tid"].to_numpy() == tid
+    hts = np.concatenate([cpu["ts"].to_numpy(np.int64)[top], rt["ts"].to_numpy(np.int64)[calls]])
+    order = np.argsort(hts, kind="quicksort")  # sort_values("ts")'s order
+    hts = hts[order]
+    hend = np.concatenate([cpu["end"].to_numpy(np.int64)[top], rt["end"].to_numpy(np.int64)[calls]])[order]
+    reach = np.maximum.accumulate(hend) if len(hend) else np.empty(0, np.int64)
     j = np.searchsorted(hts, limit, side="left") - 1
     end = np.where(j >= 0, reach[np.maximum(j, 0)] if len(reach) else starts, starts)
     end = np.minimum(np.maximum(end, starts + 1), limit)
@@ -638,11 +648,12 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     notes: list[str] = []
     if segs.method == "none":
         notes.append("no step annotations, profiler steps or forward passes (embedding lookups) found: phases absent")
-    if (steps["queued_us"] > 0).any():
-        q = steps.loc[steps["queued_us"] > 0].iloc[0]
+    queued = np.flatnonzero(steps["queued_us"].to_numpy(float) > 0)
+    if len(queued):
+        q = steps.iloc[queued[0]]
         notes.append(f"step {q['name']} waited {q['queued_us'] / 1000:.2f} ms with its work queued behind work or an event "
                      "the trace does not show (before the steady state): its times start when its work started")
-    tok = steps[steps["name"] == TOKENIZE_ANNOTATION]
+    tok = steps["cpu_span_us"].to_numpy(float)[steps["name"].to_numpy(object) == TOKENIZE_ANNOTATION]
     decode = _decode_summary(steps, segs.table, segs.method)
     if decode and decode["tpot_intervals"] < decode["steps"]:
         notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
@@ -656,7 +667,7 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
         method=segs.method,
         confidence=segs.confidence,
         decode_summary=decode,
-        tokenize_us=None if tok.empty else float(tok["cpu_span_us"].iloc[0]),
+        tokenize_us=float(tok[0]) if len(tok) else None,
         notes=notes,
         findings=_findings(steps, decode),
         serving=per_step,
