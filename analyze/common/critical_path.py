@@ -216,7 +216,7 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     # Edge weights of the host chain: call i's out node (start, or end when blocking) -> call i + 1.
     if nh:
         out_time = np.where(hblock, hend, hts)
-        w = np.maximum(0, np.r_[hts[1:], host_end] - out_time)
+        w = np.maximum(0, np.append(hts[1:], host_end) - out_time)
         w_s = max(0, int(hts[0]) - start)
     if ng:
         gdur = np.maximum(np.asarray(gpu["end"], np.int64) - gts, 0)
@@ -241,7 +241,7 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
         # Host starts lo..hi: one predecessor each, so a prefix sum.
         if hi >= lo:
             d0 = int(dist[prev_out]) + prev_w
-            dist[lo:hi + 1] = d0 + np.r_[0, np.cumsum(w[lo:hi])]
+            dist[lo:hi + 1] = d0 + np.concatenate(([0], np.cumsum(w[lo:hi])))
             pred[lo] = prev_out
             pred[lo + 1:hi + 1] = np.arange(lo, hi)
             block_lo[lo:hi + 1] = lo
@@ -252,7 +252,7 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
                 continue
             nodes = js[a:b]
             dur = gdur[nodes]
-            c = np.r_[0, np.cumsum(dur[:-1])]
+            c = np.concatenate(([0], np.cumsum(dur[:-1])))
             h = here[nodes]
             A = np.where(h, dist[np.maximum(ci[nodes], 0)] - c, _NEG)
             last = carry[k]
@@ -262,10 +262,10 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
                 m0 = _NEG
                 if not h[0]:
                     A[0] = 0  # the stream's first activity, launched by nothing here: a root
-            M = np.maximum.accumulate(np.r_[m0, A])
+            M = np.maximum.accumulate(np.concatenate(([m0], A)))
             dist[base + nodes] = c + M[1:]
             by_launch = h & (A >= M[:-1])
-            p = np.r_[last, base + nodes[:-1]]
+            p = np.concatenate(([last], base + nodes[:-1]))
             p = np.where(by_launch, ci[nodes], p)
             if last < 0 and not h[0]:
                 p[0] = base + nodes[0]
@@ -301,10 +301,11 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
         gkey = ci
     else:
         rank = gkey = np.empty(0, np.int64)
-    cand = np.r_[np.arange(nh), nh + np.flatnonzero(hblock) if nh else np.empty(0, np.int64), base + np.arange(ng), iS, iE]
-    k1 = np.r_[np.arange(nh), np.flatnonzero(hblock) if nh else np.empty(0, np.int64), gkey, -2, nh + 1]
-    k2 = np.r_[np.zeros(nh, np.int64), np.full(int(hblock.sum()) if nh else 0, 2), np.ones(ng, np.int64), 0, 0]
-    k3 = np.r_[np.zeros(nh + (int(hblock.sum()) if nh else 0), np.int64), rank, 0, 0]
+    blocks = np.flatnonzero(hblock) if nh else np.empty(0, np.int64)
+    cand = np.concatenate((np.arange(nh), nh + blocks, base + np.arange(ng), [iS, iE]))
+    k1 = np.concatenate((np.arange(nh), blocks, gkey, [-2, nh + 1]))
+    k2 = np.concatenate((np.zeros(nh, np.int64), np.full(len(blocks), 2), np.ones(ng, np.int64), [0, 0]))
+    k3 = np.concatenate((np.zeros(nh + len(blocks), np.int64), rank, [0, 0]))
     hit = dist[cand] == best
     end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
     path = [end]
