@@ -43,18 +43,13 @@ class Segments:
         ts = np.asarray(ts, dtype=np.int64)
         if self.table.empty:
             return np.full(len(ts), -1, dtype=np.int64)
-        t = self.table
-        starts = t["start"].to_numpy(np.int64)
-        order = np.argsort(starts, kind="quicksort")  # the order sort_values("start") gives
-        starts = starts[order]
-        ends = t["end"].to_numpy(np.int64)[order]
-        segs = t["seg"].to_numpy(np.int64)[order]
+        starts, ends, segs = self._in_start_order()
         if len(ts) > 4 * len(starts) and len(starts) <= _SLICE_SEGMENTS and bool((ts[1:] >= ts[:-1]).all()):
             # Instants in order (a kind's rows in start order): each segment holds one run of
             # them, from its start to its end or the next segment's start, found by a search per
             # segment, not per instant (the same answer as below, without gathers over every row).
             a = np.searchsorted(ts, starts, side="left")
-            b = np.minimum(np.searchsorted(ts, ends, side="left"), np.r_[a[1:], len(ts)])
+            b = np.minimum(np.searchsorted(ts, ends, side="left"), np.append(a[1:], len(ts)))
             out = np.full(len(ts), -1, dtype=np.int64)
             for k in np.flatnonzero(b > a).tolist():
                 out[a[k]:b[k]] = segs[k]
@@ -78,11 +73,7 @@ class Segments:
         out = np.full(n, NO_TIME, dtype=np.int64)
         if n == 0 or len(ts) == 0:
             return out
-        t = self.table
-        starts = t["start"].to_numpy(np.int64)
-        order = np.argsort(starts, kind="quicksort")  # as locate_times orders them
-        starts = starts[order]
-        segs = t["seg"].to_numpy(np.int64)[order]
+        starts, ends, segs = self._in_start_order()
         want = np.asarray(seg_tid)[segs]
         if len(starts) > _SLICE_SEGMENTS or not bool((ts[1:] >= ts[:-1]).all()):
             seg = self.locate_times(ts)
@@ -92,7 +83,7 @@ class Segments:
             return out
         # Each segment's run, exactly as locate_times' ordered path bounds it.
         j = np.searchsorted(ts, starts, side="left")
-        e = np.minimum(np.searchsorted(ts, t["end"].to_numpy(np.int64)[order], side="left"), np.r_[j[1:], len(ts)])
+        e = np.minimum(np.searchsorted(ts, ends, side="left"), np.append(j[1:], len(ts)))
         found = np.full(len(j), -1, dtype=np.int64)
         active = np.flatnonzero(j < e)
         for _ in range(_PROBES):  # most steps open with an op of their own thread
@@ -111,6 +102,22 @@ class Segments:
         ok = found >= 0
         out[segs[ok]] = ts[found[ok]]
         return out
+
+    def _in_start_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, seg) of the segments in start order (the order sort_values("start")
+        gives), computed once per table: locate_times and first_on_thread run a dozen times per
+        analysis. Read-only."""
+        # Not a dataclass field (as in locate_gpu); keyed by the table, which segment() replaces.
+        hit: tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = self.__dict__.get("_in_order")
+        if hit is None or hit[0] is not self.table:
+            t = self.table
+            starts = t["start"].to_numpy(np.int64)
+            order = np.argsort(starts, kind="quicksort")
+            cols = (starts[order], t["end"].to_numpy(np.int64)[order], t["seg"].to_numpy(np.int64)[order])
+            for c in cols:
+                c.setflags(write=False)
+            self.__dict__["_in_order"] = hit = (t, cols)
+        return hit[1]
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""

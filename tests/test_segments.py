@@ -104,3 +104,14 @@ def test_gpu_rows_are_located_by_their_launch_once_per_trace(tmp_path):
     b.launch("k4", 220.0, 230.0, 5.0)
     other = b.load(tmp_path, "other.pt.trace.json")
     assert segs.locate_gpu(other).tolist() == [0, 0, -1, 1, 1]
+
+
+def test_a_replaced_table_is_located_afresh():
+    """locate_times keeps the table's ordered columns between calls (Segments._in_start_order): a
+    new table (phases' segment() replaces its table) is ordered again, not located by the old one."""
+    segs = Segments(pd.DataFrame({"seg": [1, 0], "start": [20, 0], "end": [30, 10]}))
+    ts = np.array([5, 25, 15])
+    assert segs.locate_times(ts).tolist() == [0, 1, -1]
+    segs.table = pd.DataFrame({"seg": [0], "start": [10], "end": [20]})
+    assert segs.locate_times(ts).tolist() == [-1, -1, 0]
+    assert segs.first_on_thread(np.array([12, 15]), np.array([2, 1]), np.array([1])).tolist() == [15]
