@@ -75,23 +75,25 @@ def test_bad_mapping_values():
         pp.normalize([("decode",)])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("rows_per_name", [0, 10**6])
 @pytest.mark.parametrize("rows", [[], [2, -1, 0, 2], [3, 3, 1, -1, 0, 2, 4, 1] * 2])
-def test_small_views_match_each_name_present_as_every_category(rows):
-    """A view with fewer rows than names is matched per name present (step_markers.name_hits,
-    _role_hits): the same masks and roles as matching every category, rows without a name included."""
+def test_names_matched_per_name_present_as_per_category(rows, rows_per_name, monkeypatch):
+    """A view is matched per name present or per category of the trace (step_markers.name_hits,
+    _role_hits, by rows per name): the same masks and roles either way, rows without a name included."""
     import re
 
     import numpy as np
     import pandas as pd
 
     from tokentrace.analysis.common import step_markers as sm
-    from tokentrace.analysis.common.latency import regex_mask
 
+    monkeypatch.setattr(sm, "_ROWS_PER_NAME_SEARCH", rows_per_name)
+    monkeypatch.setattr(sm, "_ROWS_PER_NAME_ROLE", rows_per_name)
     cats = ["decode_step_1", "ProfilerStep#3", "aten::mm", "prefill", "generate"]
     names = pd.Series(pd.Categorical.from_codes(np.array(rows, np.int8), categories=cats))
-    assert sm._few_rows(names) == (len(rows) < len(cats))
+    assert sm._few_rows(names, rows_per_name) == (rows_per_name > 0)
     pattern = re.compile(r"Step|mm$")
-    assert sm.name_hits(names, pattern).tolist() == regex_mask(names, pattern).tolist()
+    assert sm.name_hits(names, pattern).tolist() == [c >= 0 and bool(pattern.search(cats[c])) for c in rows]
     patterns = pp.compile_patterns()
     hit, role = sm._role_hits(names, patterns)
     expect = [patterns.role_of(cats[c]) or "" if c >= 0 else "" for c in rows]

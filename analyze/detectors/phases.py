@@ -608,9 +608,10 @@ def _slope_basis(d: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, meth
 
 
 def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, method: str = "none") -> dict[str, Any] | None:
-    d = steps[steps["phase"] == "decode"]
-    if d.empty:
+    is_decode = steps["phase"].to_numpy(object) == "decode"
+    if not is_decode.any():
         return None
+    d = steps[is_decode]
     tpot = d["tpot_us"].to_numpy(float)
     # Growth per token of context (see _slope_basis for where the context length comes from).
     x, basis, x_source = _slope_basis(d, steps, table if table is not None else pd.DataFrame({"seg": []}), method)
