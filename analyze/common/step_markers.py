@@ -45,7 +45,7 @@ def name_hits(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """`regex_mask(names, pattern)`; in a view with few rows per name of the trace (user
     annotations, the cpu ops of a small trace), only the names present are searched."""
     if _few_rows(names, _ROWS_PER_NAME_SEARCH):
-        return _per_present_name(names, lambda s: bool(pattern.search(s)), False, bool)
+        return category_mask(names, _per_present_name(names, lambda s: bool(pattern.search(s)), False, bool))
     return regex_mask(names, pattern)
 
 
@@ -53,18 +53,17 @@ def _few_rows(names: pd.Series, rows_per_name: int) -> bool:
     return isinstance(names.dtype, pd.CategoricalDtype) and len(names) < rows_per_name * len(names.array.categories)
 
 
-def _per_present_name(names: pd.Series, value: Callable[[str], Any], missing: Any, dtype: Any) -> np.ndarray:
-    """value(name) per row of a categorical column, computed once per distinct name present (rows
-    without a name get `missing`)."""
+def _per_present_name(names: pd.Series, value: Callable[[str], Any], absent: Any, dtype: Any) -> np.ndarray:
+    """Per category of a categorical column: value(name) for the names present in it, `absent` for
+    the others (rows read it through their codes; category_mask for a mask)."""
     cats = names.array.categories
-    codes = names.array.codes
     present = np.zeros(len(cats) + 1, bool)
-    present[codes] = True  # code -1 (no name) marks the last slot
-    table = np.full(len(cats) + 1, missing, dtype=dtype)
+    present[names.array.codes] = True  # code -1 (no name) marks the last slot, which is not read
+    table = np.full(len(cats), absent, dtype=dtype)
     at = np.flatnonzero(present[:-1]).tolist()
     text = cats.tolist()  # a list, not the Index: ~1 us an item read from an Index
     table[at] = [value(str(text[c])) for c in at]
-    return table[codes]
+    return table
 
 
 def outermost(df: pd.DataFrame) -> pd.DataFrame:
@@ -156,13 +155,12 @@ def _roles(names: pd.Series, patterns: PhasePatterns) -> np.ndarray:
 def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, np.ndarray]:
     """(mask of the names with a role, their roles): `_roles` and `!= ""`, the mask from the
     category codes (no comparison of a text per row), or per name present in a small view."""
-    if _few_rows(names, _ROWS_PER_NAME_ROLE):
-        role = _per_present_name(names, lambda s: patterns.role_of(s) or "", "", object)
-        hit = role != ""
-        return hit, role[hit]
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories.tolist()] + [""], dtype=object)
-        hit = category_mask(names, cats[:-1] != "")
+        if _few_rows(names, _ROWS_PER_NAME_ROLE):
+            cats = _per_present_name(names, lambda s: patterns.role_of(s) or "", "", object)
+        else:
+            cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories.tolist()], dtype=object)
+        hit = category_mask(names, cats != "")  # rows without a name (code -1) have no role
         return hit, cats[names.array.codes[hit]]
     role = _roles(names, patterns)
     hit = role != ""
