@@ -115,3 +115,21 @@ def test_a_replaced_table_is_located_afresh():
     segs.table = pd.DataFrame({"seg": [0], "start": [10], "end": [20]})
     assert segs.locate_times(ts).tolist() == [-1, -1, 0]
     assert segs.first_on_thread(np.array([12, 15]), np.array([2, 1]), np.array([1])).tolist() == [15]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holds_any_marks_what_locate_times_locates(seed):
+    """Segments.holds_any equals marking each segment that locate_times puts an instant in, on
+    segments that do not overlap (clipped at the next start, as phases makes them: some empty,
+    some sharing a start), unordered ids, instants in and out of order, and no instants."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 30))
+    starts = np.sort(rng.integers(0, 1000, m))
+    ends = np.minimum(starts + rng.integers(0, 80, m), np.append(starts[1:], np.iinfo(np.int64).max))
+    perm = rng.permutation(m)
+    segs = Segments(pd.DataFrame({"seg": np.arange(m)[perm], "start": starts[perm], "end": ends[perm]}))
+    for ts in (rng.integers(-10, 1100, 200), np.sort(rng.integers(-10, 1100, 50)), np.empty(0, np.int64)):
+        expect = np.zeros(m, bool)
+        located = segs.locate_times(ts)
+        expect[located[located >= 0]] = True
+        assert segs.holds_any(ts).tolist() == expect.tolist()

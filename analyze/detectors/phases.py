@@ -227,10 +227,9 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> d
             col["att_batch"][s], col["att_q"][s] = shape["batch"], shape["q_len"]
             col["att_kv"][s] = shape["kv_len"] or -1
     # Start times of the training markers only (a training trace's backward ops are most of its ops:
-    # no frame of them is built).
-    marks = np.concatenate([f["ts"].to_numpy(np.int64)[sm.name_hits(f["name"], _TRAINING)] for f in (cpu, _annotations(trace))])
-    tseg = segs.locate_times(marks)
-    training[tseg[tseg >= 0]] = True
+    # no frame of them is built, nor is each located).
+    for f in (cpu, _annotations(trace)):
+        training |= segs.holds_any(f["ts"].to_numpy(np.int64)[sm.name_hits(f["name"], _TRAINING)])
     return {**col, "training": training}
 
 
