@@ -98,13 +98,16 @@ def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
         inner["group"] = group[~is_outer]
         inner = inner.drop_duplicates("group").set_index("group").loc[single]
         _merge_inner(out, single, inner)
-    out["phase"] = out["kind"].map(es.PHASE_OF_KIND)
-    out["start"] = out.pop("ts")
+    kind = out["kind"].to_numpy(object)
     req = out["requests"].to_numpy(np.int64)
-    out["batch"] = np.where(req > 0, req, np.where(out["kind"] == "capture", out["capture_size"], -1))
-    out["q_len"] = _tokens_per_request(out)
-    out["step"] = -1
-    return out[["start", "end", "name", "tid", "phase", "batch", "q_len", "step", *ENGINE_COLUMNS]]
+    # Framed once (each column written into a frame costs ~0.1 ms).
+    return pd.DataFrame({
+        "start": out["ts"], "end": out["end"], "name": out["name"], "tid": out["tid"],
+        "phase": [es.PHASE_OF_KIND[k] for k in kind.tolist()],
+        "batch": np.where(req > 0, req, np.where(kind == "capture", out["capture_size"].to_numpy(np.int64), -1)),
+        "q_len": _tokens_per_request(out), "step": np.full(len(out), -1, np.int64),
+        **{c: out[c] for c in ENGINE_COLUMNS},
+    })
 
 
 def _merge_inner(out: pd.DataFrame, at: np.ndarray, inner: pd.DataFrame) -> None:
