@@ -419,3 +419,20 @@ def test_cumcount_equals_pandas(keys):
     expect = pd.Series(keys).groupby(keys).cumcount().to_numpy(np.int64)
     got = phases._cumcount(keys)
     assert got.dtype == np.int64 and got.tolist() == expect.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_outermost_equals_sorting_then_filtering(seed):
+    """step_markers.outermost (one gather) keeps the rows, order and index that sorting by start
+    (longest first) and dropping ranges inside an earlier one kept: ties, nesting, unordered rows."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    ts = rng.integers(0, 50, n)
+    df = pd.DataFrame({"ts": ts, "end": ts + rng.integers(0, 30, n), "name": [f"r{i % 5}" for i in range(n)]},
+                      index=rng.permutation(np.arange(100, 100 + n)))
+    ref = df.sort_values(["ts", "end"], ascending=[True, False])
+    reach = np.maximum.accumulate(ref["end"].to_numpy())
+    ref = ref[np.r_[True, ref["ts"].to_numpy()[1:] >= reach[:-1]]]
+    pd.testing.assert_frame_equal(phases._outermost(df), ref)

@@ -67,11 +67,14 @@ def _per_present_name(names: pd.Series, value: Callable[[str], Any], absent: Any
 
 
 def outermost(df: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not contained in an earlier one (nested markers: keep the outer)."""
-    df = df.sort_values(["ts", "end"], ascending=[True, False])
-    reach = np.maximum.accumulate(df["end"].to_numpy(np.int64))
-    keep = np.r_[True, df["ts"].to_numpy(np.int64)[1:] >= reach[:-1]]
-    return df[keep]
+    """Ranges not contained in an earlier one (nested markers: keep the outer), in start order
+    (longest first among equal starts)."""
+    ts, end = df["ts"].to_numpy(np.int64), df["end"].to_numpy(np.int64)
+    order = np.lexsort((-end, ts))  # sort_values(["ts", "end"], ascending=[True, False]): stable
+    reach = np.maximum.accumulate(end[order])
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = ts[order][1:] >= reach[:-1]
+    return df.iloc[order[keep]]  # one gather of the rows, not a sort and then a filter of them
 
 
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
