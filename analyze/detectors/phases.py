@@ -555,8 +555,8 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         on_path["gpu_share"][at] = paths["gpu_share"].to_numpy(float)
         bound[at] = paths["bound"].to_numpy(object)
     steps = pd.DataFrame({
-        "seg": t["seg"], "phase": phase, "index": t["index"], "name": t["name"], "request": request,
-        "step": t["step"], "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"],
+        "seg": t["seg"].to_numpy(), "phase": phase, "index": t["index"].to_numpy(), "name": t["name"], "request": request,
+        "step": t["step"].to_numpy(), "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"].to_numpy(),
         "start_us": (t["start"].to_numpy(np.int64) - origin) / US,
         "first_op_us": (first_op - origin) / US,
         "queued_us": (first_op - host_first_op) / US,
@@ -658,7 +658,8 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     if decode and decode["tpot_intervals"] < decode["steps"]:
         notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
                      "their TPOT is the step's own time from first op to token")
-    sources = steps.loc[steps["phase"].isin(("prefill", "decode")), "token_source"].value_counts()
+    phase = steps["phase"].to_numpy(object)
+    sources = steps["token_source"][(phase == "prefill") | (phase == "decode")].value_counts()
     if len(sources):
         notes.append("token ready from: " + ", ".join(f"{k} x{v}" for k, v in sources.items()))
     return PhasesResult(
