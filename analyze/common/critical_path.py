@@ -376,13 +376,16 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     gts = gpu["ts"].to_numpy(np.int64)
     g_launch_ts = np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts)
     gorder = np.argsort(g_launch_ts, kind="stable")
-    g_cols = {"seg": segs.locate_gpu(trace)[gorder], "row": gpu.index.to_numpy(np.int64)[gorder], "ts": gts[gorder],
-              "end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
+    g_seg, g_ts = segs.locate_gpu(trace)[gorder], gts[gorder]
+    # The columns step_path reads besides ts (clipped per step below).
+    g_cols = {"end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
               "launch": launch[gorder], "launch_ts": g_launch_ts[gorder]}
-    g_launch_ts, g_end, g_seg, g_ts = g_cols["launch_ts"], g_cols["end"], g_cols["seg"], g_cols["ts"]
+    g_launch_ts, g_end = g_cols["launch_ts"], g_cols["end"]
 
     # Each step's GPU rows as positions in launch order (the order a groupby keeps).
-    in_wanted = np.flatnonzero(np.isin(g_seg, seg_ids))
+    wanted = np.zeros(len(table) + 1, dtype=bool)
+    wanted[seg_ids] = True
+    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids): no segment (-1) reads the last slot
     by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
     sorted_seg = g_seg[by_seg]
     starts = table["start"].to_numpy(np.int64)
