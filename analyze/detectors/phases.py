@@ -125,11 +125,22 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     engine = sm.engine_segments(ann)
     if engine is not None:
         return engine, "exact"
+    if not _any_name_matches(trace, _VLLM_STEP):  # most traces: their Python frames' view is not built for this
+        return None, None
     vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
     if not vl.empty:
         vl = _outermost(vl)
         return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl)), "high"
     return None, None
+
+
+def _any_name_matches(trace: Trace, pattern: re.Pattern[str]) -> bool:
+    """Whether any name of the trace's events may match (its categories searched; True when the
+    names are not categorical, so that the views are searched)."""
+    names = trace.events["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return True
+    return any(pattern.search(str(c)) for c in names.array.categories.tolist())
 
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
