@@ -170,7 +170,8 @@ def collective_kernel_mask(trace: Trace) -> np.ndarray:
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:
-    """Per event row: a host op or record_function range of a collective call (or a wait on one)."""
+    """Per event row: a host op or record_function range of a collective call (or a wait on one).
+    The gaps and collectives detectors share it (`ctx.shared(host_collective_mask)`): read-only."""
     ev = trace.events
     return _category_mask(ev["name"], is_host_collective) & trace.kind_mask("cpu_op", "user_annotation")
 

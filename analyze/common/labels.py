@@ -76,12 +76,16 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
     step = np.full(len(seg), None, dtype=object)
     region = np.full(len(seg), OUTSIDE_REGION, dtype=object)
     if segments is not None and len(segments) and len(seg):
-        t = segments.table.set_index("seg")
-        ok = seg >= 0
-        found = t.reindex(seg[ok])
-        phase[ok] = found["phase"].astype(object).to_numpy()
-        step[ok] = [None if v != v else int(v) for v in found["index"].to_numpy()]
-        region[ok] = found["name"].astype(object).to_numpy()
+        t = segments.table
+        at = np.flatnonzero(seg >= 0)
+        # Positions in the table by segment id (what set_index("seg").reindex looks up, without
+        # building either frame); an id not in the table reads as missing, as reindex gives it.
+        pos = pd.Index(t["seg"].to_numpy()).get_indexer(seg[at])
+        found, pos = at[pos >= 0], pos[pos >= 0]
+        phase[at], region[at] = np.nan, np.nan
+        step[found] = [None if v != v else int(v) for v in t["index"].to_numpy()[pos].tolist()]
+        phase[found] = t["phase"].to_numpy(object)[pos]
+        region[found] = t["name"].to_numpy(object)[pos]
     return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
             pd.Series(region, index=index, dtype=object))
 

@@ -224,10 +224,11 @@ def _args_frame(ev: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     return df
 
 
-def host_calls(trace: Trace) -> pd.DataFrame:
-    """One row per host collective call (a nest of collective ranges on one thread)."""
+def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
+    """One row per host collective call (a nest of collective ranges on one thread), from the
+    rows cc.host_collective_mask marks."""
     ev = trace.events
-    rows = np.flatnonzero(cc.host_collective_mask(trace))
+    rows = np.flatnonzero(host_coll)
     cols = ["root", "pid", "tid", "start", "end", "type", "type_source", "backend", "dims_bytes", "dims_dtype",
             "ratio", *ARG_STR, *ARG_INT]
     if not len(rows):
@@ -809,7 +810,7 @@ def _evidence(rows: pd.DataFrame, extra: tuple[str, ...] = ()) -> list[dict[str,
 def run(trace: Trace, ctx: Context) -> CollectivesResult:
     segments = ctx.segments
     gaps = ctx.result("gaps").table
-    calls = host_calls(trace)
+    calls = host_calls(trace, ctx.shared(cc.host_collective_mask))
     kern = collective_kernels(trace, calls)
     if calls.empty and kern.empty:  # most traces: nothing to measure
         return CollectivesResult(pd.DataFrame(columns=INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
