@@ -313,10 +313,10 @@ def _numel_ratio(dims: Any) -> float | None:
 
 # ---- kernels --------------------------------------------------------------------------------------
 
-def collective_kernels(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
-    """One row per collective kernel: name hints, args, and the host call that launched it (-1: none)."""
+def collective_kernels(trace: Trace, calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """One row per collective kernel (the event rows cc.collective_kernel_mask marks): name hints,
+    args, and the host call that launched it (-1: none)."""
     ev = trace.events
-    rows = np.flatnonzero(cc.collective_kernel_mask(trace))
     k = _args_frame(ev, rows)
     k.insert(0, "row", rows)
     names = trace.names[rows].astype(object)
@@ -811,10 +811,11 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     segments = ctx.segments
     gaps = ctx.result("gaps").table
     calls = host_calls(trace, ctx.shared(cc.host_collective_mask))
-    kern = collective_kernels(trace, calls)
-    if calls.empty and kern.empty:  # most traces: nothing to measure
+    kernel_rows = np.flatnonzero(cc.collective_kernel_mask(trace))
+    if calls.empty and not len(kernel_rows):  # most traces: nothing to measure
         return CollectivesResult(pd.DataFrame(columns=INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
                                  pd.DataFrame(columns=STEP_TABLE_COLUMNS), trace.duration_ns / US)
+    kern = collective_kernels(trace, calls, kernel_rows)
     inst = build_instances(trace, calls, kern)
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
