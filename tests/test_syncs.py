@@ -9,7 +9,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
-from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, api_kind, sync_calls
+from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _at, api_kind, sync_calls
 from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, group_sums, recommendation
 
 
@@ -289,3 +289,14 @@ def test_points_of_calls_grouped_with_their_lead_call():
     assert pts["start_us"].tolist() == [0.5, 1.0, 4.0] and pts["duration_us"].tolist() == [1.0, 9.0, 4.0]
     assert pts["blocked_us"].tolist() == [0.0, 1.0, 8.0] and pts["idle_caused_us"].tolist() == [0.0, 1.0, 0.75]
     assert pts["copy"].tolist() == [None, "DtoH", "HtoD"] and pts["stack"].tolist() == [None, None, ["s"]]
+
+
+def test_lookup_by_sorted_keys_is_a_reindex():
+    keys = np.array([2, 5, 9, 40])
+    query = np.array([9, 1, 40, 5, 41, 2, 9])
+    for values, missing in ((np.array([7, 8, 9, 10]), -1), (np.array(["a", None, "c", "d"], dtype=object), np.nan)):
+        want = pd.Series(values, index=keys).reindex(query)
+        want = want.fillna(missing).to_numpy(np.int64) if missing == -1 else want.to_numpy(dtype=object)
+        got = _at(keys, values, query, missing)
+        assert got.dtype == want.dtype and pd.Series(got).equals(pd.Series(want))
+    assert _at(keys[:0], np.array([], dtype=bool), query, False).tolist() == [False] * len(query)
