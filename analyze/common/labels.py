@@ -69,6 +69,12 @@ def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np
     return labels[codes].astype(object, copy=False), seg
 
 
+def table_positions(table: pd.DataFrame, seg: np.ndarray) -> np.ndarray:
+    """Row position in a segment table of each segment id, -1 for an id not in it: what
+    table.set_index("seg").reindex(seg) looks up, without building either frame."""
+    return pd.Index(table["seg"].to_numpy()).get_indexer(np.asarray(seg, dtype=np.int64))
+
+
 def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Phase, step index and region name of each segment id (-1: None, None, OUTSIDE_REGION)."""
     seg = np.asarray(seg, dtype=np.int64)
@@ -78,11 +84,9 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
     if segments is not None and len(segments) and len(seg):
         t = segments.table
         at = np.flatnonzero(seg >= 0)
-        # Positions in the table by segment id (what set_index("seg").reindex looks up, without
-        # building either frame); an id not in the table reads as missing, as reindex gives it.
-        pos = pd.Index(t["seg"].to_numpy()).get_indexer(seg[at])
+        pos = table_positions(t, seg[at])
         found, pos = at[pos >= 0], pos[pos >= 0]
-        phase[at], region[at] = np.nan, np.nan
+        phase[at], region[at] = np.nan, np.nan  # an id not in the table reads as missing, as reindex gives it
         step[found] = [None if v != v else int(v) for v in t["index"].to_numpy()[pos].tolist()]
         phase[found] = t["phase"].to_numpy(object)[pos]
         region[found] = t["name"].to_numpy(object)[pos]
