@@ -97,11 +97,13 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
 def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
     """Decode steps seen, tokens each step emits (the batch) and decode steps per request, from the
     segments (phases detector) or the capture metadata; None where unknown."""
-    dec = segments.of_phase("decode") if segments is not None and len(segments) else pd.DataFrame()
+    table = segments.table if segments is not None and len(segments) else pd.DataFrame()
+    # The decode segments as a mask over the table (a filtered copy of its every column cost more).
+    dec = table["phase"].to_numpy(dtype=object) == "decode" if len(table) else np.zeros(0, dtype=bool)
     batch = None
     for col in ("batch", "batch_size", "tokens"):
-        if col in dec.columns:
-            vals = pd.to_numeric(dec[col], errors="coerce")
+        if col in table.columns:
+            vals = pd.to_numeric(pd.Series(table[col].to_numpy()[dec]), errors="coerce")
             vals = vals[vals > 0]  # -1 marks unknown
             if len(vals):
                 batch = float(vals.median())
@@ -110,4 +112,5 @@ def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
     if batch is None and isinstance(cap.get("batch"), (int, float)) and cap["batch"] > 0:
         batch = float(cap["batch"])
     per_request = cap.get("decode_steps") if isinstance(cap.get("decode_steps"), int) else None
-    return {"steps": len(dec), "tokens_per_step": batch, "steps_per_request": per_request or (len(dec) or None)}
+    steps = int(dec.sum())
+    return {"steps": steps, "tokens_per_step": batch, "steps_per_request": per_request or (steps or None)}

@@ -434,40 +434,42 @@ def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
-    g = table[~table["graph_replay"]]
+    real = np.flatnonzero(~table["graph_replay"].to_numpy(bool))
     out: dict[str, Any] = {}
-    if g.empty:
+    if not len(real):
         return out
-    phase = g["phase"].fillna("none").astype(str)
-    steps = segments.table.groupby("phase").size() if segments is not None and len(segments) else pd.Series(dtype=int)
-    for ph, grp in g.groupby(phase.to_numpy()):
+    # Each real gap's phase text (missing: "none"), grouped in text order, from arrays.
+    phase = np.array(["none" if p is None or p != p else str(p) for p in table["phase"].to_numpy(dtype=object)[real].tolist()],
+                     dtype=object)
+    steps = Counter(p for p in segments.table["phase"].to_numpy(dtype=object).tolist() if p is not None and p == p) \
+        if segments is not None and len(segments) else Counter()
+    cause_all, dur_all = table["cause"].to_numpy(dtype=object)[real], table["dur_us"].to_numpy(float)[real]
+    for ph in sorted(set(phase.tolist())):
+        grp = phase == ph
         n_steps = int(steps.get(ph, 0))
-        tot = float(grp["dur_us"].sum())
-        cause, dur = grp["cause"].to_numpy(), grp["dur_us"].to_numpy(float)
+        cause, dur = cause_all[grp], dur_all[grp]
+        # np.nansum of the selected values: what Series.sum computes, without a frame per group.
+        tot = float(np.nansum(dur))
         out[str(ph)] = {
-            "count": len(grp), "total_us": round(tot, 3), "segments": n_steps,
+            "count": int(grp.sum()), "total_us": round(tot, 3), "segments": n_steps,
             "per_step_us": round(tot / n_steps, 3) if n_steps else None,
-            # np.nansum of the selected values: what Series.sum computes, without a frame per cause.
             "by_cause": {c: round(float(np.nansum(dur[cause == c])), 3) for c in CAUSES},
         }
     return out
 
 
-def _fixable(table: pd.DataFrame) -> pd.Series:
-    """Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph."""
-    return (table["cause"] == "launch_bound") & ~table["graph_launch"]
-
-
 def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     scale = decode_scale(trace, segments)
-    fix = table[_fixable(table)]
+    # Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph.
+    fix = (table["cause"].to_numpy(dtype=object) == "launch_bound") & ~table["graph_launch"].to_numpy(bool)
+    dur = table["dur_us"].to_numpy(float)
     if scale["steps"]:
         scope = "decode"
-        lb = float(fix.loc[fix["phase"] == "decode", "dur_us"].sum())
+        lb = float(np.nansum(dur[fix & (table["phase"].to_numpy(dtype=object) == "decode")]))
         per_step = lb / scale["steps"]
     else:
         scope = "whole trace (no decode steps found)"
-        lb = float(fix["dur_us"].sum())
+        lb = float(np.nansum(dur[fix]))
         per_step = None
     tok = scale["tokens_per_step"]
     spr = scale["steps_per_request"]
