@@ -72,8 +72,8 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     })
     calls["graph"] = is_graph[call_rows]
     calls["seg"] = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and len(segments) else -1
-    act = _activities(trace, names, is_graph)
-    summary = _summary(trace, calls, act, segments)
+    act, streams = _activities(trace, names, is_graph)
+    summary = _summary(trace, calls, act, streams, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
     res.small, res.small_rows = _small_kernels(trace, act, summary)
     res.findings = _findings(trace, res, ctx.result("gaps"))
@@ -86,7 +86,10 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> pd.DataFrame:
+def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+    """One row per GPU activity with a launch, and the (device, stream) of each as
+    iv.pair_codes gives them (the code per row, the distinct pairs): the queue depth and the
+    per-stream figures group by them."""
     ev = trace.events
     gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
@@ -109,17 +112,17 @@ def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> pd.DataF
     counts_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
     act["counts_launch"] = counts_launch
     act["delay_us"] = np.where(counts_launch, (act["ts"].to_numpy() - act["launch_ts"].to_numpy()) / US, np.nan)
-    act["depth"] = _queue_depth(act)
-    return act
+    streams = iv.pair_codes(act["device"].to_numpy(), act["stream"].to_numpy())
+    act["depth"] = _queue_depth(act, streams[0])
+    return act, streams
 
 
-def _queue_depth(act: pd.DataFrame) -> np.ndarray:
+def _queue_depth(act: pd.DataFrame, code: np.ndarray) -> np.ndarray:
     """Activities already launched on the same stream and not yet finished when each one's launch
     call began. Graph kernels enter the queue together with their replay's launch."""
     depth = np.zeros(len(act), dtype=np.int64)
     if act.empty:
         return depth
-    code, _ = iv.pair_codes(act["device"].to_numpy(), act["stream"].to_numpy())
     by_stream = np.argsort(code, kind="stable")  # each stream's activities in row order
     launch_ts, end = act["launch_ts"].to_numpy(), act["end"].to_numpy()
     for idx in np.split(by_stream, np.flatnonzero(np.diff(code[by_stream])) + 1):
@@ -154,7 +157,8 @@ def _groups(key: np.ndarray) -> list[np.ndarray]:
     return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
 
 
-def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any) -> dict[str, Any]:
+def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes: tuple[np.ndarray, np.ndarray],
+             segments: Any) -> dict[str, Any]:
     ev = trace.events
     # Grouped by the api's rank among the distinct names (integers), in the order groupby("api")
     # sorts the texts: hashing every call's name string is what would cost.
@@ -176,15 +180,17 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
     own_dur = act["dur_us"].to_numpy()[own]
     n_own = int(own.sum())
     n_kernels = int(is_kernel.sum())
-    small_all = int((is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)).sum())
+    small_all = int(np.count_nonzero(is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)))
     small_own = int((own_dur * US < SMALL_KERNEL_NS).sum())
     n_shorter = int((own_dur < act["launch_dur_us"].to_numpy()[own]).sum())
     graph = act["graph"].to_numpy(bool)
     counted = np.flatnonzero(act["counts_launch"].to_numpy(bool) & ~graph)
     depth = act["depth"].to_numpy()[counted]
     streams = []
-    code, pairs = iv.pair_codes(act["device"].to_numpy()[counted], act["stream"].to_numpy()[counted])
-    for (d, s), g in zip(pairs.tolist(), _groups(code), strict=True):
+    # The codes number the pairs in (device, stream) order: the groups come in that order.
+    code, pairs = stream_codes[0][counted], stream_codes[1]
+    for g in _groups(code):
+        d, s = pairs[code[g[0]]].tolist()
         dep = depth[g]
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
                         "depth_p50": float(np.percentile(dep, 50)), "depth_max": int(dep.max()),
