@@ -43,7 +43,7 @@ import pandas as pd
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
-from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.collectives import host_collective_mask
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
@@ -118,7 +118,7 @@ def run(trace: Trace, ctx: Context) -> GapsResult:
     found = find_gaps(ctx.shared(device_busy), min_gap)
     table = classify(trace, found, ctx.shared(sync_calls), ctx.shared(host_collective_mask), segments,
                      steady_state.window_of(ctx))
-    streams, idle = stream_gaps(trace, min_gap)
+    streams, idle = stream_gaps(trace, ctx.shared(stream_busy), min_gap)
     return _result(trace, ctx, table, streams, idle, min_gap_us, _top(trace, table, ctx.shared(HostLookup)))
 
 
@@ -400,14 +400,12 @@ def _segment_of(trace: Trace, segments: Segments | None, nxt: np.ndarray, gs: np
     return seg.astype(np.int64), 2 * inside < (b - a)
 
 
-def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def stream_gaps(trace: Trace, busy: StreamBusy, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Idle stretches on each stream alone (another stream may have kept the device busy): per
     (device, stream) with GPU work, their count and total; and each stretch (GapsResult.stream_idle)."""
-    gpu = trace.narrow_gpu
-    if gpu.empty:
+    if trace.narrow_gpu.empty:
         return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), _no_idle()
-    codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
-    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
+    uniq, g, ms, me = busy.pairs, busy.group, busy.starts, busy.ends
     same = g[1:] == g[:-1]
     gap = ms[1:] - me[:-1]
     keep = same & (gap >= min_gap_ns)
