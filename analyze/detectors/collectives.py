@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -239,8 +240,9 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     order = np.lexsort((-end, ts, thread))
     rows, pid, tid, ts, end, thread = rows[order], pid[order], tid[order], ts[order], end[order], thread[order]
     # A call starts where a range begins at or after everything before it on the thread ended.
-    reach = pd.Series(end).groupby(thread).cummax().to_numpy()
     first = np.r_[True, thread[1:] != thread[:-1]]
+    bounds = np.r_[np.flatnonzero(first), len(thread)].tolist()
+    reach = np.concatenate([np.maximum.accumulate(end[a:b]) for a, b in pairwise(bounds)])  # per thread (a handful)
     new = first | (ts >= np.r_[0, reach[:-1]])
     call = np.cumsum(new) - 1
     names = trace.names[rows]
@@ -270,14 +272,20 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
     m["dims_dtype"] = dts
     m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
-    best = m[m["prio"] < 9].sort_values(["call", "prio"], kind="stable").drop_duplicates("call")
     g = m.groupby("call", sort=True)
     fp = first_pos(call)
     out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
                         "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
-    b = best.set_index("call")
-    out["type"] = b["type"].reindex(out.index)
-    out["type_source"] = b["type_source"].reindex(out.index)
+    # Each call's type from its surest member (lowest prio; ties: the first), NaN for a call
+    # without one: what sorting the members by (call, prio) and keeping each call's first gives.
+    prio = m["prio"].to_numpy()
+    cand = np.flatnonzero(prio < 9)
+    cand = cand[np.lexsort((prio[cand], call[cand]))]
+    best = cand[np.r_[True, call[cand][1:] != call[cand][:-1]]] if len(cand) else cand
+    for c in ("type", "type_source"):
+        vals = np.full(len(out), np.nan, dtype=object)
+        vals[call[best]] = m[c].to_numpy(dtype=object)[best]
+        out[c] = pd.Series(vals, dtype=m[c].dtype)
     # One groupby for every "first present value" column (the args sit on one member).
     firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
     maxes = g[["dims_bytes", "ratio"]].max()
