@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 from conftest import shared_trace
 from tracebuilder import TraceBuilder
@@ -264,3 +265,16 @@ def test_real_sampled_ranks_sizes_from_shapes():
     assert (ag["bytes"] == 1073741824).all() and (ag["group_size"] == 64).all()
     ar = inst[inst["type"] == "all_reduce"]
     assert sorted(ar["bytes"].tolist()) == sorted(4 * n for n in (19618307, 26955536, 26258430, 5716654))
+
+
+@pytest.mark.parametrize("name", ["a100_nccl_collective_args_rank0.json.gz", "a100_sampled_2ranks_of_128.rank0.json.gz",
+                                  "h100_hf_qwen05b_forward_bs16.json.gz"])
+def test_collective_kernel_mask_matches_every_kernel_name(name):
+    """Matching only the names kernels carry marks the rows a test of every distinct name marks."""
+    trace = tokentrace.load(shared_trace(name), cache=False, progress=False)
+    col = trace.events["name"]
+    every = cc.category_mask(col, np.array([cc.kernel_match(str(c)) is not None for c in col.array.categories.tolist()]))
+    want = every & trace.kind_mask("kernel")
+    got = cc.collective_kernel_mask(trace)
+    assert got.dtype == bool and np.array_equal(got, want)
+    assert want.any() == (name != "h100_hf_qwen05b_forward_bs16.json.gz")

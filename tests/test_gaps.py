@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from tokentrace.analysis.common.labels import OUTSIDE_REGION
+from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
+from tokentrace.analysis.detectors.gaps import busiest, longest, mode
+from tokentrace.analysis.segments import Segments
 
 
 def _gaps(builder, tmp_path, **opts):
@@ -243,3 +247,45 @@ def test_mi300x_graph_replay_is_not_reported_as_idle_per_kernel():
     act = a.launches.activities
     graph = act[act["graph"]]
     assert len(graph) > 500 and graph["delay_us"].notna().sum() == 1
+
+
+def test_longest_picks_what_pandas_nlargest_and_a_stable_descending_sort_pick():
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 3, 5, 6, 12, 40):
+        v = rng.integers(0, 4, size) / 2  # many ties
+        for k in (0, 1, 5, 20):
+            want_n = pd.Series(v).nlargest(k).index.to_numpy()
+            want_s = pd.Series(v).sort_values(ascending=False, kind="stable").head(k).index.to_numpy()
+            assert longest(v, k).tolist() == want_n.tolist() == want_s.tolist()
+
+
+def test_mode_is_pandas_mode_of_the_non_missing_values():
+    cases = [["b", "a", "b", "a", None], ["x"], [None, float("nan")], [], ["d", float("nan"), "c", "d", "c", "a", "a"]]
+    for vals in cases:
+        s = pd.Series(vals, dtype=object).dropna()
+        assert mode(vals) == (s.mode().iat[0] if len(s) else None)
+
+
+def test_busiest_thread_per_device_is_what_the_frame_sort_and_dedup_pick():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        k = int(rng.integers(1, 15))
+        df = pd.DataFrame({"device": rng.integers(0, 3, k), "pid": rng.integers(-1, 3, k), "tid": rng.integers(0, 3, k)})
+        df = df.drop_duplicates(["device", "pid", "tid"]).sample(frac=1, random_state=int(rng.integers(99)))
+        df["n"] = rng.integers(1, 3, len(df))  # ties in the counts
+        top = df.sort_values(["device", "pid", "tid"]).reset_index(drop=True).sort_values("n")
+        top = top.drop_duplicates("device", keep="last")
+        want = {int(r.device): (int(r.pid), int(r.tid)) for r in top.itertuples()}
+        got = busiest(*(df[c].to_numpy() for c in ("device", "pid", "tid", "n")))
+        assert got == want
+
+
+def test_segment_labels_read_the_table_by_segment_id():
+    table = pd.DataFrame({"seg": [5, 2, 9], "phase": ["decode", "prefill", "decode"], "index": [1, 0, np.nan],
+                          "name": ["s1", "s0", "s2"], "start": [10, 0, 20], "end": [20, 10, 30]})
+    seg = np.array([9, -1, 2, 5, 7, 2])  # 7: not in the table, read as missing (what reindex gives)
+    phase, step, region = segment_labels(Segments(table), seg, pd.RangeIndex(len(seg)))
+    assert phase.tolist()[:4] == ["decode", None, "prefill", "decode"] and pd.isna(phase[4]) and phase[5] == "prefill"
+    assert step.tolist() == [None, None, 0, 1, None, 0]
+    assert region.tolist()[:4] == ["s2", OUTSIDE_REGION, "s0", "s1"] and pd.isna(region[4]) and region[5] == "s0"
+    assert str(phase.dtype) == str(step.dtype) == str(region.dtype) == "object"

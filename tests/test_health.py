@@ -6,10 +6,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import SAMPLE_TRACES
+from conftest import SAMPLE_TRACES, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
+from tokentrace.analysis.detectors.health import _Cols
 from tokentrace.cli import main
 
 # A real profiler clock: microseconds since boot or the epoch, far from zero.
@@ -213,3 +214,11 @@ def test_zero_timestamp_sample_is_flagged_first(tmp_path):
     assert warning < next(i for i, line in enumerate(lines) if "TTFT" in line)
     doc = json.loads(CliRunner().invoke(main, ["analyze", str(path), "--json", "-"]).stdout)
     assert doc["warnings"][0].startswith("timestamps are missing") and not doc["health"]["ok"]
+
+
+def test_max_end_of_a_mask_with_and_without_the_row_that_ends_last():
+    trace = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"), cache=False, progress=False)
+    c = _Cols.of(trace)
+    for mask in (c.gpu, c.host, c.api, c.op, c.gpu | c.op):
+        if mask.any():
+            assert c.max_end(mask) == int(c.end[mask].max())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import real_trace_params
 
 import tokentrace
+from tokentrace.analysis.detectors.launches import _groups
 
 
 def _launches(builder, tmp_path):
@@ -121,3 +124,13 @@ def test_real_traces_launch_stats(path):
     assert j["count"] == int(rt["name"].isin(LAUNCH_APIS).sum())
     act = a.launches.activities
     assert (act.loc[act["graph"], "delay_us"].notna().sum()) == j["graphs"]["launches"] or not j["graphs"]["launches"]
+
+
+def test_groups_are_the_groupby_groups_in_key_order():
+    rng = np.random.default_rng(2)
+    for size in (0, 1, 9, 50):
+        key = rng.integers(-2, 4, size)
+        want = pd.Series(np.arange(size)).groupby(key, sort=True).indices
+        got = _groups(key)
+        assert [key[g[0]] for g in got] == sorted(want)
+        assert all(g.tolist() == want[key[g[0]]].tolist() for g in got)

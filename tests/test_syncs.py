@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
-from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, api_kind, sync_calls
-from tokentrace.analysis.detectors.syncs import recommendation
+from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _at, api_kind, sync_calls
+from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, group_sums, recommendation
 
 
 def _syncs(builder, tmp_path):
@@ -243,3 +245,58 @@ def test_a_first_step_queued_before_the_trace_is_not_charged_per_token(builder, 
     assert pt["blocked_us_per_step"] == pytest.approx((110.0 + 60.0) / 2)
     # The sync point itself keeps its whole blocked time.
     assert sorted(p["blocked_us"] for p in res.to_json()["points"]) == [60.0, 1090.0]
+
+
+def test_descending_is_the_order_of_sort_values_descending():
+    rng = np.random.default_rng(11)
+    for size in (0, 1, 2, 5, 17, 40):
+        v = rng.integers(0, 3, size) / 4  # ties
+        want = pd.Series(v).sort_values(ascending=False).index.to_numpy()
+        assert descending(v).tolist() == want.tolist()
+
+
+def test_group_sums_are_the_groupby_sums():
+    rng = np.random.default_rng(5)
+    # Magnitudes far apart, where compensated and plain sums differ in the last bits.
+    a = rng.choice([1e16, 1.0, -1e16, 3.3, 1e-3], 200)
+    b = rng.random(200)
+    keys = rng.integers(0, 7, 200)
+    want = pd.DataFrame({"k": keys, "a": a, "b": b}).groupby("k")[["a", "b"]].sum()
+    got = group_sums(keys, a, b)
+    assert got.index.tolist() == want.index.tolist()
+    assert got.to_numpy().tobytes() == want.to_numpy().tobytes()
+
+
+def test_points_of_calls_grouped_with_their_lead_call():
+    items = pd.DataFrame({
+        "point": [1, 0, 1, 0, 2, 1], "start_us": [5.0, 1.0, 4.0, 2.0, 0.5, 6.0],
+        "api": ["c", "a", "d", "b", "e", "f"], "stack": [None, None, ["s"], None, None, ["t"]],
+        "blocking": [True, False, True, True, False, True], "blocked_us": [3.0, 0.0, 3.0, 1.0, 0.0, 2.0],
+        "duration_us": [3.0, 9.0, 3.0, 1.0, 1.0, 2.0], "copy": [None, None, None, "DtoH", None, "HtoD"],
+        "gpu_busy_us": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "idle_caused_us": [0.5, 0.0, 0.25, 1.0, 0.0, 0.0],
+        "kind": ["k5", "k1", "k4", "k2", "k6", "k7"], "op": ["o5", None, "o4", "o2", None, "o7"],
+        "op_row": [15, -1, 14, 12, -1, 17], "seg": [0, 0, 0, 0, -1, 1], "phase": ["p"] * 6, "step": [0] * 6,
+        "region": ["r"] * 6, "device": [0] * 6, "waited_for": [None] * 6, "source": ["api"] * 6,
+    })
+    pts = _points(items)
+    assert pts.columns.tolist() == POINT_COLUMNS
+    assert pts["point"].tolist() == [2, 0, 1]  # by start
+    assert pts["calls"].tolist() == [["e"], ["a", "b"], ["d", "c", "f"]]
+    assert pts["api"].tolist() == ["e", "a + b", "d + c + f"]
+    assert pts["n_calls"].tolist() == [1, 2, 3] and pts["blocking"].tolist() == [False, True, True]
+    # The lead: blocking first, then the longest blocked, ties to the earliest call (d before c).
+    assert pts["kind"].tolist() == ["k6", "k2", "k4"] and pts["op_row"].tolist() == [-1, 12, 14]
+    assert pts["start_us"].tolist() == [0.5, 1.0, 4.0] and pts["duration_us"].tolist() == [1.0, 9.0, 4.0]
+    assert pts["blocked_us"].tolist() == [0.0, 1.0, 8.0] and pts["idle_caused_us"].tolist() == [0.0, 1.0, 0.75]
+    assert pts["copy"].tolist() == [None, "DtoH", "HtoD"] and pts["stack"].tolist() == [None, None, ["s"]]
+
+
+def test_lookup_by_sorted_keys_is_a_reindex():
+    keys = np.array([2, 5, 9, 40])
+    query = np.array([9, 1, 40, 5, 41, 2, 9])
+    for values, missing in ((np.array([7, 8, 9, 10]), -1), (np.array(["a", None, "c", "d"], dtype=object), np.nan)):
+        want = pd.Series(values, index=keys).reindex(query)
+        want = want.fillna(missing).to_numpy(np.int64) if missing == -1 else want.to_numpy(dtype=object)
+        got = _at(keys, values, query, missing)
+        assert got.dtype == want.dtype and pd.Series(got).equals(pd.Series(want))
+    assert _at(keys[:0], np.array([], dtype=bool), query, False).tolist() == [False] * len(query)

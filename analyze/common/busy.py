@@ -1,6 +1,7 @@
 """The busy timeline of each GPU: the union of its kernels, memcpys and memsets over all streams,
-with the rows that open and close each busy interval. The gpu, gaps and syncs detectors read it;
-it is a pure function of the trace, computed once per run (`ctx.shared(device_busy)`)."""
+with the rows that open and close each busy interval, and that of each stream alone. The gpu,
+gaps and syncs detectors read them; they are pure functions of the trace, computed once per run
+(`ctx.shared(device_busy)`, `ctx.shared(stream_busy)`)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,22 @@ def device_busy(trace: Trace) -> BusyTimeline:
         out.starts[d], out.ends[d] = ms, me
         out.opener[d], out.closer[d] = rows[a:b][first], rows[a:b][last]
     return out
+
+
+@dataclass
+class StreamBusy:
+    """The merged busy intervals of each (device, stream) of the `narrow_gpu` rows."""
+
+    codes: np.ndarray  # per narrow_gpu row: the number of its (device, stream) pair
+    pairs: np.ndarray  # the distinct (device, stream) pairs, sorted: row i is pair i (iv.pair_codes)
+    group: np.ndarray  # pair of each merged interval (iv.union_grouped: by pair, then start)
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def stream_busy(trace: Trace) -> StreamBusy:
+    """Merged busy intervals per stream (the gpu section's stream table and the gaps' per-stream idle)."""
+    gpu = trace.narrow_gpu
+    codes, pairs = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
+    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
+    return StreamBusy(codes, pairs, g, ms, me)

@@ -165,12 +165,21 @@ def host_type(name: str) -> str | None:
 
 def collective_kernel_mask(trace: Trace) -> np.ndarray:
     """Per event row: a kernel recognised as collective communication."""
-    ev = trace.events
-    return _category_mask(ev["name"], lambda n: kernel_match(n) is not None) & trace.kind_mask("kernel")
+    col = trace.events["name"]
+    kernel = trace.kind_mask("kernel")
+    # Only the names kernels carry are matched (the column's categories are every event's names:
+    # ops, Python frames, ...), each once.
+    cats = col.array.categories.tolist()
+    used = np.bincount(col.array.codes[kernel] + 1, minlength=len(cats) + 1)[1:] > 0  # code -1: no name
+    hit = np.zeros(len(cats), dtype=bool)
+    for i in np.flatnonzero(used).tolist():
+        hit[i] = kernel_match(str(cats[i])) is not None
+    return category_mask(col, hit) & kernel
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:
-    """Per event row: a host op or record_function range of a collective call (or a wait on one)."""
+    """Per event row: a host op or record_function range of a collective call (or a wait on one).
+    The gaps and collectives detectors share it (`ctx.shared(host_collective_mask)`): read-only."""
     ev = trace.events
     return _category_mask(ev["name"], is_host_collective) & trace.kind_mask("cpu_op", "user_annotation")
 

@@ -69,6 +69,12 @@ def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np
     return labels[codes].astype(object, copy=False), seg
 
 
+def table_positions(table: pd.DataFrame, seg: np.ndarray) -> np.ndarray:
+    """Row position in a segment table of each segment id, -1 for an id not in it: what
+    table.set_index("seg").reindex(seg) looks up, without building either frame."""
+    return pd.Index(table["seg"].to_numpy()).get_indexer(np.asarray(seg, dtype=np.int64))
+
+
 def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Phase, step index and region name of each segment id (-1: None, None, OUTSIDE_REGION)."""
     seg = np.asarray(seg, dtype=np.int64)
@@ -76,12 +82,14 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
     step = np.full(len(seg), None, dtype=object)
     region = np.full(len(seg), OUTSIDE_REGION, dtype=object)
     if segments is not None and len(segments) and len(seg):
-        t = segments.table.set_index("seg")
-        ok = seg >= 0
-        found = t.reindex(seg[ok])
-        phase[ok] = found["phase"].astype(object).to_numpy()
-        step[ok] = [None if v != v else int(v) for v in found["index"].to_numpy()]
-        region[ok] = found["name"].astype(object).to_numpy()
+        t = segments.table
+        at = np.flatnonzero(seg >= 0)
+        pos = table_positions(t, seg[at])
+        found, pos = at[pos >= 0], pos[pos >= 0]
+        phase[at], region[at] = np.nan, np.nan  # an id not in the table reads as missing, as reindex gives it
+        step[found] = [None if v != v else int(v) for v in t["index"].to_numpy()[pos].tolist()]
+        phase[found] = t["phase"].to_numpy(object)[pos]
+        region[found] = t["name"].to_numpy(object)[pos]
     return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
             pd.Series(region, index=index, dtype=object))
 
@@ -89,11 +97,13 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
 def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
     """Decode steps seen, tokens each step emits (the batch) and decode steps per request, from the
     segments (phases detector) or the capture metadata; None where unknown."""
-    dec = segments.of_phase("decode") if segments is not None and len(segments) else pd.DataFrame()
+    table = segments.table if segments is not None and len(segments) else pd.DataFrame()
+    # The decode segments as a mask over the table (a filtered copy of its every column cost more).
+    dec = table["phase"].to_numpy(dtype=object) == "decode" if len(table) else np.zeros(0, dtype=bool)
     batch = None
     for col in ("batch", "batch_size", "tokens"):
-        if col in dec.columns:
-            vals = pd.to_numeric(dec[col], errors="coerce")
+        if col in table.columns:
+            vals = pd.to_numeric(pd.Series(table[col].to_numpy()[dec]), errors="coerce")
             vals = vals[vals > 0]  # -1 marks unknown
             if len(vals):
                 batch = float(vals.median())
@@ -102,4 +112,5 @@ def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
     if batch is None and isinstance(cap.get("batch"), (int, float)) and cap["batch"] > 0:
         batch = float(cap["batch"])
     per_request = cap.get("decode_steps") if isinstance(cap.get("decode_steps"), int) else None
-    return {"steps": len(dec), "tokens_per_step": batch, "steps_per_request": per_request or (len(dec) or None)}
+    steps = int(dec.sum())
+    return {"steps": steps, "tokens_per_step": batch, "steps_per_request": per_request or (steps or None)}

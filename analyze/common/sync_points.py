@@ -16,6 +16,8 @@ gaps and syncs detectors:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -74,46 +76,39 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     cats = rt["name"].cat
     # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
     by_cat = np.array([api_kind(str(c)) for c in cats.categories.tolist()] + [None], dtype=object)
-    kinds = by_cat[cats.codes.to_numpy()]
-    # Pageable async copies: the activity's name says the host side is pageable memory.
-    gpu_dev = pd.Series(dtype=np.int64)
-    gpu_stream = pd.Series(dtype=np.int64)
-    copy_name = pd.Series(dtype=object)
-    targets = ev.index[trace.kind_mask("gpu_memcpy", "gpu_memset", "cuda_sync") & (ev["launch"].to_numpy() >= 0)]
-    if len(targets):
-        tl = ev.loc[targets, ["launch", "device", "stream"]]
-        first = ~tl["launch"].duplicated()
-        gpu_dev = pd.Series(tl["device"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
-        gpu_stream = pd.Series(tl["stream"].to_numpy()[first], index=tl["launch"].to_numpy()[first])
-        mc = targets[ev.loc[targets, "kind"].to_numpy(dtype=object) == "gpu_memcpy"]
-        if len(mc):
-            mcl = ev.loc[mc, "launch"].to_numpy()
-            copy_name = pd.Series(names[mc], index=mcl)
-            copy_name = copy_name[~copy_name.index.duplicated()]
+    codes = cats.codes.to_numpy()
+    unnamed = (by_cat == None)[codes]  # noqa: E711  (per category, then per row: no comparison per row)
+    # The GPU side of each launch: the device and stream of its first memcpy, memset or cuda_sync
+    # activity, and the name of its first memcpy (launch rows sorted, for lookups).
+    launch = ev["launch"].to_numpy()
+    targets = np.flatnonzero(trace.kind_mask("gpu_memcpy", "gpu_memset", "cuda_sync") & (launch >= 0))
+    gpu_launch, first = np.unique(launch[targets], return_index=True)
+    gpu_dev, gpu_stream = ev["device"].to_numpy()[targets[first]], ev["stream"].to_numpy()[targets[first]]
+    mc = targets[trace.kind_mask("gpu_memcpy")[targets]]
+    copy_launch, first = np.unique(launch[mc], return_index=True)
+    copy_name = names[mc[first]]
+    pageable_memcpy = np.zeros(len(rows), dtype=bool)
     if len(rows) and len(copy_name):
-        # Per row through a full-length mask (the launch rows are unique), the name tested once per
-        # distinct text: a map and reindex over every runtime row cost 30 ms on 200k calls.
-        by_launch = np.zeros(len(ev), dtype=bool)
-        code, texts = pd.factorize(copy_name.to_numpy(dtype=object))  # missing names get code -1
+        # Pageable async copies: the activity's name says the host side is pageable memory (each
+        # distinct text tested once).
+        code, texts = pd.factorize(copy_name)  # missing names get code -1
         hit = np.array([isinstance(c, str) and PAGEABLE in c for c in texts] + [False], dtype=bool)
-        by_launch[copy_name.index.to_numpy(np.int64)] = hit[code]
-        pageable = by_launch[rows]
-        is_memcpy = isin_mask(rt["name"], MEMCPY_APIS)
-        kinds = np.where(pageable & is_memcpy & (kinds == None), "memcpy_pageable", kinds)  # noqa: E711
-    keep = kinds != None  # noqa: E711
+        cand = np.flatnonzero(isin_mask(rt["name"], MEMCPY_APIS) & unnamed)  # async copies only are looked up
+        pageable_memcpy[cand] = _at(copy_launch, hit[code], rows[cand], False)
+    keep = ~unnamed | pageable_memcpy
     if keep.any():
         r = rows[keep]
         parts.append(pd.DataFrame({
-            "row": r, "api": names[r], "kind": kinds[keep].astype(object),
+            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[keep], "memcpy_pageable", by_cat[codes[keep]]).astype(object),
             "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
             "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
-            "device": gpu_dev.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_dev) else np.full(len(r), -1),
-            "stream": gpu_stream.reindex(r).fillna(-1).to_numpy(np.int64) if len(gpu_stream) else np.full(len(r), -1),
-            "copy": copy_name.reindex(r).to_numpy(dtype=object) if len(copy_name) else np.full(len(r), None, dtype=object),
+            "device": _at(gpu_launch, gpu_dev.astype(np.int64), r, -1),
+            "stream": _at(gpu_launch, gpu_stream.astype(np.int64), r, -1),
+            "copy": _at(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
             "source": "api",
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
-    cs = trace.cuda_sync
+    cs = trace.narrow(("cuda_sync",), _CUDA_SYNC_COLUMNS)
     if len(cs):
         linked = cs["launch"].to_numpy()
         covered = np.isin(linked, rows[keep]) if keep.any() else np.zeros(len(cs), dtype=bool)
@@ -135,6 +130,22 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
         calls = pd.concat([calls, ops], ignore_index=True)
     calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
     return calls.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+# The columns of Kineto's cuda_sync rows read here (a narrow view, not the wide one of every column).
+_CUDA_SYNC_COLUMNS = ("ts", "end", "name", "device", "stream", "launch", "sync_kind")
+
+
+def _at(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: Any) -> np.ndarray:
+    """values[i] where keys[i] (sorted, distinct) equals each query, else `missing`: what a Series
+    of values indexed by keys gives reindexed to the queries (missing there: `missing`)."""
+    out = np.full(len(query), missing, dtype=values.dtype)
+    if not len(keys):
+        return out
+    i = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    hit = keys[i] == query
+    out[hit] = values[i[hit]]
+    return out
 
 
 def _empty_calls() -> pd.DataFrame:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ import pandas as pd
 
 from tokentrace.analysis.common import collectives as cc
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -212,22 +214,22 @@ def _args_frame(ev: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     for c in ARG_STR:
         if c not in ev.columns:
             d[c] = np.full(len(rows), None, object)
-        elif isinstance(ev[c].dtype, pd.CategoricalDtype):  # the rows' values, not the whole column's
-            d[c] = values_at(ev[c], rows)
         else:
-            d[c] = ev[c].to_numpy(dtype=object)[rows]
+            # The rows' values (of a categorical, not the whole column's), missing ones as None
+            # before the frame is built: no pass over its columns afterwards.
+            v = np.array(values_at(ev[c], rows), dtype=object)
+            v[pd.isna(v)] = None
+            d[c] = v
     for c in ARG_INT:
         d[c] = _int_or_nan(ev[c].to_numpy()[rows]) if c in ev.columns else np.full(len(rows), np.nan)
-    df = pd.DataFrame(d)
-    for c in ARG_STR:
-        df[c] = df[c].where(df[c].notna(), None)
-    return df
+    return pd.DataFrame(d)
 
 
-def host_calls(trace: Trace) -> pd.DataFrame:
-    """One row per host collective call (a nest of collective ranges on one thread)."""
+def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
+    """One row per host collective call (a nest of collective ranges on one thread), from the
+    rows cc.host_collective_mask marks."""
     ev = trace.events
-    rows = np.flatnonzero(cc.host_collective_mask(trace))
+    rows = np.flatnonzero(host_coll)
     cols = ["root", "pid", "tid", "start", "end", "type", "type_source", "backend", "dims_bytes", "dims_dtype",
             "ratio", *ARG_STR, *ARG_INT]
     if not len(rows):
@@ -238,8 +240,9 @@ def host_calls(trace: Trace) -> pd.DataFrame:
     order = np.lexsort((-end, ts, thread))
     rows, pid, tid, ts, end, thread = rows[order], pid[order], tid[order], ts[order], end[order], thread[order]
     # A call starts where a range begins at or after everything before it on the thread ended.
-    reach = pd.Series(end).groupby(thread).cummax().to_numpy()
     first = np.r_[True, thread[1:] != thread[:-1]]
+    bounds = np.r_[np.flatnonzero(first), len(thread)].tolist()
+    reach = np.concatenate([np.maximum.accumulate(end[a:b]) for a, b in pairwise(bounds)])  # per thread (a handful)
     new = first | (ts >= np.r_[0, reach[:-1]])
     call = np.cumsum(new) - 1
     names = trace.names[rows]
@@ -269,14 +272,20 @@ def host_calls(trace: Trace) -> pd.DataFrame:
     m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
     m["dims_dtype"] = dts
     m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
-    best = m[m["prio"] < 9].sort_values(["call", "prio"], kind="stable").drop_duplicates("call")
     g = m.groupby("call", sort=True)
     fp = first_pos(call)
     out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
                         "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
-    b = best.set_index("call")
-    out["type"] = b["type"].reindex(out.index)
-    out["type_source"] = b["type_source"].reindex(out.index)
+    # Each call's type from its surest member (lowest prio; ties: the first), NaN for a call
+    # without one: what sorting the members by (call, prio) and keeping each call's first gives.
+    prio = m["prio"].to_numpy()
+    cand = np.flatnonzero(prio < 9)
+    cand = cand[np.lexsort((prio[cand], call[cand]))]
+    best = cand[np.r_[True, call[cand][1:] != call[cand][:-1]]] if len(cand) else cand
+    for c in ("type", "type_source"):
+        vals = np.full(len(out), np.nan, dtype=object)
+        vals[call[best]] = m[c].to_numpy(dtype=object)[best]
+        out[c] = pd.Series(vals, dtype=m[c].dtype)
     # One groupby for every "first present value" column (the args sit on one member).
     firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
     maxes = g[["dims_bytes", "ratio"]].max()
@@ -312,10 +321,10 @@ def _numel_ratio(dims: Any) -> float | None:
 
 # ---- kernels --------------------------------------------------------------------------------------
 
-def collective_kernels(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
-    """One row per collective kernel: name hints, args, and the host call that launched it (-1: none)."""
+def collective_kernels(trace: Trace, calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """One row per collective kernel (the event rows cc.collective_kernel_mask marks): name hints,
+    args, and the host call that launched it (-1: none)."""
     ev = trace.events
-    rows = np.flatnonzero(cc.collective_kernel_mask(trace))
     k = _args_frame(ev, rows)
     k.insert(0, "row", rows)
     names = trace.names[rows].astype(object)
@@ -447,15 +456,16 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     choices = [("args", inst["group_size"]), ("pg_config", by_pg), ("pg_ranks", ranks_n.where(ranks_n > 0)),
                ("kernel_template", inst["tmpl_group"]), ("shape_ratio", ratio),
                ("world_size", pd.Series(world if world else np.nan, index=inst.index, dtype=float))]
-    n = pd.Series(np.nan, index=inst.index)
-    src = pd.Series(None, index=inst.index, dtype=object)
+    # The first source with a value, per instance (arrays: a masked Series assignment per source cost more).
+    n = np.full(len(inst), np.nan)
+    src = np.full(len(inst), None, dtype=object)
     for name, s in choices:
-        s = pd.to_numeric(s, errors="coerce")
-        take = n.isna() & s.notna()
-        n[take] = s[take]
+        v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        take = np.isnan(n) & ~np.isnan(v)
+        n[take] = v[take]
         src[take] = name
     inst["group_size"] = n
-    inst["group_size_source"] = src
+    inst["group_size_source"] = pd.Series(src, index=inst.index, dtype=object)
     inst["pg"] = _first_valid(inst["pg_name"], inst["pg_ranks"])
     inst["seq"] = inst["coll_seq"]
     t = inst["busy_us"].to_numpy(float)
@@ -501,11 +511,15 @@ def _world_size(trace: Trace) -> float | None:
 # The kernel columns read here: a narrow frame, not the wide `trace.kernels` view (30 ms to build).
 KERNEL_COLUMNS = ("ts", "dur", "end", "device")
 
-def _compute_union(trace: Trace, coll_rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per device, merged intervals of compute: every kernel that is not communication."""
+def _compute_kernels(trace: Trace, coll: np.ndarray) -> np.ndarray:
+    """Per row of the narrow kernel view: a compute kernel (not communication; `coll` marks the
+    collective kernels' event rows)."""
+    return ~coll[trace.narrow(("kernel",), KERNEL_COLUMNS).index.to_numpy(np.int64)]
+
+
+def _compute_union(trace: Trace, keep: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device, merged intervals of compute: the kernels `keep` marks (_compute_kernels)."""
     k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-    rows = k.index.to_numpy(np.int64)
-    keep = ~np.isin(rows, coll_rows)
     dev = k["device"].to_numpy(np.int64)[keep]
     ts, end = k["ts"].to_numpy(np.int64)[keep], k["end"].to_numpy(np.int64)[keep]
     out = {}
@@ -530,16 +544,18 @@ def _step_labels(segments: Any, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray
     phase = np.full(len(seg), None, dtype=object)
     step = np.full(len(seg), np.nan)
     if segments is not None and len(segments) and len(seg):
-        t = segments.table.set_index("seg")
-        ok = seg >= 0
-        found = t.reindex(seg[ok])
-        phase[ok] = found["phase"].astype(object).to_numpy()
-        step[ok] = pd.to_numeric(found["index"], errors="coerce").to_numpy(float)
+        t = segments.table
+        ok = np.flatnonzero(seg >= 0)
+        pos = table_positions(t, seg[ok])
+        hit = pos >= 0  # an id not in the table reads as missing (NaN), as reindex gives it
+        phase[ok] = np.nan
+        phase[ok[hit]] = t["phase"].to_numpy(dtype=object)[pos[hit]]
+        step[ok[hit]] = pd.to_numeric(t["index"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)[pos[hit]]
     return phase, step
 
 
 def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of_kernel: np.ndarray,
-                   compute: dict[int, tuple[np.ndarray, np.ndarray]], segments: Any) -> pd.DataFrame:
+                   compute: dict[int, tuple[np.ndarray, np.ndarray]], comp: np.ndarray, segments: Any) -> pd.DataFrame:
     """Per step: collectives, their time and bytes, exposed time (union of the step's collective
     kernels minus compute) and the compute not already under communication (what could hide it)."""
     cols = STEP_TABLE_COLUMNS
@@ -563,7 +579,6 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     # Compute kernels of each step (located by launch time, as every per-step detector does).
     k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     krows = k.index.to_numpy(np.int64)
-    comp = ~np.isin(krows, kern["row"].to_numpy(np.int64))
     kseg_all = segments.locate_rows(trace, krows[comp])
     kd = k["device"].to_numpy(np.int64)[comp]
     okc = kseg_all >= 0
@@ -585,7 +600,7 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     return out.sort_values(["phase", "index"], kind="stable").reset_index(drop=True)[cols]
 
 
-def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict[int, tuple[np.ndarray, np.ndarray]],
+def _lead_in(trace: Trace, inst: pd.DataFrame, compute: dict[int, tuple[np.ndarray, np.ndarray]], comp: np.ndarray,
              gaps: pd.DataFrame | None) -> None:
     """For each GPU instance, what its device did since the previous collective on it."""
     n = len(inst)
@@ -599,7 +614,6 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, compute: dict
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
     k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-    comp = ~np.isin(k.index.to_numpy(np.int64), kern["row"].to_numpy(np.int64))
     kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
     kname = trace.names[k.index.to_numpy(np.int64)[comp]]
     dev = inst["device"].to_numpy(np.int64)
@@ -677,33 +691,43 @@ def _by_type(inst: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     order = {t: i for i, t in enumerate(cc.TYPES)}
-    df = inst.assign(type=inst["type"].fillna("unknown"))
-    for kind, g in sorted(df.groupby("type"), key=lambda kv: order.get(kv[0], 99)):
-        timed = g[g["busy_us"].notna() & (g["busy_us"] > 0)]
-        sized = timed[timed["bytes"].notna()]
-        t = float(timed["busy_us"].sum())
-        st = float(sized["busy_us"].sum())
-        factor = (sized["busbw_gbs"] / sized["algbw_gbs"]).to_numpy(float)
-        bus_bytes = float(np.nansum(sized["bytes"].to_numpy(float) * factor)) if np.isfinite(factor).any() else np.nan
-        gpu = g[g["kind"] == "gpu"]
-        exposed = float(gpu["exposed_us"].sum()) if len(gpu) else np.nan
-        gpu_t = float(gpu["busy_us"].sum()) if len(gpu) else 0.0
+    # Column arrays and each type's rows as positions (a frame per type and filter cost more).
+    types = inst["type"].fillna("unknown").to_numpy(dtype=object)
+    busy_us, nbytes = inst["busy_us"].to_numpy(float), inst["bytes"].to_numpy(float)
+    busbw, algbw = inst["busbw_gbs"].to_numpy(float), inst["algbw_gbs"].to_numpy(float)
+    exposed_us, overlap_us = inst["exposed_us"].to_numpy(float), inst["overlap_us"].to_numpy(float)
+    is_gpu = inst["kind"].to_numpy(dtype=object) == "gpu"
+    obj = {c: inst[c].to_numpy(dtype=object) for c in ("group_size", "dtype", "backend", "kernel")}
+    for kind in sorted(sorted(set(types.tolist())), key=lambda k: order.get(k, 99)):
+        g = np.flatnonzero(types == kind)
+        timed = g[~np.isnan(busy_us[g]) & (busy_us[g] > 0)]
+        sized = timed[~np.isnan(nbytes[timed])]
+        # np.nansum of the selected values: what Series.sum computes.
+        t = float(np.nansum(busy_us[timed]))
+        st = float(np.nansum(busy_us[sized]))
+        factor = busbw[sized] / algbw[sized]
+        bus_bytes = float(np.nansum(nbytes[sized] * factor)) if np.isfinite(factor).any() else np.nan
+        gpu = g[is_gpu[g]]
+        exposed = float(np.nansum(exposed_us[gpu])) if len(gpu) else np.nan
+        gpu_t = float(np.nansum(busy_us[gpu])) if len(gpu) else 0.0
+        has_bytes = bool((~np.isnan(nbytes[g])).any())
+        kernels = pd.Series(obj["kernel"][g], dtype=object).dropna()
         rows.append({
             "type": kind, "count": len(g), "total_us": t if len(timed) else np.nan,
             "mean_us": t / len(timed) if len(timed) else np.nan,
-            "bytes": float(g["bytes"].sum()) if g["bytes"].notna().any() else np.nan,
-            "mean_bytes": float(g["bytes"].mean()) if g["bytes"].notna().any() else np.nan,
+            "bytes": float(np.nansum(nbytes[g])) if has_bytes else np.nan,
+            "mean_bytes": float(np.nanmean(nbytes[g])) if has_bytes else np.nan,
             # Aggregate bandwidths: all bytes over all time (a per-call mean would weight tiny calls like large ones).
-            "algbw_gbs": float(sized["bytes"].sum()) / (st / 1e6) / GB if st > 0 else np.nan,
+            "algbw_gbs": float(np.nansum(nbytes[sized])) / (st / 1e6) / GB if st > 0 else np.nan,
             "busbw_gbs": bus_bytes / (st / 1e6) / GB if st > 0 and bus_bytes == bus_bytes else np.nan,
-            "busbw_p50_gbs": float(sized["busbw_gbs"].median()) if sized["busbw_gbs"].notna().any() else np.nan,
-            "overlap_us": float(gpu["overlap_us"].sum()) if len(gpu) else np.nan,
+            "busbw_p50_gbs": float(pd.Series(busbw[sized]).median()) if (~np.isnan(busbw[sized])).any() else np.nan,
+            "overlap_us": float(np.nansum(overlap_us[gpu])) if len(gpu) else np.nan,
             "exposed_us": exposed, "exposed_share": exposed / gpu_t if gpu_t > 0 else np.nan,
-            "small": int((g["bytes"] <= SMALL_MESSAGE_BYTES).sum()),
-            "group_sizes": sorted({int(x) for x in g["group_size"].dropna()}),
-            "dtypes": sorted({str(x) for x in g["dtype"].dropna()}),
-            "backends": sorted({str(x) for x in g["backend"].dropna()}),
-            "top_kernel": g["kernel"].dropna().mode().iat[0] if g["kernel"].notna().any() else None,
+            "small": int((nbytes[g] <= SMALL_MESSAGE_BYTES).sum()),
+            "group_sizes": sorted({int(x) for x in obj["group_size"][g].tolist() if x == x and x is not None}),
+            "dtypes": sorted({str(x) for x in obj["dtype"][g].tolist() if x == x and x is not None}),
+            "backends": sorted({str(x) for x in obj["backend"][g].tolist() if x == x and x is not None}),
+            "top_kernel": kernels.mode().iat[0] if len(kernels) else None,
         })
     return pd.DataFrame(rows, columns=cols)
 
@@ -809,11 +833,13 @@ def _evidence(rows: pd.DataFrame, extra: tuple[str, ...] = ()) -> list[dict[str,
 def run(trace: Trace, ctx: Context) -> CollectivesResult:
     segments = ctx.segments
     gaps = ctx.result("gaps").table
-    calls = host_calls(trace)
-    kern = collective_kernels(trace, calls)
-    if calls.empty and kern.empty:  # most traces: nothing to measure
+    calls = host_calls(trace, ctx.shared(cc.host_collective_mask))
+    coll = cc.collective_kernel_mask(trace)
+    kernel_rows = np.flatnonzero(coll)
+    if calls.empty and not len(kernel_rows):  # most traces: nothing to measure
         return CollectivesResult(pd.DataFrame(columns=INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
                                  pd.DataFrame(columns=STEP_TABLE_COLUMNS), trace.duration_ns / US)
+    kern = collective_kernels(trace, calls, kernel_rows)
     inst = build_instances(trace, calls, kern)
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
@@ -824,7 +850,8 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
                                for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
-    compute = _compute_union(trace, kern["row"].to_numpy(np.int64))
+    comp = _compute_kernels(trace, coll)
+    compute = _compute_union(trace, comp)
     ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
     is_gpu = inst["kind"].to_numpy() == "gpu"
     inst["overlap_us"] = np.where(is_gpu, ov, np.nan)
@@ -835,8 +862,8 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
         seg = np.full(len(inst), -1, np.int64)
     inst["seg"] = seg
     inst["phase"], inst["step"] = _step_labels(segments, seg)
-    _lead_in(trace, inst, kern, compute, gaps)
-    per_step = per_step_table(trace, inst, kern, inst_of_kernel, compute, segments) if segments is not None and len(segments) \
+    _lead_in(trace, inst, compute, comp, gaps)
+    per_step = per_step_table(trace, inst, kern, inst_of_kernel, compute, comp, segments) if segments is not None and len(segments) \
         else pd.DataFrame(columns=STEP_TABLE_COLUMNS)
     if len(inst):
         src = inst["type_source"]

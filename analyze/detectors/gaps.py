@@ -43,7 +43,7 @@ import pandas as pd
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
-from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.collectives import host_collective_mask
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
@@ -115,11 +115,10 @@ def run(trace: Trace, ctx: Context) -> GapsResult:
     min_gap_us = float(ctx.options.min_gap_us)
     min_gap = min_gap_ns(min_gap_us)
     segments = ctx.segments
-    table = find_gaps(trace, ctx.shared(device_busy), min_gap)
-    calls = ctx.shared(sync_calls)
-    classify(trace, table, calls, segments)
-    _mark_outside_steps(table, steady_state.window_of(ctx))
-    streams, idle = stream_gaps(trace, min_gap)
+    found = find_gaps(ctx.shared(device_busy), min_gap)
+    table = classify(trace, found, ctx.shared(sync_calls), ctx.shared(host_collective_mask), segments,
+                     steady_state.window_of(ctx))
+    streams, idle = stream_gaps(trace, ctx.shared(stream_busy), min_gap)
     return _result(trace, ctx, table, streams, idle, min_gap_us, _top(trace, table, ctx.shared(HostLookup)))
 
 
@@ -156,8 +155,9 @@ def _result(trace: Trace, ctx: Context, table: pd.DataFrame, streams: pd.DataFra
     return res
 
 
-def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame:
-    """Idle stretches between the merged busy intervals of each device, at least min_gap_ns long."""
+def find_gaps(busy: BusyTimeline, min_gap_ns: int) -> dict[str, np.ndarray]:
+    """Idle stretches between the merged busy intervals of each device, at least min_gap_ns long:
+    the device, start, end and the rows before (prev_row) and after (next_row) each, device by device."""
     parts = []
     for d in busy.devices:
         ms, me = busy.starts[d], busy.ends[d]
@@ -165,25 +165,23 @@ def find_gaps(trace: Trace, busy: BusyTimeline, min_gap_ns: int) -> pd.DataFrame
             continue
         gs, ge = me[:-1], ms[1:]
         keep = (ge - gs) >= min_gap_ns
-        parts.append(pd.DataFrame({
-            "device": d, "start": gs[keep], "end": ge[keep],
-            "prev_row": busy.closer[d][:-1][keep], "next_row": busy.opener[d][1:][keep],
-        }))
-    cols = {"device": np.int64, "start": np.int64, "end": np.int64, "prev_row": np.int64, "next_row": np.int64}
-    if not parts:
-        return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in cols.items()})
-    return pd.concat(parts, ignore_index=True).astype(cols)
+        parts.append((np.full(int(keep.sum()), d), gs[keep], ge[keep], busy.closer[d][:-1][keep], busy.opener[d][1:][keep]))
+    names = ("device", "start", "end", "prev_row", "next_row")
+    return {c: np.concatenate([p[i] for p in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
+            for i, c in enumerate(names)}
 
 
-def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Segments | None) -> None:
-    """Add cause and host-side columns to the gap table in place (vectorised per host thread)."""
+def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, host_coll: np.ndarray,
+             segments: Segments | None, window: steady_state.Window | None) -> pd.DataFrame:
+    """The gap table: the gaps `find_gaps` found with their cause and host-side columns (vectorised
+    per host thread). Gaps wholly before the steady-state window or after it get cause outside_steps."""
     ev = trace.events
-    n = len(gaps)
+    n = len(found["start"])
     names = trace.names
     launch = ev["launch"].to_numpy()
     ts_col = ev["ts"].to_numpy()
-    gs, ge = gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64)
-    nxt, prv = gaps["next_row"].to_numpy(np.int64), gaps["prev_row"].to_numpy(np.int64)
+    gs, ge = found["start"], found["end"]
+    nxt, prv = found["next_row"], found["prev_row"]
     ln = launch[nxt]
     lp = launch[prv]
     is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)[np.maximum(ln, 0)] & (ln >= 0)
@@ -192,11 +190,11 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     # launched most work on that device.
     pid = np.where(ln >= 0, ev["pid"].to_numpy()[np.maximum(ln, 0)], -1)
     tid = np.where(ln >= 0, ev["tid"].to_numpy()[np.maximum(ln, 0)], -1)
-    main = _main_threads(trace)
-    dev = gaps["device"].to_numpy(np.int64)
-    for d, (p, t) in main.items():
-        m = (ln < 0) & (dev == d)
-        pid[m], tid[m] = p, t
+    dev = found["device"]
+    if (ln < 0).any():
+        for d, (p, t) in _main_threads(trace).items():
+            m = (ln < 0) & (dev == d)
+            pid[m], tid[m] = p, t
     launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge)
     launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge)
     # The host-bound part ends when the launch call returns: time inside the call is host time
@@ -210,11 +208,12 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     sync_row = np.full(n, -1, np.int64)
     gpu_wait_row = np.full(n, -1, np.int64)
     if n:
-        th = _ThreadIntervals(trace, calls)
-        keys = pd.MultiIndex.from_arrays([pid, tid])
-        for (p, t), idx in pd.Series(np.arange(n)).groupby(keys).indices.items():
+        th = _ThreadIntervals(trace, calls, host_coll)
+        code, threads = iv.pair_codes(pid, tid)
+        order = np.argsort(code, kind="stable")
+        for (p, t), idx in zip(threads.tolist(), np.split(order, np.flatnonzero(np.diff(code[order])) + 1), strict=True):
             a, b = gs[idx], he[idx]
-            u = th.get(int(p), int(t))
+            u = th.get(p, t)
             native = iv.overlap(u["native_s"], u["native_e"], a, b)
             t_free[idx] = iv.overlap(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
             t_coll[idx] = iv.overlap(u["coll_s"], u["coll_e"], a, b)
@@ -232,7 +231,7 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
     busy_host = ((t_free >= HOST_BUSY_MIN_NS) & (2 * t_free >= part)) | (part >= LAUNCH_PATH_MAX_NS)
     blocked = (part > 0) & ((t_sync + t_xfer) > 0) & ~busy_host & ~waited & ~graph_replay
     in_coll = (t_coll >= HOST_BUSY_MIN_NS) & (2 * t_coll >= part) & ~waited & ~graph_replay
-    seg, outside = _segment_of(trace, gaps, segments, gs, ge, he)
+    seg, outside = _segment_of(trace, segments, nxt, gs, ge, he)
     outside &= part > 0
     cause = np.select([waited, in_coll, blocked & (t_xfer > t_sync), blocked, outside, busy_host],
                       ["gpu_wait", "collective", "data_transfer", "sync", "outside_region", "cpu_busy"], "launch_bound").astype(object)
@@ -244,38 +243,36 @@ def classify(trace: Trace, gaps: pd.DataFrame, calls: pd.DataFrame, segments: Se
          "queued before the GPU went idle (launch latency)",
          "launch call in progress when the GPU went idle"],
         "launch call began after the GPU went idle").astype(object)
-    gaps["dur_us"] = (ge - gs) / US
-    gaps["start_us"] = (gs - trace.span_ns[0]) / US
-    gaps["stream"] = ev["stream"].to_numpy()[nxt]  # empty: the column's dtype, as a filtered table keeps it
-    gaps["launch_row"] = ln
-    gaps["launch_api"] = pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None), index=gaps.index, dtype=object)
-    gaps["pid"], gaps["tid"] = pid, tid
-    gaps["host_bound_us"] = part / US
-    gaps["host_free_us"] = t_free / US
-    gaps["host_blocked_us"] = (t_sync + t_xfer) / US
-    gaps["sync_row"] = np.where(blocked, sync_row, np.where(waited, gpu_wait_row, -1))
-    gaps["graph_replay"] = graph_replay
-    gaps["graph_launch"] = is_graph
-    gaps["cause"] = np.where(graph_replay, "graph_replay", cause)
-    gaps["detail"] = detail
-    gaps["seg"] = seg
-    gaps["phase"], gaps["step"], gaps["region"] = segment_labels(segments, seg, gaps.index)
-    gaps["prev"] = names[prv]
-    gaps["next"] = names[nxt]
-    op_col = ev["op"].to_numpy()
-    nop = op_col[np.maximum(ln, 0)]
-    gaps["next_op"] = pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None),
-                                index=gaps.index, dtype=object)
-
-
-def _mark_outside_steps(gaps: pd.DataFrame, window: Any) -> None:
-    """Gaps wholly before the steady-state window or after it get cause outside_steps."""
-    out = steady_state.outside_mask(gaps["start"].to_numpy(np.int64), gaps["end"].to_numpy(np.int64), window)
-    out &= ~gaps["graph_replay"].to_numpy(bool)
-    if out.any():
-        before = gaps["end"].to_numpy(np.int64) <= window.start
-        gaps.loc[out, "cause"] = "outside_steps"
-        gaps.loc[out, "detail"] = np.where(before[out], "before the first step", "after the last step's GPU work")
+    cause = np.where(graph_replay, "graph_replay", cause)
+    out = steady_state.outside_mask(gs, ge, window) & ~graph_replay
+    if window is not None and out.any():
+        cause[out] = "outside_steps"
+        detail[out] = np.where(ge[out] <= window.start, "before the first step", "after the last step's GPU work")
+    phase, step, region = segment_labels(segments, seg, pd.RangeIndex(n))
+    nop = ev["op"].to_numpy()[np.maximum(ln, 0)]
+    # One frame built from all its columns: adding them one by one cost a copy and a check each.
+    return pd.DataFrame({
+        **found,
+        "dur_us": (ge - gs) / US,
+        "start_us": (gs - trace.span_ns[0]) / US,
+        "stream": ev["stream"].to_numpy()[nxt],  # empty: the column's dtype, as a filtered table keeps it
+        "launch_row": ln,
+        "launch_api": pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None), dtype=object),
+        "pid": pid, "tid": tid,
+        "host_bound_us": part / US,
+        "host_free_us": t_free / US,
+        "host_blocked_us": (t_sync + t_xfer) / US,
+        "sync_row": np.where(blocked, sync_row, np.where(waited, gpu_wait_row, -1)),
+        "graph_replay": graph_replay,
+        "graph_launch": is_graph,
+        "cause": cause,
+        "detail": detail,
+        "seg": seg,
+        "phase": phase, "step": step, "region": region,
+        "prev": names[prv],
+        "next": names[nxt],
+        "next_op": pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None), dtype=object),
+    })
 
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
@@ -291,28 +288,33 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
         return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
     ev = trace.events
     keys = (gpu["device"].to_numpy()[ok], ev["pid"].to_numpy()[ln[ok]], ev["tid"].to_numpy()[ln[ok]])
-    # The counts groupby(["device", "pid", "tid"]).size() gives, in its (sorted) order, from factor
-    # codes and one bincount: only the few groups go through pandas' sorts and de-duplication.
+    # The counts groupby(["device", "pid", "tid"]).size() gives, from factor codes and one
+    # bincount; `busiest` picks among the few groups.
     codes, values = zip(*(pd.factorize(k) for k in keys), strict=True)
     n1, n2 = len(values[1]), len(values[2])
     counts = np.bincount((codes[0].astype(np.int64) * n1 + codes[1]) * n2 + codes[2])
     at = np.flatnonzero(counts)
-    top = pd.DataFrame({"device": np.asarray(values[0])[at // (n1 * n2)], "pid": np.asarray(values[1])[at // n2 % n1],
-                        "tid": np.asarray(values[2])[at % n2], "n": counts[at]})
-    top = top.sort_values(["device", "pid", "tid"]).reset_index(drop=True)
-    top = top.sort_values("n").drop_duplicates("device", keep="last")
-    return {int(r.device): (int(r.pid), int(r.tid)) for r in top.itertuples()}
+    return busiest(np.asarray(values[0])[at // (n1 * n2)], np.asarray(values[1])[at // n2 % n1],
+                   np.asarray(values[2])[at % n2], counts[at])
+
+
+def busiest(device: np.ndarray, pid: np.ndarray, tid: np.ndarray, n: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per device, the (pid, tid) of the distinct (device, pid, tid) groups with the largest count
+    n, as a frame of them sorted by (device, pid, tid), then sort_values("n") (quicksort: its ties
+    order) and drop_duplicates("device", keep="last") picks it, without the frame."""
+    by_key = np.lexsort((tid, pid, device))
+    by_n = by_key[np.argsort(n[by_key], kind="quicksort")]
+    # Later groups overwrite earlier ones of the same device: the last one is kept.
+    return {int(d): (int(p), int(t)) for d, p, t in zip(device[by_n].tolist(), pid[by_n].tolist(), tid[by_n].tolist(), strict=True)}
 
 
 class _ThreadIntervals:
-    """Per host thread, merged intervals of what the host was doing (built lazily, once per thread)."""
+    """Per host thread, merged intervals of what the host was doing."""
 
-    def __init__(self, trace: Trace, calls: pd.DataFrame) -> None:
-        self.trace = trace
+    def __init__(self, trace: Trace, calls: pd.DataFrame, host_coll: np.ndarray) -> None:
         ev = trace.events
         self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
         self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
-        self.py = None
         # Only the measure of these unions is read (iv.overlap), and an interval inside another
         # one of the same set adds nothing to it: an op lies inside its parent (the loader's
         # parent is the enclosing op of the same thread; a graph map's added ops, parented across
@@ -330,18 +332,21 @@ class _ThreadIntervals:
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         free = ~launching[op_rows]
         self.nolaunch = op_rows[free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])]
-        self.coll = np.flatnonzero(host_collective_mask(trace))
-        self.calls = calls[calls["blocking"] & (calls["pid"] >= 0)]
-        self.waits = calls[(calls["kind"] == "gpu_wait") & (calls["pid"] >= 0)]
-        self.cache: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self.coll = np.flatnonzero(host_coll)
+        # The sync calls as arrays (few rows: a frame filter per thread cost more than the work).
+        self.call_pid, self.call_tid = calls["pid"].to_numpy(), calls["tid"].to_numpy()
+        self.call_ts, self.call_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
+        self.call_row = calls["row"].to_numpy(np.int64)
+        kind = calls["kind"].to_numpy(object)
+        self.blocking = calls["blocking"].to_numpy(bool) & (self.call_pid >= 0)
+        self.xfer = np.isin(kind, TRANSFER_KINDS)
+        self.waits = (kind == "gpu_wait") & (self.call_pid >= 0)
 
     def _on(self, rows: np.ndarray, p: int, t: int) -> np.ndarray:
         return rows[(self.pid[rows] == p) & (self.tid[rows] == t)]
 
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
-        key = (p, t)
-        if key in self.cache:
-            return self.cache[key]
+        """The thread's merged intervals, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
         r = self._on(self.native, p, t)
         u["native_s"], u["native_e"] = iv.union(self.ts[r], self.end[r])
@@ -349,16 +354,16 @@ class _ThreadIntervals:
         u["nolaunch_s"], u["nolaunch_e"] = iv.union(self.ts[r], self.end[r])
         r = self._on(self.coll, p, t)
         u["coll_s"], u["coll_e"] = iv.union(self.ts[r], self.end[r])
-        c = self.calls[(self.calls["pid"] == p) & (self.calls["tid"] == t)]
-        xfer = c["kind"].isin(TRANSFER_KINDS).to_numpy()
-        cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+        mine = (self.call_pid == p) & (self.call_tid == t)
+        c = np.flatnonzero(mine & self.blocking)
+        xfer = self.xfer[c]
+        cs, ce = self.call_ts[c], self.call_end[c]
         u["sync_s"], u["sync_e"] = iv.union(cs[~xfer], ce[~xfer])
         u["xfer_s"], u["xfer_e"] = iv.union(cs[xfer], ce[xfer])
         order = np.argsort(cs, kind="stable")
-        u["call_ts"], u["call_end"], u["call_row"] = cs[order], ce[order], c["row"].to_numpy(np.int64)[order]
-        w = self.waits[(self.waits["pid"] == p) & (self.waits["tid"] == t)]  # sorted by ts already
-        u["wait_ts"], u["wait_row"] = w["ts"].to_numpy(np.int64), w["row"].to_numpy(np.int64)
-        self.cache[key] = u
+        u["call_ts"], u["call_end"], u["call_row"] = cs[order], ce[order], self.call_row[c][order]
+        w = np.flatnonzero(mine & self.waits)  # sorted by ts already
+        u["wait_ts"], u["wait_row"] = self.call_ts[w], self.call_row[w]
         return u
 
 
@@ -379,14 +384,14 @@ def _last_before(ts: np.ndarray, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(k >= 0, rows[np.maximum(k, 0)], -1)
 
 
-def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Segments | None, gs: np.ndarray, ge: np.ndarray,
+def _segment_of(trace: Trace, segments: Segments | None, nxt: np.ndarray, gs: np.ndarray, ge: np.ndarray,
                 he: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Segment each gap delays (that of the next work's launch, else the one holding the gap's
     start), and whether the host-bound part lay mostly outside every segment."""
-    n = len(gaps)
+    n = len(gs)
     if segments is None or len(segments) == 0 or not n:
         return np.full(n, -1, np.int64), np.zeros(n, bool)
-    seg = segments.locate_rows(trace, gaps["next_row"].to_numpy(np.int64))
+    seg = segments.locate_rows(trace, nxt)
     seg = np.where(seg >= 0, seg, segments.locate_times(gs))
     ss, se = iv.union(segments.table["start"].to_numpy(np.int64), segments.table["end"].to_numpy(np.int64))
     a = gs
@@ -395,14 +400,12 @@ def _segment_of(trace: Trace, gaps: pd.DataFrame, segments: Segments | None, gs:
     return seg.astype(np.int64), 2 * inside < (b - a)
 
 
-def stream_gaps(trace: Trace, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def stream_gaps(trace: Trace, busy: StreamBusy, min_gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Idle stretches on each stream alone (another stream may have kept the device busy): per
     (device, stream) with GPU work, their count and total; and each stretch (GapsResult.stream_idle)."""
-    gpu = trace.narrow_gpu
-    if gpu.empty:
+    if trace.narrow_gpu.empty:
         return pd.DataFrame(columns=["device", "stream", "count", "total_us"]), _no_idle()
-    codes, uniq = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
-    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
+    uniq, g, ms, me = busy.pairs, busy.group, busy.starts, busy.ends
     same = g[1:] == g[:-1]
     gap = ms[1:] - me[:-1]
     keep = same & (gap >= min_gap_ns)
@@ -429,40 +432,42 @@ def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
-    g = table[~table["graph_replay"]]
+    real = np.flatnonzero(~table["graph_replay"].to_numpy(bool))
     out: dict[str, Any] = {}
-    if g.empty:
+    if not len(real):
         return out
-    phase = g["phase"].fillna("none").astype(str)
-    steps = segments.table.groupby("phase").size() if segments is not None and len(segments) else pd.Series(dtype=int)
-    for ph, grp in g.groupby(phase.to_numpy()):
+    # Each real gap's phase text (missing: "none"), grouped in text order, from arrays.
+    phase = np.array(["none" if p is None or p != p else str(p) for p in table["phase"].to_numpy(dtype=object)[real].tolist()],
+                     dtype=object)
+    steps = Counter(p for p in segments.table["phase"].to_numpy(dtype=object).tolist() if p is not None and p == p) \
+        if segments is not None and len(segments) else Counter()
+    cause_all, dur_all = table["cause"].to_numpy(dtype=object)[real], table["dur_us"].to_numpy(float)[real]
+    for ph in sorted(set(phase.tolist())):
+        grp = phase == ph
         n_steps = int(steps.get(ph, 0))
-        tot = float(grp["dur_us"].sum())
-        cause, dur = grp["cause"].to_numpy(), grp["dur_us"].to_numpy(float)
+        cause, dur = cause_all[grp], dur_all[grp]
+        # np.nansum of the selected values: what Series.sum computes, without a frame per group.
+        tot = float(np.nansum(dur))
         out[str(ph)] = {
-            "count": len(grp), "total_us": round(tot, 3), "segments": n_steps,
+            "count": int(grp.sum()), "total_us": round(tot, 3), "segments": n_steps,
             "per_step_us": round(tot / n_steps, 3) if n_steps else None,
-            # np.nansum of the selected values: what Series.sum computes, without a frame per cause.
             "by_cause": {c: round(float(np.nansum(dur[cause == c])), 3) for c in CAUSES},
         }
     return out
 
 
-def _fixable(table: pd.DataFrame) -> pd.Series:
-    """Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph."""
-    return (table["cause"] == "launch_bound") & ~table["graph_launch"]
-
-
 def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     scale = decode_scale(trace, segments)
-    fix = table[_fixable(table)]
+    # Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph.
+    fix = (table["cause"].to_numpy(dtype=object) == "launch_bound") & ~table["graph_launch"].to_numpy(bool)
+    dur = table["dur_us"].to_numpy(float)
     if scale["steps"]:
         scope = "decode"
-        lb = float(fix.loc[fix["phase"] == "decode", "dur_us"].sum())
+        lb = float(np.nansum(dur[fix & (table["phase"].to_numpy(dtype=object) == "decode")]))
         per_step = lb / scale["steps"]
     else:
         scope = "whole trace (no decode steps found)"
-        lb = float(fix["dur_us"].sum())
+        lb = float(np.nansum(dur[fix]))
         per_step = None
     tok = scale["tokens_per_step"]
     spr = scale["steps_per_request"]
@@ -482,31 +487,42 @@ def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> di
 
 
 def _top(trace: Trace, table: pd.DataFrame, host: HostLookup) -> list[dict[str, Any]]:
-    g = table[~table["graph_replay"]].sort_values("dur_us", ascending=False, kind="stable").head(TOP_GAPS)
+    real = np.flatnonzero(~table["graph_replay"].to_numpy(bool))
+    sel = real[longest(table["dur_us"].to_numpy(float)[real], TOP_GAPS)]
+    # The few rows' values column by column (a frame of them, or its rows as tuples, costs more).
+    cols = ("device", "stream", "start", "start_us", "dur_us", "cause", "detail", "phase", "step", "region", "prev", "next",
+            "launch_api", "next_op", "pid", "tid", "host_bound_us", "host_free_us", "host_blocked_us")
+    rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*(table[c].to_numpy()[sel].tolist() for c in cols), strict=True)]
     names = trace.names
     out = []
-    for r in g.itertuples():
+    for r in rows:
         op_row, stack = -1, None
-        if r.pid >= 0 or r.tid >= 0:
+        if r["pid"] >= 0 or r["tid"] >= 0:
             # What the host was doing in the middle of the part of the gap it was responsible for.
-            mid = int(r.start + max(int(r.host_bound_us * US), 1) // 2)
-            op_row, stack = host.op_at(int(r.pid), int(r.tid), mid), host.python_stack(int(r.pid), int(r.tid), mid)
+            mid = int(r["start"] + max(int(r["host_bound_us"] * US), 1) // 2)
+            op_row, stack = host.op_at(int(r["pid"]), int(r["tid"]), mid), host.python_stack(int(r["pid"]), int(r["tid"]), mid)
         cpu_op = str(names[op_row]) if op_row >= 0 else None
-        detail = r.detail
-        if r.cause == "cpu_busy":
+        detail = r["detail"]
+        if r["cause"] == "cpu_busy":
             # The launch timing says little here; say what the host did instead of launching.
             where = f"in {cpu_op}" if cpu_op else "outside any profiled op (Python or untraced code)"
-            detail = f"host busy {float(r.host_free_us):.0f} us without launching, {where}"
+            detail = f"host busy {float(r['host_free_us']):.0f} us without launching, {where}"
         out.append({k: json_value(v, None) for k, v in {
-            "device": int(r.device), "stream": int(r.stream), "start_us": round(float(r.start_us), 3),
-            "dur_us": round(float(r.dur_us), 3), "cause": r.cause, "detail": detail, "phase": r.phase,
-            "step": r.step, "region": r.region, "prev": r.prev, "next": r.next, "launch_api": r.launch_api,
-            "cpu_op": cpu_op, "next_op": r.next_op,
+            "device": int(r["device"]), "stream": int(r["stream"]), "start_us": round(float(r["start_us"]), 3),
+            "dur_us": round(float(r["dur_us"]), 3), "cause": r["cause"], "detail": detail, "phase": r["phase"],
+            "step": r["step"], "region": r["region"], "prev": r["prev"], "next": r["next"], "launch_api": r["launch_api"],
+            "cpu_op": cpu_op, "next_op": r["next_op"],
             "stack": stack or recorded_stack(trace, op_row),
-            "host_bound_us": round(float(r.host_bound_us), 3), "host_free_us": round(float(r.host_free_us), 3),
-            "host_blocked_us": round(float(r.host_blocked_us), 3),
+            "host_bound_us": round(float(r["host_bound_us"]), 3), "host_free_us": round(float(r["host_free_us"]), 3),
+            "host_blocked_us": round(float(r["host_blocked_us"]), 3),
         }.items()})
     return out
+
+
+def longest(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest values, largest first, ties in position order: the rows
+    Series.nlargest(k) picks and sort_values(ascending=False, kind="stable").head(k) keeps (no NaN)."""
+    return np.argsort(-values, kind="stable")[:k]
 
 
 _REC = {
@@ -527,67 +543,83 @@ _REC = {
 
 def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
     out: list[Finding] = []
-    g = res.gaps
-    if g.empty:
+    table = res.table
+    real = ~table["graph_replay"].to_numpy(bool)
+    if not real.any():
         return out
     span_us = trace.duration_ns / US
     sav = res.savings["cuda_graphs"]
     decode = sav["decode_steps"] > 0
     evidence_cols = ["start_us", "dur_us", "cause", "detail", "phase", "step", "prev", "next", "next_op"]
-    # Only the columns read below: each filter copies every column of what it filters.
-    g = g[[*evidence_cols, "graph_launch"]]
+    # The columns read below as arrays, groups of gaps as masks over them: a frame per group
+    # copied every column of it.
+    col = {c: table[c].to_numpy() for c in evidence_cols}
+    dur, cause, phase = np.asarray(col["dur_us"], float), col["cause"], col["phase"]
 
-    def evidence(rows: pd.DataFrame) -> list[dict[str, Any]]:
-        top = rows.loc[rows["dur_us"].nlargest(5).index, evidence_cols]
-        return [{k: (round(v, 3) if isinstance(v, float) else json_value(v, None)) for k, v in r.items()} for r in top.to_dict("records")]
+    def evidence(rows: np.ndarray) -> list[dict[str, Any]]:
+        at = np.flatnonzero(rows)
+        top = at[longest(dur[at], 5)]
+        return [{k: (round(v, 3) if isinstance(v, float) else json_value(v, None)) for k, v in zip(evidence_cols, r, strict=True)}
+                for r in zip(*(col[c][top].tolist() for c in evidence_cols), strict=True)]
 
-    lb = g[g["cause"] == "launch_bound"]
-    fixable = lb[~lb["graph_launch"]]
-    groups = [("launch_bound_decode", lb[lb["phase"] == "decode"], fixable[fixable["phase"] == "decode"], "decode"),
-              ("launch_bound", lb[lb["phase"] != "decode"], fixable[fixable["phase"] != "decode"], None)] if decode else \
+    lb = real & (cause == "launch_bound")
+    fixable = lb & ~table["graph_launch"].to_numpy(bool)
+    in_decode = phase == "decode"
+    groups = [("launch_bound_decode", lb & in_decode, fixable & in_decode, "decode"),
+              ("launch_bound", lb & ~in_decode, fixable & ~in_decode, None)] if decode else \
              [("launch_bound", lb, fixable, None)]
-    for fid, rows, fix, phase in groups:
-        cost = float(rows["dur_us"].sum())
+    for fid, rows, fix, ph in groups:
+        cost = float(np.nansum(dur[rows]))
         if cost <= 0:
             continue
-        save = float(fix["dur_us"].sum())
-        per_step = cost / sav["decode_steps"] if phase == "decode" else None
-        detail = f"{len(rows)} launch-bound gaps, {cost:.1f} us of GPU idle"
-        if phase == "decode":
+        save = float(np.nansum(dur[fix]))
+        per_step = cost / sav["decode_steps"] if ph == "decode" else None
+        detail = f"{int(rows.sum())} launch-bound gaps, {cost:.1f} us of GPU idle"
+        if ph == "decode":
             detail += (f" ({per_step:.1f} us per decode step over {sav['decode_steps']} steps;"
                        f" CUDA graphs could save about {sav['per_step_us']:.1f} us per step and per output token")
             detail += f", {sav['per_request_us']:.0f} us per request)" if sav["per_request_us"] else ")"
         out.append(Finding(
-            id=fid, title="GPU idle waiting for kernel launches" + (" in decode" if phase else ""), category="gaps",
+            id=fid, title="GPU idle waiting for kernel launches" + (" in decode" if ph else ""), category="gaps",
             recommendation=_REC["launch_bound"], cost_total_us=cost, cost_per_step_us=per_step, est_savings_us=min(save, cost),
-            severity=severity_for(cost, span_us), phase=phase, evidence=evidence(rows), detail=detail + ".",
+            severity=severity_for(cost, span_us), phase=ph, evidence=evidence(rows), detail=detail + ".",
         ))
-    for cause, fid, title in (("cpu_busy", "host_busy_gaps", "GPU idle while the host runs CPU work without launching"),
-                              ("outside_region", "idle_between_regions", "GPU idle between annotated steps"),
-                              ("gpu_wait", "gpu_wait_gaps", "GPU idle with work queued behind a dependency"),
-                              ("collective", "collective_wait_gaps", "GPU idle while the host waits in a collective")):
-        rows = g[g["cause"] == cause]
-        cost = float(rows["dur_us"].sum())
+    for c, fid, title in (("cpu_busy", "host_busy_gaps", "GPU idle while the host runs CPU work without launching"),
+                          ("outside_region", "idle_between_regions", "GPU idle between annotated steps"),
+                          ("gpu_wait", "gpu_wait_gaps", "GPU idle with work queued behind a dependency"),
+                          ("collective", "collective_wait_gaps", "GPU idle while the host waits in a collective")):
+        rows = real & (cause == c)
+        cost = float(np.nansum(dur[rows]))
         if cost <= 0:
             continue
-        tops = [t for t in res.top if t["cause"] == cause]
+        tops = [t for t in res.top if t["cause"] == c]
         ops = [t["cpu_op"] for t in tops if t["cpu_op"]]
         # Most frequent op; ties go to the one seen first (the longest gap's), not to set order,
         # which changes with the string hash seed from run to run.
         op = Counter(ops).most_common(1)[0][0] if ops else None
         stack = next((t["stack"] for t in tops if t["stack"]), None)
-        phases = rows["phase"].dropna()
+        common = mode(phase[rows].tolist())
         out.append(Finding(
-            id=fid, title=title, category="gaps", recommendation=_REC[cause], cost_total_us=cost,
+            id=fid, title=title, category="gaps", recommendation=_REC[c], cost_total_us=cost,
             # What a queued stream waits for is often outside the trace: no saving is claimed for it.
             # No saving for a collective either: the wait is for other ranks, which one trace does not show.
-            est_savings_us=None if cause in ("gpu_wait", "collective") else cost, severity=severity_for(cost, span_us),
+            est_savings_us=None if c in ("gpu_wait", "collective") else cost, severity=severity_for(cost, span_us),
             explains="GPU idle spent waiting on work the trace does not show (another stream, rank or process)"
-                     if cause == "gpu_wait" else "GPU idle while the host waits inside a collective for the other ranks"
-                     if cause == "collective" else None,
-            phase=str(phases.mode().iat[0]) if len(phases) else None, op=op, stack=stack, evidence=evidence(rows),
-            detail=f"{len(rows)} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
-                   + ("; the awaited work is not in the trace, so no saving is estimated" if cause in ("gpu_wait", "collective") else "")
+                     if c == "gpu_wait" else "GPU idle while the host waits inside a collective for the other ranks"
+                     if c == "collective" else None,
+            phase=None if common is None else str(common), op=op, stack=stack, evidence=evidence(rows),
+            detail=f"{int(rows.sum())} gaps, {cost:.1f} us of GPU idle" + (f"; host mostly in {op}" if op else "")
+                   + ("; the awaited work is not in the trace, so no saving is estimated" if c in ("gpu_wait", "collective") else "")
                    + ".",
         ))
     return out
+
+
+def mode(values: list[Any]) -> Any:
+    """The most frequent value that is not None or NaN, the least of those tied (what
+    Series.dropna().mode().iat[0] gives for strings); None when there is none."""
+    counts = Counter(v for v in values if v is not None and v == v)
+    if not counts:
+        return None
+    most = max(counts.values())
+    return min(v for v, n in counts.items() if n == most)

@@ -133,10 +133,16 @@ class _Cols:
     capture_begin: np.ndarray
     capture_end: np.ndarray
     ts_sorted: bool  # the events' start order (as the loader writes them): a mask's earliest start is its first row
+    last_end: int  # the row that ends last (of all events)
 
     def min_ts(self, mask: np.ndarray) -> int:
         """`ts[mask].min()` (mask has a True), without gathering the masked rows when ts is sorted."""
         return int(self.ts[int(mask.argmax())]) if self.ts_sorted else int(self.ts[mask].min())
+
+    def max_end(self, mask: np.ndarray) -> int:
+        """`end[mask].max()` (mask has a True), without gathering the masked rows when the row that
+        ends last is one of them (the GPU's or the host's last event: one of any two disjoint masks)."""
+        return int(self.end[self.last_end]) if mask[self.last_end] else int(self.end[mask].max())
 
     def max_ts(self, mask: np.ndarray) -> int:
         """`ts[mask].max()` (mask has a True), likewise."""
@@ -147,8 +153,9 @@ class _Cols:
         ev = trace.events
         api = trace.kind_mask(*HOST_API_KINDS)
         ts = ev["ts"].to_numpy(np.int64)
+        end = ev["end"].to_numpy(np.int64)
         return cls(
-            ts=ts, end=ev["end"].to_numpy(np.int64), dur=ev["dur"].to_numpy(np.int64),
+            ts=ts, end=end, dur=ev["dur"].to_numpy(np.int64),
             launch=ev["launch"].to_numpy(), names=trace.names,
             timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
             op=trace.kind_mask("cpu_op"),
@@ -157,6 +164,7 @@ class _Cols:
             capture_begin=api & isin_mask(ev["name"], GRAPH_CAPTURE_BEGIN_APIS),
             capture_end=api & isin_mask(ev["name"], GRAPH_CAPTURE_END_APIS),
             ts_sorted=bool((ts[1:] >= ts[:-1]).all()),
+            last_end=int(end.argmax()) if len(end) else 0,
         )
 
     def in_capture(self, rows: np.ndarray) -> np.ndarray:
@@ -186,17 +194,19 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
     """Zero or constant timestamps; also returns the mask of rows whose times are not real."""
     ts, dur = c.ts, c.dur
     bad = np.zeros(len(ts), dtype=bool)
-    nonzero = c.timed & (ts != 0)
+    is_zero = ts == 0
+    any_zero = bool(is_zero.any())  # almost never: then no mask of zeros is built per group
+    nonzero = c.timed & ~is_zero if any_zero else c.timed
     far = bool(nonzero.any()) and c.min_ts(nonzero) >= ZERO_FAR_NS
     parts: list[str] = []
     counts: dict[str, int] = {}
     groups = (("GPU activities", c.gpu), ("runtime/driver calls", c.api), ("CPU ops", c.op))
     for label, sel in groups:
-        n = int(sel.sum())
+        n = int(np.count_nonzero(sel))
         if not n:
             continue
-        zero = sel & (ts == 0)
-        nz = int(zero.sum())
+        zero = sel & is_zero if any_zero else is_zero
+        nz = int(np.count_nonzero(zero)) if any_zero else 0
         if far and nz:
             bad |= zero
             counts[label] = nz
@@ -211,7 +221,7 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
     msg = ("timestamps are missing: " + "; ".join(parts) + " — the profiler did not record when they ran, so "
            f"the trace span ({trace.duration_ns / 1e9:.3g} s), GPU times, utilisation, gaps and step times are meaningless"
            " (re-capture; tokentrace capture exports each profiler session before starting the next)")
-    return HealthCheck("timestamps", "error", msg, int(bad.sum()), [GPU_TIMES, LATENCY, ATTRIBUTION], counts), bad
+    return HealthCheck("timestamps", "error", msg, int(np.count_nonzero(bad)), [GPU_TIMES, LATENCY, ATTRIBUTION], counts), bad
 
 
 def _gpu_activity(c: _Cols) -> HealthCheck:
@@ -261,7 +271,7 @@ def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
     gpu, host = masks
     first_host = c.min_ts(host)
     early = gpu & (c.launch < 0) & (c.ts < first_host)
-    n = int(early.sum())
+    n = int(np.count_nonzero(early))
     if not n:
         return _ok("launched_before_window", "no GPU activity from launches before the window")
     busy_us = float((c.end[early] - c.ts[early]).sum()) / US
@@ -277,16 +287,16 @@ def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = masks
-    host_end = int(c.end[host].max())
-    gpu_end = int(c.end[gpu].max())
+    host_end = c.max_end(host)
+    gpu_end = c.max_end(gpu)
     span = max(gpu_end, host_end) - min(c.min_ts(gpu), c.min_ts(host))
     tail = gpu_end - host_end
     after = gpu & (c.ts > host_end)
-    n_after = int(after.sum())
+    n_after = int(np.count_nonzero(after))
     evidence = {"gpu_end_after_host_us": round(tail / US, 3), "activities_after_host": n_after}
     if tail <= max(GPU_TAIL_MIN_NS, GPU_TAIL_SHARE * span):
         return HealthCheck("gpu_beyond_host", "ok", "GPU activity ends with the host events", 0, [], evidence)
-    if n_after == int(gpu.sum()):
+    if n_after == int(np.count_nonzero(gpu)):
         # Not one GPU activity overlaps the host side: a clock offset is as likely as a cut window.
         lag = c.min_ts(gpu) - host_end
         msg = (f"all {n_after} GPU activities start after the last CPU event (the first {lag / US:.1f} us after it): "
@@ -343,7 +353,7 @@ def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = np.flatnonzero(masks[0]), masks[1]
-    g1 = int(c.end[gpu].max())
+    g1 = c.max_end(masks[0])
     h0 = c.min_ts(host)
     if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock
         msg = (f"all GPU activity ends {(h0 - g1) / US:.1f} us before the first host event: GPU and CPU timestamps are "
@@ -355,7 +365,7 @@ def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
     if not len(linked):
         return HealthCheck("clocks", "skipped", "no GPU activity linked to its launch call")
     lead = c.ts[c.launch[linked]] - c.ts[linked]  # > 0: the activity started before its launch
-    n = int((lead > CLOCK_SLACK_NS).sum())
+    n = int(np.count_nonzero(lead > CLOCK_SLACK_NS))
     share = n / len(linked)
     evidence = {"linked": int(len(linked)), "before_launch": n, "max_lead_us": round(float(lead.max()) / US, 3)}
     if n >= MIN_CLOCK_BAD and share > CLOCK_BAD_SHARE:

@@ -9,6 +9,7 @@ delay, and graph kernels are never counted as per-kernel launch overhead.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
+from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask
+from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask, values_at
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -70,8 +72,8 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     })
     calls["graph"] = is_graph[call_rows]
     calls["seg"] = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and len(segments) else -1
-    act = _activities(trace, names, is_graph)
-    summary = _summary(trace, calls, act, segments)
+    act, streams = _activities(trace, names, is_graph)
+    summary = _summary(trace, calls, act, streams, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
     res.small, res.small_rows = _small_kernels(trace, act, summary)
     res.findings = _findings(trace, res, ctx.result("gaps"))
@@ -84,7 +86,10 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> pd.DataFrame:
+def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+    """One row per GPU activity with a launch, and the (device, stream) of each as
+    iv.pair_codes gives them (the code per row, the distinct pairs): the queue depth and the
+    per-stream figures group by them."""
     ev = trace.events
     gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
@@ -93,32 +98,36 @@ def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> pd.DataF
     api = names[ln]
     graph = is_graph[ln]
     act = pd.DataFrame({
-        "row": gpu.index.to_numpy(np.int64)[keep], "kind": gpu["kind"].astype(object).to_numpy()[keep],
+        "row": gpu.index.to_numpy(np.int64)[keep], "kind": values_at(gpu["kind"], np.flatnonzero(keep)),
         "device": gpu["device"].to_numpy()[keep], "stream": gpu["stream"].to_numpy()[keep], "ts": gpu["ts"].to_numpy()[keep],
         "end": gpu["end"].to_numpy()[keep], "dur_us": gpu["dur"].to_numpy()[keep] / US, "launch": ln, "api": api, "graph": graph,
         "launch_ts": ev["ts"].to_numpy()[ln], "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
     })
     # A graph replay's kernels share one launch: only the first one started "because of" it.
-    # (In start order, stable: the launch column's first appearances, put back in row order;
-    # sorting the arrays, not the frame of every column.)
-    order = np.argsort(act["ts"].to_numpy(), kind="stable")
-    first_of_launch = np.empty(len(act), dtype=bool)
-    first_of_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
-    act["counts_launch"] = ~graph | first_of_launch
-    act["delay_us"] = np.where(act["counts_launch"], (act["ts"] - act["launch_ts"]) / US, np.nan)
-    act["depth"] = _queue_depth(act)
-    return act
+    # (In start order, stable: the launch column's first appearances among the graph kernels,
+    # put back in row order; any other activity has a launch of its own.)
+    at = np.flatnonzero(graph)
+    order = at[np.argsort(act["ts"].to_numpy()[at], kind="stable")]
+    counts_launch = ~graph
+    counts_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
+    act["counts_launch"] = counts_launch
+    act["delay_us"] = np.where(counts_launch, (act["ts"].to_numpy() - act["launch_ts"].to_numpy()) / US, np.nan)
+    streams = iv.pair_codes(act["device"].to_numpy(), act["stream"].to_numpy())
+    act["depth"] = _queue_depth(act, streams[0])
+    return act, streams
 
 
-def _queue_depth(act: pd.DataFrame) -> np.ndarray:
+def _queue_depth(act: pd.DataFrame, code: np.ndarray) -> np.ndarray:
     """Activities already launched on the same stream and not yet finished when each one's launch
     call began. Graph kernels enter the queue together with their replay's launch."""
     depth = np.zeros(len(act), dtype=np.int64)
     if act.empty:
         return depth
-    for _, idx in act.groupby(["device", "stream"]).indices.items():
-        lt = act["launch_ts"].to_numpy()[idx]
-        en = act["end"].to_numpy()[idx]
+    by_stream = np.argsort(code, kind="stable")  # each stream's activities in row order
+    launch_ts, end = act["launch_ts"].to_numpy(), act["end"].to_numpy()
+    for idx in np.split(by_stream, np.flatnonzero(np.diff(code[by_stream])) + 1):
+        lt = launch_ts[idx]
+        en = end[idx]
         # A stream's launch times and ends come nearly in order: in-order launch times need no
         # sort (_before), and the stable sort takes the ends in one pass (the same sorted values).
         launched = _before(lt)  # launched strictly before
@@ -139,59 +148,84 @@ def _before(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(new)[np.cumsum(new) - 1]
 
 
-def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any) -> dict[str, Any]:
+def _groups(key: np.ndarray) -> list[np.ndarray]:
+    """Positions of each distinct key, keys in sorted order, each group's positions in order
+    (the groups groupby(key, sort=True) makes)."""
+    if not len(key):
+        return []
+    order = np.argsort(key, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
+
+
+def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes: tuple[np.ndarray, np.ndarray],
+             segments: Any) -> dict[str, Any]:
     ev = trace.events
     # Grouped by the api's rank among the distinct names (integers), in the order groupby("api")
     # sorts the texts: hashing every call's name string is what would cost.
     codes = ev["name"].array.codes[calls["row"].to_numpy(np.int64)]
-    uniq = np.unique(codes[codes >= 0])
+    uniq = np.flatnonzero(np.bincount(codes[codes >= 0]))  # the distinct codes, sorted (no sort of every call's)
     labels = [str(c) for c in np.asarray(ev["name"].array.categories, dtype=object)[uniq]]
     by_label = sorted(range(len(uniq)), key=labels.__getitem__)
     rank = np.full(int(uniq.max()) + 1 if len(uniq) else 0, -1, dtype=np.int64)
     rank[uniq[by_label]] = np.arange(len(uniq))
     key = np.where(codes >= 0, rank[np.maximum(codes, 0)] if len(rank) else -1, -1)
-    per_api = {labels[by_label[int(a)]]: {"count": int(len(g)), "total_us": round(float(g.sum()), 3),
-                                     **{f"{k}_us": v for k, v in _stats(g.to_numpy()).items()}}
-               for a, g in calls["dur_us"].groupby(np.where(key >= 0, key, np.nan), sort=True)}
+    dur_us = calls["dur_us"].to_numpy(float)
+    # A handful of launch APIs: one mask per API costs less than sorting every call by API.
+    per_api = {labels[by_label[a]]: {"count": len(g), "total_us": round(float(np.nansum(dur_us[g])), 3),
+                                     **{f"{k}_us": v for k, v in _stats(dur_us[g]).items()}}
+               for a, g in ((a, np.flatnonzero(key == a)) for a in range(len(uniq)))}
     # Counted on the columns: building the trace.kernels view (every column) only to count is costly.
     is_kernel = trace.kind_mask("kernel")
     own = is_kernel[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)  # kernels launched singly
     own_dur = act["dur_us"].to_numpy()[own]
     n_own = int(own.sum())
     n_kernels = int(is_kernel.sum())
-    small_all = int((is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)).sum())
+    small_all = int(np.count_nonzero(is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)))
     small_own = int((own_dur * US < SMALL_KERNEL_NS).sum())
     n_shorter = int((own_dur < act["launch_dur_us"].to_numpy()[own]).sum())
-    counted = act[act["counts_launch"] & ~act["graph"]]
-    depth = counted["depth"].to_numpy()
+    graph = act["graph"].to_numpy(bool)
+    counted = np.flatnonzero(act["counts_launch"].to_numpy(bool) & ~graph)
+    depth = act["depth"].to_numpy()[counted]
     streams = []
-    for (d, s), g in counted.groupby(["device", "stream"], sort=True):
-        dep = g["depth"].to_numpy()
+    # The codes number the pairs in (device, stream) order: the groups come in that order.
+    code, pairs = stream_codes[0][counted], stream_codes[1]
+    for g in _groups(code):
+        d, s = pairs[code[g[0]]].tolist()
+        dep = depth[g]
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
                         "depth_p50": float(np.percentile(dep, 50)), "depth_max": int(dep.max()),
                         "starved_share": round(float((dep == 0).mean()), 4)})
-    graph_calls = calls[calls["graph"]]
-    graph_kernels = act[act["graph"]]
-    per_graph = graph_kernels.groupby("launch").size()
+    n_graph_calls = int(calls["graph"].to_numpy(bool).sum())
+    graph_launch = act["launch"].to_numpy()[graph]
+    per_graph = np.unique(graph_launch, return_counts=True)[1]  # kernels per replay (launch row)
     by_phase: dict[str, Any] = {}
     if segments is not None and len(segments):
-        seg_phase = segments.table.set_index("seg")["phase"]
-        steps = segments.table.groupby("phase").size()
-        located = calls[calls["seg"] >= 0]
+        table = segments.table
+        phases = table["phase"].to_numpy(dtype=object)
+        steps = Counter(p for p in phases.tolist() if p == p and p is not None)  # groupby("phase").size()
         # Grouped by the rank of the segment's phase text (integers, in the order the texts sort),
         # not by a text per call: the same groups in the same order as grouping on the texts.
-        ph_text = sorted({str(p) for p in seg_phase.to_numpy(dtype=object).tolist()})
-        rank = seg_phase.map({p: i for i, p in enumerate(ph_text)}.get)
-        for code, g in located.groupby(rank.reindex(located["seg"]).to_numpy()):
-            ph = ph_text[int(code)]
+        ph_text = sorted({str(p) for p in phases.tolist()})
+        of_text = {p: i for i, p in enumerate(ph_text)}
+        rank = np.array([of_text.get(p, -1) for p in phases.tolist()] + [-1], dtype=np.int64)  # -1: no rank
+        seg = calls["seg"].to_numpy(np.int64)
+        located = np.flatnonzero(seg >= 0)
+        pos = pd.Index(table["seg"].to_numpy()).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
+        key = rank[pos]
+        graph_call = calls["graph"].to_numpy(bool)
+        for g in _groups(key):
+            if key[g[0]] < 0:
+                continue
+            ph = ph_text[int(key[g[0]])]
+            rows = located[g]
             n_steps = int(steps.get(ph, 0)) or 1
-            by_phase[str(ph)] = {"launches": len(g), "graph_launches": int(g["graph"].sum()),
+            by_phase[str(ph)] = {"launches": len(g), "graph_launches": int(graph_call[rows].sum()),
                                  "launches_per_step": round(len(g) / n_steps, 3),
-                                 "launch_api_us_per_step": round(float(g["dur_us"].sum()) / n_steps, 3)}
+                                 "launch_api_us_per_step": round(float(np.nansum(dur_us[rows])) / n_steps, 3)}
     return {
         "count": len(calls),
-        "api_total_us": round(float(calls["dur_us"].sum()), 3),
-        "api_per_call_us": _stats(calls["dur_us"].to_numpy()),
+        "api_total_us": round(float(np.nansum(dur_us)), 3),
+        "api_per_call_us": _stats(dur_us),
         "by_api": per_api,
         "launch_to_start_us": _stats(act["delay_us"].dropna().to_numpy()),
         "kernels": n_kernels,
@@ -203,8 +237,8 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
                           "share_of_singly_launched": round(small_own / n_own, 4) if n_own else None},
         "queue_depth": {**_stats(depth.astype(float)), "starved_share": round(float((depth == 0).mean()), 4) if len(depth) else None,
                         "streams": streams},
-        "graphs": {"launches": len(graph_calls), "kernels": len(graph_kernels),
-                   "kernels_per_launch": _stats(per_graph.to_numpy().astype(float))},
+        "graphs": {"launches": n_graph_calls, "kernels": len(graph_launch),
+                   "kernels_per_launch": _stats(per_graph.astype(float))},
         "by_phase": by_phase,
     }
 
@@ -212,23 +246,26 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, segments: Any
 def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any]) -> tuple[dict[str, Any] | None, np.ndarray]:
     """The small-kernel finding's facts (None when there is none to make) and its kernels' rows."""
     none = np.empty(0, np.int64)
-    # The three columns read here, not every column of the activities.
-    own = act[["row", "dur_us", "launch_dur_us"]][trace.kind_mask("kernel")[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)]
-    if own.empty:
+    # The three columns read here as arrays, not frames of every column of the activities.
+    rows = act["row"].to_numpy(np.int64)
+    own = trace.kind_mask("kernel")[rows] & ~act["graph"].to_numpy(bool)
+    if not own.any():
         return None, none
-    small = own[own["dur_us"] * US < SMALL_KERNEL_NS]
-    share = len(small) / len(own)
+    dur_us = act["dur_us"].to_numpy(float)
+    small = own & (dur_us * US < SMALL_KERNEL_NS)
+    n_small, n_own = int(small.sum()), int(own.sum())
+    share = n_small / n_own
     starved = summary["queue_depth"]["starved_share"] or 0.0
     if share < SMALL_SHARE_MIN or starved < STARVED_SHARE_MIN:
         return None, none
-    names = trace.names
-    counts = pd.Series(names[small["row"].to_numpy()]).value_counts().head(5)
-    evidence = [{"kernel": k, "count": int(v),
-                 "mean_us": round(float(small.loc[names[small["row"].to_numpy()] == k, "dur_us"].mean()), 3)}
+    small_rows, small_dur = rows[small], dur_us[small]
+    small_names = trace.names[small_rows]
+    counts = pd.Series(small_names).value_counts().head(5)
+    evidence = [{"kernel": k, "count": int(v), "mean_us": round(float(small_dur[small_names == k].mean()), 3)}
                 for k, v in counts.items()]
-    facts = {"small": len(small), "own": len(own), "share": share, "starved": starved,
-             "shorter": int((own["dur_us"] < own["launch_dur_us"]).sum()), "evidence": evidence}
-    return facts, small["row"].to_numpy(np.int64)
+    facts = {"small": n_small, "own": n_own, "share": share, "starved": starved,
+             "shorter": int((dur_us[own] < act["launch_dur_us"].to_numpy(float)[own]).sum()), "evidence": evidence}
+    return facts, small_rows
 
 
 def _findings(trace: Trace, res: LaunchesResult, gaps: Any) -> list[Finding]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,11 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
     seg = segments.locate_times(calls["ts"].to_numpy()) if n else np.full(n, -1)
     waited = _waited_for(trace, ctx, calls)
     idle = _idle_caused(ctx.result("gaps"), calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64))
+    op = _missing_as_none(np.where(cause >= 0, names[np.maximum(cause, 0)], None) if n else np.zeros(0, object))
+    phase, step, region = segment_labels(segments, seg, pd.RangeIndex(n))
+    duration_us = dur / US
+    # One frame built from all its columns (inserting them one by one cost a copy and a check
+    # each); object Series keep the None of missing values (an object array would become strings).
     items = pd.DataFrame({
         "row": calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
         "kind": calls["kind"].to_numpy(dtype=object) if n else np.zeros(0, object),
@@ -140,23 +146,28 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
         "blocking": blocking,
         "start_us": (calls["ts"].to_numpy() - t0) / US if n else np.zeros(0),
         "blocked_us": blocked / US,
-        "duration_us": dur / US,
+        "duration_us": duration_us,
         "device": calls["device"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
-        "copy": calls["copy"].to_numpy(dtype=object) if n else np.zeros(0, object),
+        "copy": _missing_as_none(calls["copy"].to_numpy(dtype=object) if n else np.zeros(0, object)),
         "op_row": cause,
-        "op": np.where(cause >= 0, names[np.maximum(cause, 0)], None) if n else np.zeros(0, object),
+        "op": op,
         "seg": seg,
-        "waited_for": waited["name"],
+        "waited_for": _missing_as_none(waited["name"]),
         "waited_activities": waited["count"],
         "gpu_busy_us": waited["busy_us"],
         "idle_caused_us": idle,
+        "phase": phase, "step": step, "region": region,
+        "stack": _stacks(trace, calls, cause, duration_us, ctx.shared(HostLookup)),
+        "point": point_ids(op.to_numpy(), cause),
     })
-    items["phase"], items["step"], items["region"] = segment_labels(segments, seg, items.index)
-    for col in ("op", "copy", "waited_for"):
-        items[col] = items[col].astype(object).where(items[col].notna(), None)
-    items["stack"] = _stacks(trace, calls, items, ctx.shared(HostLookup))
-    items["point"] = point_ids(items["op"].to_numpy(dtype=object), cause)
     return _result(trace, ctx, items, float(blocked.sum()) / US)
+
+
+def _missing_as_none(values: Any) -> pd.Series:
+    """The values as an object Series with None for every missing one (None, NaN)."""
+    out = np.array(values, dtype=object)
+    out[pd.isna(out)] = None
+    return pd.Series(out, dtype=object)
 
 
 def refresh(previous: SyncsResult, trace: Trace, ctx: Context) -> SyncsResult:
@@ -171,9 +182,11 @@ def _result(trace: Trace, ctx: Context, items: pd.DataFrame, blocked_us: float) 
     """The result from the per-call table: what `run` and `refresh` share."""
     by_kind: dict[str, dict[str, float]] = {}
     if len(items):
-        agg = items.groupby("kind").agg(count=("kind", "size"), blocked=("blocked_us", "sum"), idle=("idle_caused_us", "sum"))
-        by_kind = {str(k): {"count": int(r["count"]), "blocked_us": round(float(r["blocked"]), 3),
-                            "idle_caused_us": round(float(r["idle"]), 3)} for k, r in agg.iterrows()}
+        kinds, code = np.unique(items["kind"].to_numpy(dtype=object), return_inverse=True)
+        sums = group_sums(code, items["blocked_us"].to_numpy(float), items["idle_caused_us"].to_numpy(float)).to_numpy(float)
+        count = np.bincount(code, minlength=len(kinds))
+        by_kind = {str(k): {"count": int(c), "blocked_us": round(float(b), 3), "idle_caused_us": round(float(i), 3)}
+                   for k, c, (b, i) in zip(kinds.tolist(), count.tolist(), sums.tolist(), strict=True)}
     points = _points(items)
     per_token = _per_token(trace, ctx.segments, items, points, window_of(ctx))
     result = SyncsResult(items=items, count=len(points), blocked_us=blocked_us, by_kind=by_kind, per_token=per_token, points=points)
@@ -221,36 +234,50 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
     long (the calls' blocked time summed), the op behind it, and the GPU idle it caused."""
     if items.empty or "point" not in items.columns:
         return pd.DataFrame({c: np.empty(0, dtype=object) for c in POINT_COLUMNS})
-    it = items.sort_values(["point", "start_us"], kind="stable")
-    g = it.groupby("point", sort=True)
-    # Sorted by point, each point's calls are one run of rows: lists from slices, not agg(list).
-    pt = it["point"].to_numpy()
-    bounds = np.flatnonzero(np.r_[True, pt[1:] != pt[:-1], True]).tolist()
-    api, stk = it["api"].to_numpy(dtype=object), it["stack"].to_numpy(dtype=object)
-    runs = list(zip(bounds[:-1], bounds[1:], strict=True))
-    # The kind of a point is that of the call it spent longest in (blocking calls first).
-    lead = it.assign(_b=it["blocking"].astype(int)).sort_values(["point", "_b", "blocked_us"], ascending=[True, False, False],
-                                                                 kind="stable").drop_duplicates("point").set_index("point")
-    out = pd.DataFrame({
-        "point": g.size().index.to_numpy(np.int64),
-        "calls": _object_array([api[a:b].tolist() for a, b in runs]),
-        "n_calls": g.size().to_numpy(np.int64),
-        "blocking": g["blocking"].any().to_numpy(bool),
-        "start_us": g["start_us"].min().to_numpy(float),
-        "blocked_us": g["blocked_us"].sum().to_numpy(float),
-        "duration_us": ((it["start_us"] + it["duration_us"]).groupby(it["point"]).max() - g["start_us"].min()).to_numpy(float),
-        "gpu_busy_us": g["gpu_busy_us"].sum().to_numpy(float),
-        "idle_caused_us": g["idle_caused_us"].sum().to_numpy(float),
-        "copy": g["copy"].first().reindex(g.size().index).to_numpy(dtype=object),
-        "stack": [next((s for s in stk[a:b] if s), None) for a, b in runs],
-    })
-    for col in ("kind", "api", "op", "op_row", "seg", "phase", "step", "region", "device", "waited_for", "source"):
-        out[col] = lead[col].reindex(out["point"]).to_numpy(dtype=object)
-    out["op_row"] = out["op_row"].astype(np.int64)
+    # Each point's calls in start order, as one run of rows; points are numbered 0.. in call order.
+    pt, start = items["point"].to_numpy(np.int64), items["start_us"].to_numpy(float)
+    it = np.lexsort((start, pt))
+    pt, start = pt[it], start[it]
+    bounds = np.flatnonzero(np.r_[True, pt[1:] != pt[:-1], True])
+    first, runs = bounds[:-1], list(pairwise(bounds.tolist()))
+    col = {c: items[c].to_numpy()[it] for c in ("api", "stack", "blocking", "blocked_us", "duration_us", "copy")}
+    api, stk, blocking, blocked = col["api"], col["stack"], col["blocking"].astype(bool), col["blocked_us"].astype(float)
+    # The kind (and op, phase, ...) of a point is that of the call it spent longest in (blocking
+    # calls first; ties: the earliest).
+    by_lead = np.lexsort((-blocked, ~blocking, pt))
+    lead = it[by_lead[np.r_[0, np.flatnonzero(np.diff(pt[by_lead])) + 1]]]
+    sums = group_sums(pt, blocked, *(items[c].to_numpy(float)[it] for c in ("gpu_busy_us", "idle_caused_us"))).to_numpy(float)
+    calls = [api[a:b].tolist() for a, b in runs]
+    out = {
+        "point": pt[first],
+        "calls": _object_array(calls),
+        "n_calls": np.diff(bounds),
+        "blocking": np.logical_or.reduceat(blocking, first),
+        "start_us": np.minimum.reduceat(start, first),
+        "blocked_us": sums[:, 0],
+        "duration_us": np.maximum.reduceat(start + col["duration_us"].astype(float), first) - np.minimum.reduceat(start, first),
+        "gpu_busy_us": sums[:, 1],
+        "idle_caused_us": sums[:, 2],
+        # The first copy named (groupby's first(): missing values skipped), None when none is.
+        "copy": pd.Series([next((c for c in col["copy"][a:b] if c is not None and c == c), None) for a, b in runs], dtype=object),
+        "stack": [next((x for x in stk[a:b] if x), None) for a, b in runs],
+        **{c: items[c].to_numpy(dtype=object)[lead] for c in ("kind", "op", "seg", "phase", "step", "region", "device",
+                                                                 "waited_for", "source")},
+        "op_row": items["op_row"].to_numpy(np.int64)[lead],
+        "api": [" + ".join(c) for c in calls],
+    }
     out["seg"] = out["seg"].astype(np.int64)
-    out["api"] = [" + ".join(c) for c in out["calls"]]
-    out["copy"] = out["copy"].astype(object).where(out["copy"].notna(), None)
-    return out[POINT_COLUMNS].sort_values("start_us", kind="stable").reset_index(drop=True)
+    order = np.argsort(out["start_us"], kind="stable")
+    return pd.DataFrame({c: _take(out[c], order) for c in POINT_COLUMNS})
+
+
+def _take(values: Any, order: np.ndarray) -> Any:
+    """values reordered: arrays and Series by position (a Series keeps its dtype, not its index), lists likewise."""
+    if isinstance(values, pd.Series):
+        return pd.Series(values.to_numpy()[order], dtype=values.dtype)
+    if isinstance(values, list):
+        return [values[i] for i in order.tolist()]
+    return values[order]
 
 
 def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -293,18 +320,33 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
 def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
     """GPU idle the gap detector attributed to each sync call (by its event row): the drain after the host blocked."""
     out = np.zeros(len(rows))
-    table = gaps.gaps
+    table = gaps.table
     if table.empty or "sync_row" not in table.columns or not len(rows):
         return out
-    per_row = table[table["sync_row"] >= 0].groupby("sync_row")["dur_us"].sum()
-    return per_row.reindex(rows).fillna(0.0).to_numpy(float)
-
-
-def _stacks(trace: Trace, calls: pd.DataFrame, items: pd.DataFrame, host: HostLookup) -> list[list[str] | None]:
-    out = recorded_stacks(trace, items["op_row"].to_numpy())
-    if not len(items) or not trace.kind_mask("python_function").any():
+    sync_row = table["sync_row"].to_numpy(np.int64)
+    sel = (sync_row >= 0) & ~table["graph_replay"].to_numpy(bool)  # the real gaps (GapsResult.gaps)
+    if not sel.any():
         return out
-    longest = np.argsort(-items["duration_us"].to_numpy(), kind="stable")[:STACK_LOOKUPS]
+    per_row = group_sums(sync_row[sel], table["dur_us"].to_numpy(float)[sel])
+    at = np.searchsorted(per_row.index.to_numpy(np.int64), rows)
+    hit = (at < len(per_row)) & (per_row.index.to_numpy(np.int64)[np.minimum(at, len(per_row) - 1)] == rows)
+    out[hit] = per_row.to_numpy(float)[:, 0][at[hit]]
+    return out
+
+
+def group_sums(keys: np.ndarray, *values: np.ndarray) -> pd.DataFrame:
+    """Per distinct key (sorted), the sum of each of `values` over its rows in their order: what
+    frame.groupby(key)[cols].sum() gives (pandas' compensated sums, not numpy's), from a bare
+    numeric frame grouped by an array, without the column lookups and label handling."""
+    return pd.DataFrame(np.column_stack(values)).groupby(keys, sort=True).sum()
+
+
+def _stacks(trace: Trace, calls: pd.DataFrame, op_row: np.ndarray, duration_us: np.ndarray,
+            host: HostLookup) -> list[list[str] | None]:
+    out = recorded_stacks(trace, op_row)
+    if not len(op_row) or not trace.kind_mask("python_function").any():
+        return out
+    longest = np.argsort(-duration_us, kind="stable")[:STACK_LOOKUPS]
     pid, tid, ts = (calls[c].to_numpy() for c in ("pid", "tid", "ts"))  # once, not three column reads a lookup
     for i in longest:
         if out[i] is None and pid[i] >= 0:
@@ -325,19 +367,19 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd
     out: dict[str, Any] = {"decode_steps": steps, "tokens_per_step": scale["tokens_per_step"]}
     if not steps:
         return out
-    dec = points[(points["phase"] == "decode") & points["blocking"].astype(bool)]
-    dec_calls = items[(items["phase"] == "decode") & items["blocking"]]
+    dec = np.flatnonzero((points["phase"].to_numpy(dtype=object) == "decode") & points["blocking"].to_numpy(bool))
+    dec_calls = int(((items["phase"].to_numpy(dtype=object) == "decode") & items["blocking"].to_numpy(bool)).sum())
     per_step = len(dec) / steps
-    blocked = dec["blocked_us"].to_numpy(float)
+    blocked = points["blocked_us"].to_numpy(float)[dec]
     if window is not None and len(dec):
         lead = (window.start - trace.span_ns[0]) / US  # the window's start, in the points' time base
         # The part of each wait before the window (0 for every wait that starts inside it).
-        early = np.clip(lead - dec["start_us"].to_numpy(float), 0.0, blocked)
+        early = np.clip(lead - points["start_us"].to_numpy(float)[dec], 0.0, blocked)
         if early.any():
             out["blocked_before_window_us"] = round(float(early.sum()), 3)
             blocked = blocked - early
     blocked_step = float(blocked.sum()) / steps
-    idle_step = float(dec["idle_caused_us"].sum()) / steps
+    idle_step = float(np.nansum(points["idle_caused_us"].to_numpy(float)[dec])) / steps  # what Series.sum gives
     tok = scale["tokens_per_step"] or 1.0
     out.update({
         "syncs_per_step": round(per_step, 4),
@@ -346,8 +388,8 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd
         # Each decode step emits one token per sequence in the batch.
         "syncs_per_token": round(per_step / tok, 4),
         "blocked_us_per_token": round(blocked_step / tok, 3),
-        "calls_per_step": round(len(dec_calls) / steps, 4),
-        "calls_per_token": round(len(dec_calls) / steps / tok, 4),
+        "calls_per_step": round(dec_calls / steps, 4),
+        "calls_per_token": round(dec_calls / steps / tok, 4),
     })
     return out
 
@@ -407,26 +449,36 @@ def _findings(trace: Trace, points: pd.DataFrame, per_token: dict[str, Any]) -> 
         return out
     span_us = trace.duration_ns / US
     steps = per_token.get("decode_steps") or 0
-    for kind, grp in points[points["blocking"].astype(bool)].groupby("kind", sort=True):
-        cost = float(grp["idle_caused_us"].sum())
-        blocked = float(grp["blocked_us"].sum())
-        if cost <= 0 and not (grp["phase"] == "decode").any():
+    # Columns as arrays and each kind's points as positions in them (a frame per kind, and its
+    # rows as dicts, cost more than the findings' own work).
+    col = {c: points[c].to_numpy(dtype=object) for c in ("kind", "op", "copy", "phase", "stack", "calls", "api", "waited_for",
+                                                          "step")}
+    num = {c: points[c].to_numpy(float) for c in ("idle_caused_us", "blocked_us", "start_us")}
+    blocking = points["blocking"].to_numpy(bool)
+    decode = col["phase"] == "decode"
+    for kind in np.unique(col["kind"][blocking]).tolist():
+        grp = np.flatnonzero(blocking & (col["kind"] == kind))
+        # np.nansum of the selected values: what Series.sum computes.
+        cost = float(np.nansum(num["idle_caused_us"][grp]))
+        blocked = float(np.nansum(num["blocked_us"][grp]))
+        if cost <= 0 and not decode[grp].any():
             continue  # the GPU lost nothing to these syncs (a sync in decode is reported regardless)
-        ops = Counter(o for o in grp["op"] if isinstance(o, str))
+        ops = Counter(o for o in col["op"][grp] if isinstance(o, str))
         op = ops.most_common(1)[0][0] if ops else None
-        copies = Counter(c for c in grp["copy"] if isinstance(c, str))
+        copies = Counter(c for c in col["copy"][grp] if isinstance(c, str))
         copy = copies.most_common(1)[0][0] if copies else None
-        phases = Counter(p for p in grp["phase"] if isinstance(p, str))
+        phases = Counter(p for p in col["phase"][grp] if isinstance(p, str))
         phase = phases.most_common(1)[0][0] if phases else None
-        in_decode = grp[grp["phase"] == "decode"]
-        per_step = float(in_decode["idle_caused_us"].sum()) / steps if steps and len(in_decode) else None
-        ev_rows = grp.sort_values("blocked_us", ascending=False).head(5)
+        in_decode = grp[decode[grp]]
+        per_step = float(np.nansum(num["idle_caused_us"][in_decode])) / steps if steps and len(in_decode) else None
+        ev_rows = grp[descending(num["blocked_us"][grp])[:5]]
         evidence = [{k: json_value(v, None) for k, v in {
-            "calls": r["api"], "op": r["op"], "start_us": round(r["start_us"], 3), "blocked_us": round(r["blocked_us"], 3),
-            "idle_caused_us": round(r["idle_caused_us"], 3), "waited_for": r["waited_for"], "phase": r["phase"],
-            "step": r["step"], "copy": r["copy"]}.items()} for r in ev_rows.to_dict("records")]
-        stack = next((s for s in ev_rows["stack"] if s), None)
-        call_counts = Counter(c for cs in grp["calls"] for c in cs)
+            "calls": col["api"][r], "op": col["op"][r], "start_us": round(float(num["start_us"][r]), 3),
+            "blocked_us": round(float(num["blocked_us"][r]), 3), "idle_caused_us": round(float(num["idle_caused_us"][r]), 3),
+            "waited_for": col["waited_for"][r], "phase": col["phase"][r], "step": col["step"][r], "copy": col["copy"][r]}.items()}
+            for r in ev_rows.tolist()]
+        stack = next((s for s in col["stack"][ev_rows] if s), None)
+        call_counts = Counter(c for cs in col["calls"][grp] for c in cs)
         calls_text = ", ".join(f"{api} x{k}" for api, k in call_counts.most_common())
         detail = (f"{len(grp)} {kind} sync point(s) ({calls_text}) blocked the host for {blocked:.1f} us in total"
                   f" and left the GPU idle for {cost:.1f} us afterwards")
@@ -442,3 +494,10 @@ def _findings(trace: Trace, points: pd.DataFrame, per_token: dict[str, Any]) -> 
                       "host could not launch the next step meanwhile",
         ))
     return out
+
+
+def descending(values: np.ndarray) -> np.ndarray:
+    """The order sort_values(ascending=False) gives (its default quicksort, ties as it leaves
+    them): pandas sorts the reversed values ascending and reverses that order back (no NaN)."""
+    n = len(values)
+    return (n - 1 - np.argsort(values[::-1], kind="quicksort"))[::-1]

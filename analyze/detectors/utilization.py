@@ -18,7 +18,7 @@ import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
-from tokentrace.analysis.common.busy import BusyTimeline, device_busy
+from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.nsys_rules import evaluate, timeline_rules
 from tokentrace.analysis.common.sync_points import sync_calls
@@ -95,7 +95,7 @@ def run(trace: Trace, ctx: Context) -> GpuUtilization:
                          "busy_us": b / US, "idle_us": (dev_span - b) / US, "utilization": b / dev_span if dev_span else None,
                          "activities": len(busy.rows[d])})
     devices = pd.DataFrame(dev_rows, columns=["device", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities"])
-    streams = _streams(trace, t0)
+    streams = _streams(trace, t0, ctx.shared(stream_busy))
     by_phase = _by_phase(trace, ctx.segments)
     busy_ns = float(devices["busy_us"].sum()) if len(devices) else 0.0
     idle_ns = float(devices["idle_us"].sum()) if len(devices) else 0.0
@@ -132,15 +132,13 @@ def refresh(previous: GpuUtilization, trace: Trace, ctx: Context) -> GpuUtilizat
     return replace(previous, nsys_rules=rules, findings=list(previous.findings))
 
 
-def _streams(trace: Trace, t0: int) -> pd.DataFrame:
+def _streams(trace: Trace, t0: int, busy: StreamBusy) -> pd.DataFrame:
     cols = ["device", "stream", "start_us", "end_us", "span_us", "busy_us", "idle_us", "utilization", "activities", "kernels"]
     gpu = trace.narrow_gpu
     if gpu.empty:
         return pd.DataFrame(columns=cols)
-    dev = gpu["device"].to_numpy(np.int64)
-    stream = gpu["stream"].to_numpy(np.int64)
-    codes, uniq = iv.pair_codes(dev, stream)
-    idx, s, e, b = iv.group_extents(*iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)))
+    codes, uniq = busy.codes, busy.pairs
+    idx, s, e, b = iv.group_extents(busy.group, busy.starts, busy.ends)
     counts = np.bincount(codes, minlength=len(uniq))
     kernels = np.bincount(codes, weights=isin_mask(gpu["kind"], ("kernel",)), minlength=len(uniq))
     span = e - s
