@@ -13,8 +13,9 @@ keys each result by exactly those options and the results it NEEDS, so a repeat 
 min_gap_us reuses every result that cannot depend on it; an undeclared read would make it stale.
 
 `ctx.shared(fn)` memoises a pure function of the trace for the whole run (`sync_calls`,
-`device_busy`, `op_gpu`, `attention_op_spec`): computed by the first detector that asks, the
-same object for every later one. Nothing is cached in module globals.
+`device_busy`, `stream_busy`, `op_gpu`, `attention_op_spec`, `HostLookup`,
+`host_collective_mask`): computed by the first detector that asks, the same object for every
+later one, which no reader may change. Nothing is cached in module globals.
 
 Tests and notebooks may build a Context directly: `Context(trace, Options(), results={...})`
 reads any result it was given (no `needs` restriction).
