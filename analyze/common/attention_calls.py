@@ -48,7 +48,7 @@ from tokentrace.analysis.common.attention_ops import (
 from tokentrace.analysis.common.attribution import climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, top_per_group, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
@@ -97,33 +97,18 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
         # them), ties to the (call, name) pair seen first, on integer codes (groupby(["c", "k"])
         # of the name strings, then a sort by call and time, did the same).
         named_k = name_codes >= 0
-        best = _top_per_call(c[named_k], name_codes[named_k].astype(np.int64), dur[named_k])
-        top[best[0]] = np.asarray(gpu["name"].array.categories, dtype=object)[best[1]]
+        k_codes = name_codes[named_k].astype(np.int64)
+        won, at = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
+        top[won] = np.asarray(gpu["name"].array.categories, dtype=object)[k_codes[at]]
         has_b = pd.notna(kb)
         if has_b.any():
             bcodes, bvals = pd.factorize(kb[has_b])
-            bbest = _top_per_call(c[has_b], bcodes.astype(np.int64), dur[has_b])
-            kback[bbest[0]] = np.asarray(bvals, dtype=object)[bbest[1]]
+            won, at = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
+            kback[won] = np.asarray(bvals, dtype=object)[bcodes[at]]
         has_l = pd.notna(kl)
         lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
         klib_of[lc] = kl[has_l][first_l]
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
-
-
-def _top_per_call(call: np.ndarray, key: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(calls, key) of the key with the largest summed dur within each call; ties go to the
-    (call, key) pair that appears first."""
-    if not len(call):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    pair, pair_first = pd.factorize(call.astype(np.int64) * (int(key.max()) + 1) + key)
-    pair_first_pos = np.full(len(pair_first), len(call), dtype=np.int64)
-    np.minimum.at(pair_first_pos, pair, np.arange(len(call)))
-    total = np.zeros(len(pair_first), dtype=np.int64)
-    np.add.at(total, pair, dur.astype(np.int64))
-    pc, pk = call[pair_first_pos], key[pair_first_pos]
-    order = np.lexsort((np.arange(len(pair_first)), -total, pc))  # pairs numbered in order of appearance
-    keep = order[np.r_[True, pc[order][1:] != pc[order][:-1]]]
-    return pc[keep], pk[keep]
 
 
 def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:

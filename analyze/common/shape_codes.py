@@ -1,10 +1,11 @@
-"""Integer codes for the shape (Input Dims / Input type) lists of ops, and group ids over several
-such integer keys, so detectors group and compare shapes with numpy instead of hashing a million
-nested lists or building a DataFrame to group by."""
+"""Integer codes for the shape (Input Dims / Input type) lists of ops, group ids over several
+such integer keys, and sums and most common keys per group id, so detectors group and compare
+shapes with numpy instead of hashing a million nested lists or building a DataFrame to group by."""
 
 from __future__ import annotations
 
 import ctypes
+import math
 import platform
 
 import msgspec
@@ -118,3 +119,60 @@ def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
     first = np.full(n, len(ids), dtype=np.int64)
     np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
     return first
+
+
+# pandas 3.1 sums a grouping whose ids are sorted with np.add.reduceat over their runs (when no
+# value is NaN); earlier versions, and every other grouping, add with Kahan compensation.
+_REDUCEAT_WHEN_SORTED = tuple(int(x) for x in pd.__version__.split(".")[:2] if x.isdigit()) >= (3, 1)
+
+
+def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per id 0..n-1, the sum of `values` with NaN skipped (0.0 where none) and the count of
+    those not NaN: the sum groupby(ids).sum() gives, bit for bit, and its mean as sum / count.
+
+    Bit for bit, so that a mean rounded to the summary's places, or a tie between two sums,
+    comes out as it did from pandas (a plain np.bincount adds in another order, and its last
+    bits differ): pandas' own summation (_REDUCEAT_WHEN_SORTED), the Kahan loop in Python. What
+    is summed this way is a trace's attention calls or steps, thousands of rows, where one
+    pandas groupby costs more than the loop."""
+    values = np.asarray(values, dtype=float)
+    if _REDUCEAT_WHEN_SORTED and len(ids) and bool((ids[1:] >= ids[:-1]).all()) and not np.isnan(values).any():
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        sums = np.zeros(n)
+        sums[ids[starts]] = np.add.reduceat(values, starts)
+        return sums, np.bincount(ids, minlength=n)
+    total, comp, count = [0.0] * n, [0.0] * n, [0] * n
+    for g, v in zip(ids.tolist(), values.tolist(), strict=True):
+        if v != v:
+            continue
+        count[g] += 1
+        s = total[g]
+        y = v - comp[g]
+        t = s + y
+        c = t - s - y
+        comp[g] = c if math.isfinite(c) else 0.0  # an infinite value: its sum stays infinite, not NaN (as pandas)
+        total[g] = t
+    return np.array(total, dtype=float), np.array(count, dtype=np.int64)
+
+
+def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Within each group, the key with the most rows (or the largest summed `weight`: integers
+    summed exactly, floats as group_sums); ties go to the (group, key) pair that appears first.
+    Returns the groups that have rows, ascending, and the first row of each one's winning pair:
+    what groupby([group, key], sort=False) then a stable sort by group and descending total, one
+    row per group, gives."""
+    if not len(group):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    pair, pair_first = group_ids(group, key)
+    n = len(pair_first)
+    if weight is None:
+        total = np.bincount(pair, minlength=n)
+    elif weight.dtype.kind in "biu":
+        total = np.zeros(n, dtype=np.int64)
+        np.add.at(total, pair, weight.astype(np.int64))
+    else:
+        total = group_sums(pair, weight, n)[0]
+    pg = group[pair_first]
+    order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
+    keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
+    return pg[keep], pair_first[keep]
