@@ -487,3 +487,43 @@ def test_step_work_per_step_sums_names_and_geometry():
     assert steps["kv_tokens"].iloc[:2].tolist() == [10, 30] and pd.isna(steps["kv_tokens"].iloc[2])
     assert steps["decode_kv_tokens"].iloc[:2].tolist() == [0, 30] and pd.isna(steps["decode_kv_tokens"].iloc[2])
     assert step_work(calls[calls["seg"].isin([2, 4])], Segments(table, method="annotations")).empty
+
+
+def test_fit_medians_are_groupby_medians():
+    from tokentrace.analysis.common.fits import _medians
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        x = rng.integers(1, 6, n).astype(float)  # repeated lengths, out of order
+        y = rng.integers(1, 9, n) / rng.choice([1.0, 3.0, 7.0])  # ties among y, even and odd counts
+        med = pd.Series(y).groupby(x).median()
+        px, py = _medians(x, y)
+        assert px.tolist() == med.index.tolist() and py.tobytes() == med.to_numpy(float).tobytes()
+
+
+def test_call_fits_come_per_group_in_groupby_order_with_missing_keys_last():
+    """One record per FIT_KEYS group, in the order groupby(FIT_KEYS, dropna=False, sort=True)
+    gives (values ascending, a missing value after the others), each over its own calls only."""
+    groups = [("sdpa", "flash", 2, 8, None, 64), ("mm", "eager", None, None, None, None), ("sdpa", "math", 2, 8, 8, 64),
+              ("sdpa", "flash", 2, 8, 8, 64), ("sdpa", "flash", 1, 16, 16, 128)]
+    recs = []
+    for i in range(20):  # groups interleaved, each with its own time per length
+        g = groups[i % len(groups)]
+        q = 16 * (1 + i // len(groups))
+        recs.append(dict(zip(attention.FIT_KEYS, g, strict=True)) | {"phase": "prefill", "q_len": q, "kv_len": q,
+                                                                     "gpu_us": float(q * (1 + i % len(groups))),
+                                                                     "in_graph": False, "kv_source": "shapes"})
+    calls = pd.DataFrame(recs)
+    for k in ("batch", "heads", "kv_heads", "head_dim", "q_len", "kv_len"):
+        calls[k] = pd.array(calls[k].tolist(), dtype="Int64")
+    fits = attention.fit_calls(calls)
+    expect = list(calls.groupby(attention.FIT_KEYS, dropna=False, sort=True).groups)
+    got = [(f["op"], f["backend"], *(f["shape"][k] for k in ("batch", "heads", "kv_heads", "head_dim"))) for f in fits]
+    assert got == [tuple(None if pd.isna(v) else v for v in key) for key in expect]
+    assert got[0][:2] == ("mm", "eager") and got[-1] == ("sdpa", "math", 2, 8, 8, 64)
+    assert [f["calls"] for f in fits] == [4] * 5
+    for f, key in zip(fits, got, strict=True):
+        mult = 1 + groups.index((*key[:2], *key[2:]))
+        assert [p[1] for p in f["points"]] == [16.0 * k * mult for k in range(1, 5)]
+        assert f["point_sources"] == ["shapes"] * 4 and f["x_source"] == "shapes"

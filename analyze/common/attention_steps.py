@@ -62,27 +62,28 @@ STEP_COLUMNS = ["seg", "index", "phase", "calls", "gpu_us", "cpu_us", "op", "bac
 def fill_lengths(calls: pd.DataFrame, segments: Segments, steps: pd.DataFrame | None) -> pd.DataFrame:
     """`calls` with the KV length of graph-replayed decode calls taken from their step's decode
     index and prompt length (module docstring), and the query length of graph-replayed calls
-    marked as captured. Returns a new frame; calls outside graphs are unchanged."""
-    calls = calls.copy()
-    src = calls["kv_source"].to_numpy(dtype=object, copy=True)
+    marked as captured. Returns a new frame where there is a length to fill (`calls` itself, never
+    changed, otherwise); calls outside graphs are unchanged."""
     in_graph = calls["in_graph"].to_numpy(bool)
     if steps is None or steps.empty or not in_graph.any() or not {"request", "step", "prompt_len"} <= set(steps.columns):
-        calls["kv_source"] = src
         return calls
-    st = steps.set_index("seg")
-    prompt_of = steps[steps["phase"] == "prefill"].groupby("request")["prompt_len"].first()
     want = in_graph & (calls["phase"].to_numpy(object) == "decode") & (calls["seg"].to_numpy(np.int64) >= 0) \
         & calls["kv_len"].isna().to_numpy()
-    if want.any():
-        at = st.reindex(calls["seg"].to_numpy(np.int64)[want])
-        prompt = at["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
-        step = at["step"].fillna(-1).to_numpy(np.int64)
-        ok = (prompt > 0) & (step >= 0)
-        rows = np.flatnonzero(want)[ok]
-        kv = calls["kv_len"].astype("Int64").copy()
-        kv.iloc[rows] = prompt[ok] + step[ok] + 1
-        calls["kv_len"] = kv
-        src[rows] = FROM_CAPTURE_ANNOTATIONS if segments.method == "annotations" else FROM_PROMPT_AND_STEP
+    if not want.any():
+        return calls
+    calls = calls.copy()
+    src = calls["kv_source"].to_numpy(dtype=object, copy=True)
+    st = steps.set_index("seg")
+    prompt_of = steps[steps["phase"] == "prefill"].groupby("request")["prompt_len"].first()
+    at = st.reindex(calls["seg"].to_numpy(np.int64)[want])
+    prompt = at["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
+    step = at["step"].fillna(-1).to_numpy(np.int64)
+    ok = (prompt > 0) & (step >= 0)
+    rows = np.flatnonzero(want)[ok]
+    kv = calls["kv_len"].astype("Int64").copy()
+    kv.iloc[rows] = prompt[ok] + step[ok] + 1
+    calls["kv_len"] = kv
+    src[rows] = FROM_CAPTURE_ANNOTATIONS if segments.method == "annotations" else FROM_PROMPT_AND_STEP
     calls["kv_source"] = src
     return calls
 
@@ -218,6 +219,8 @@ def step_points(steps: pd.DataFrame, time_col: str = "gpu_us") -> dict[str, pd.D
     """Scaling points per phase: {"decode": x = the step's KV tokens, "prefill": x = its query
     tokens}, each a frame of x, y (attention time in the step) and the source of x."""
     out: dict[str, pd.DataFrame] = {}
+    if steps.empty:
+        return out
     for phase, xcol in (("decode", "decode_kv_tokens"), ("prefill", "prefill_tokens")):
         s = steps[(steps["phase"] == phase) & steps[xcol].notna() & (steps[time_col] > 0)]
         if len(s):
