@@ -14,7 +14,15 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.common import attribution
 from tokentrace.analysis.common import labels as phase_lab
-from tokentrace.analysis.common.shape_codes import group_ids, group_sums, top_per_group, value_codes
+from tokentrace.analysis.common.shape_codes import (
+    first_known,
+    frame_group_ids,
+    group_ids,
+    group_sums,
+    key_values,
+    top_per_group,
+    value_codes,
+)
 from tokentrace.analysis.detectors import shapes
 from tokentrace.analysis.segments import Segments
 
@@ -203,6 +211,39 @@ def test_group_sums_are_pandas_groupby_sums_and_means_bit_for_bit():
         assert mean.tobytes() == g.mean().to_numpy(float).tobytes()
         assert count.tolist() == g.count().tolist()
     assert [a.tolist() for a in group_sums(np.empty(0, np.int64), np.empty(0), 2)] == [[0.0, 0.0], [0, 0]]
+
+
+def _object(values: list) -> pd.Series:
+    return pd.Series(np.array(values, dtype=object), dtype=object)
+
+
+def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
+    """frame_group_ids + key_values + first_known give groupby(keys, dropna=False, sort=False)
+    .agg(first) .reset_index() exactly (dtypes too), for every kind of key and value column,
+    on all rows and on a subset of positions."""
+    na = None
+    df = pd.DataFrame({
+        "s": ["a", "b", na, "a", "b", na, "a"],  # str with missing
+        "i": pd.array([1, 1, 2, na, 1, 2, na], dtype="Int64"),
+        "b": _object([True, False, True, True, False, True, True]),  # bools in an object column: a bool key
+        "bn": _object([True, na, True, True, na, True, True]),  # bools and None: an object key
+        "none": _object([na] * 7),  # all missing: a float key
+        "mix": _object(["x", na, "x", "x", na, "x", "x"]),
+        "v": [1.0, 2.0, np.nan, 4.0, 5.0, 6.0, 7.0],
+        "o": _object([na, "m", na, "n", na, na, "p"]),  # object strings and None: "first" keeps an object column
+        "st": ["p", na, na, "q", "r", na, "s"],
+    })
+    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"]):
+        for rows in (None, np.array([6, 4, 3, 1]), np.array([0, 2, 5])):
+            sub = df if rows is None else df.iloc[rows].reset_index(drop=True)
+            want = sub.groupby(keys, dropna=False, sort=False).agg(o=("o", "first"), st=("st", "first"), v=("v", "first")).reset_index()
+            gid, first = frame_group_ids(df, keys, rows)
+            order = np.arange(len(first))
+            got = pd.DataFrame({k: key_values(df[k], first) for k in keys}
+                               | {c: first_known(df[c], gid, order, rows) for c in ("o", "st", "v")})
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+            for c in want.columns:
+                assert [type(x) for x in got[c]] == [type(x) for x in want[c]], (keys, c)
 
 
 def _top_by_pandas(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None) -> tuple[list, list]:

@@ -32,7 +32,7 @@ from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_length
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.shape_codes import first_rows, group_ids, group_sums
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_ids, group_sums, key_values
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -67,42 +67,20 @@ def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
     groups' integer ids (a twelve-key groupby was a fifth of the detector's time on a small trace)."""
     if calls.empty:
         return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module", "library"])
-    gid, first = group_ids(*(pd.factorize(calls[k])[0] for k in GROUP_KEYS))
+    gid, first = frame_group_ids(calls, GROUP_KEYS)
     n = len(first)
     gpu_total, gpu_n = group_sums(gid, calls["gpu_us"].to_numpy(float), n)
     cpu_total, cpu_n = group_sums(gid, calls["cpu_us"].to_numpy(float), n)
     order = np.argsort(-gpu_total, kind="stable")  # as a stable descending sort_values: ties keep their order
     rows = first[order]
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = {k: _key_values(calls[k], rows) for k in GROUP_KEYS} | {
+        out = {k: key_values(calls[k], rows) for k in GROUP_KEYS} | {
             "calls": np.bincount(gid, minlength=n)[order], "gpu_total_us": gpu_total[order],
             "gpu_mean_us": np.where(gpu_n > 0, gpu_total / gpu_n, np.nan)[order],
             "cpu_mean_us": np.where(cpu_n > 0, cpu_total / cpu_n, np.nan)[order]}
     for k in ("causal", "module", "library"):
-        out[k] = _first_known(calls[k], gid, order)
+        out[k] = first_known(calls[k], gid, order)
     return pd.DataFrame(out)
-
-
-def _key_values(col: pd.Series, rows: np.ndarray) -> Any:
-    """A groupby key's values at its groups' first rows, as groupby's result holds them: an
-    object column's missing values as NaN (a float column when all are missing)."""
-    if col.dtype != object:
-        return col.array.take(rows)
-    v = col.to_numpy()[rows]
-    na = pd.isna(v)
-    return np.full(len(v), np.nan) if na.all() else np.where(na, np.nan, v)
-
-
-def _first_known(col: pd.Series, gid: np.ndarray, order: np.ndarray) -> Any:
-    """Per group id (in `order`), the column's first value that is not missing, as groupby's
-    "first" gives it (None in an object column, the dtype's missing value otherwise, where all are)."""
-    known = np.flatnonzero(col.notna().to_numpy())
-    rows = np.append(known, -1)[first_rows(gid[known], len(order))[order]]  # -1: none known
-    if col.dtype != object:
-        return col.array.take(rows, allow_fill=True)
-    out = np.full(len(rows), None, dtype=object)
-    out[rows >= 0] = col.to_numpy()[rows[rows >= 0]]
-    return pd.Series(out, dtype=object)  # stays an object column (an array of strings would become str)
 
 
 FIT_KEYS = ["op", "backend", "batch", "heads", "kv_heads", "head_dim"]

@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import frame_group_ids, group_sums, key_values, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -174,8 +174,11 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
                        "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
                        "dtype": _dtype_names(ev["input_type"].to_numpy()[rows]),
                        "phase": phase, "gpu_ns": gpu_ns})
-    g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
-        first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()
+    keys = ["name", "dims_key", "dtype", "phase"]
+    gid, first = frame_group_ids(df, keys)
+    n_groups = len(first)
+    g = pd.DataFrame({k: key_values(df[k], first) for k in keys} | {
+        "first": rows[first], "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0]})
     dims = ev["input_dims"].to_numpy()
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"], strict=True)]
     g["flops"] = [c[0] if c else np.nan for c in costs]
@@ -205,16 +208,16 @@ def _attention_rows(calls: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     if calls.empty:
         return pd.DataFrame()
     parts = []
+    # Packed (THD) calls without step sums have no per-sequence lengths: no cost model applies.
+    shaped = (calls["source"] == "op").to_numpy() & calls["q_len"].notna().to_numpy() & calls["batch"].notna().to_numpy()
     if steps is not None and len(steps):
         known = steps[pd.to_numeric(steps["flops"], errors="coerce").notna() & pd.to_numeric(steps["bytes"], errors="coerce").notna()]
         if len(known):
-            calls = calls[~calls["seg"].isin(known["seg"])]
+            shaped &= ~calls["seg"].isin(known["seg"]).to_numpy()
             parts.append(_step_rows(known))
-    # Packed (THD) calls without step sums have no per-sequence lengths: no cost model applies.
-    calls = calls[(calls["source"] == "op") & calls["q_len"].notna() & calls["batch"].notna()]
-    if len(calls):
-        parts.append(_call_rows(calls))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if shaped.any():
+        parts.append(_call_rows(calls, np.flatnonzero(shaped)))
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else pd.DataFrame()
 
 
 def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
@@ -235,11 +238,18 @@ def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
-def _call_rows(calls: pd.DataFrame) -> pd.DataFrame:
+def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """One row per distinct shapes, dtype, causality and phase among the calls at `rows` (the
+    groups of groupby(keys, dropna=False, sort=False), from numpy over their ids)."""
     keys = ["op", "backend", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal", "phase"]
-    g = calls.groupby(keys, dropna=False, sort=False).agg(calls=("call", "size"), gpu_us=("gpu_us", "sum")).reset_index()
-    g["flops"] = [attention_flops(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim, r.causal) for r in g.itertuples()]
-    g["bytes"] = [attention_bytes(r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim, r.dtype) for r in g.itertuples()]
+    gid, first = frame_group_ids(calls, keys, rows)
+    n = len(first)
+    g = pd.DataFrame({k: key_values(calls[k], first) for k in keys} | {
+        "calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, calls["gpu_us"].to_numpy(float)[rows], n)[0]})
+    r = {k: g[k].tolist() for k in keys}
+    g["flops"] = [attention_flops(*v) for v in zip(r["batch"], r["heads"], r["q_len"], r["kv_len"], r["head_dim"], r["causal"], strict=True)]
+    g["bytes"] = [attention_bytes(*v) for v in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], r["dtype"],
+                                                   strict=True)]
     g["flops"] = pd.to_numeric(g["flops"], errors="coerce")
     g["bytes"] = pd.to_numeric(g["bytes"], errors="coerce")
 
@@ -247,9 +257,9 @@ def _call_rows(calls: pd.DataFrame) -> pd.DataFrame:
         return None if pd.isna(v) else int(v)
 
     # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
-    g["input_dims"] = [[[q(r.batch), q(r.heads), q(r.q_len), q(r.head_dim)], [q(r.batch), q(r.kv_heads), q(r.kv_len), q(r.head_dim)]]
-                       for r in g.itertuples()]
-    g["detail"] = [f"{r.backend}, causal" if r.causal is True else str(r.backend) for r in g.itertuples()]
+    g["input_dims"] = [[[q(b), q(h), q(sq), q(d)], [q(b), q(hkv), q(skv), q(d)]]
+                       for b, h, hkv, sq, skv, d in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], strict=True)]
+    g["detail"] = [f"{b}, causal" if c is True else str(b) for b, c in zip(r["backend"], r["causal"], strict=True)]
     g["gpu_ns"] = g["gpu_us"] * US
     g["name"] = g["op"]
     g["kind"] = "attention"
