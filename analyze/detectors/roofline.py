@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import frame_group_ids, group_sums, key_values, value_codes
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -221,10 +221,15 @@ def _attention_rows(calls: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
 
 
 def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per op, backend, dtype and phase over the engine steps (the groups of
+    groupby(keys, dropna=False, sort=False), from numpy over their ids)."""
     keys = ["op", "backend", "dtype", "phase"]
-    g = steps.groupby(keys, dropna=False, sort=False).agg(
-        calls=("calls", "sum"), gpu_us=("gpu_us", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
-        steps=("seg", "size"), heads=("heads", "first"), kv_heads=("kv_heads", "first"), head_dim=("head_dim", "first")).reset_index()
+    gid, first = frame_group_ids(steps, keys)
+    n = len(first)
+    order = np.arange(n)
+    g = pd.DataFrame({k: key_values(steps[k], first) for k in keys}
+                     | {k: group_sums(gid, steps[k].to_numpy(), n)[0] for k in ("calls", "gpu_us", "flops", "bytes")}
+                     | {"steps": np.bincount(gid, minlength=n)} | {k: first_known(steps[k], gid, order) for k in ("heads", "kv_heads", "head_dim")})
     # Per call, as _table multiplies by calls.
     g["flops"] = g["flops"] / g["calls"]
     g["bytes"] = g["bytes"] / g["calls"]
