@@ -161,3 +161,29 @@ def test_qwen_roofline_has_gemm_and_flash_attention():
 def test_real_traces_do_not_crash(path):
     res = run_all(tokentrace.load(path))
     json.dumps(res.to_json())
+
+
+def test_table_rows_sorted_by_gpu_time_with_ties_in_order_and_unknowns_kept():
+    """_table: FLOPs and bytes per call times calls, achieved and peak rates, the bound; rows by GPU
+    time, most first, equal times in the parts' order; unknown FLOPs, a dtype without a peak and
+    zero GPU time give NaN (and no bound), never a number."""
+    spec = gpu_specs.GpuSpec("test", 100.0, 100.0, 10.0, 1000.0)
+    gemm = pd.DataFrame({"kind": "gemm", "name": ["mm_a", "mm_b", "mm_c", "mm_d"], "input_dims": [[[2, 2]], [[3, 3]], None, [[4]]],
+                         "dtype": ["bf16", "fp8", "bf16", None], "phase": ["decode", "decode", "prefill", "decode"],
+                         "calls": [2, 1, 4, 1], "gpu_ns": [5000.0, 8000.0, 5000.0, 0.0],
+                         "flops": [1e6, 2e9, float("nan"), 1.0], "bytes": [1e6, 1e3, 4e3, 1.0]})
+    att = pd.DataFrame({"kind": "attention", "name": ["sdpa"], "input_dims": [None], "detail": ["flash, causal"], "dtype": ["bf16"],
+                        "phase": ["prefill"], "calls": [3], "gpu_ns": [5000.0], "flops": [1e9], "bytes": [1e6]})
+    df = roofline._table([gemm, pd.DataFrame(), att], spec)
+    assert df.columns.tolist() == roofline.TABLE_COLUMNS
+    assert df["name"].tolist() == ["mm_b", "mm_a", "mm_c", "sdpa", "mm_d"]  # 8 us, then three 5 us in order, then 0
+    assert df["gpu_us"].tolist() == [8.0, 5.0, 5.0, 5.0, 0.0]
+    assert df["flops"].iloc[[0, 1, 3, 4]].tolist() == [2e9, 2e6, 3e9, 1.0] and pd.isna(df["flops"].iloc[2])
+    assert df["bytes"].tolist() == [1e3, 2e6, 1.6e4, 3e6, 1.0]
+    assert df["tflops"].iloc[1] == pytest.approx(2e6 / 5e-6 / 1e12) and pd.isna(df["tflops"].iloc[4])
+    assert df["peak_tflops"].iloc[[1, 2, 3]].tolist() == [100.0] * 3 and df["peak_tflops"].iloc[[0, 4]].isna().all()  # no fp8 peak
+    assert df["peak_gbs"].tolist() == [1000.0] * 5
+    # Ridge 100 TFLOP/s / 1000 GB/s = 100 FLOP/B: mm_a at 1 FLOP/B is memory-bound, sdpa at 1000 compute-bound.
+    assert [None if pd.isna(b) else b for b in df["bound"]] == [None, "memory", None, "compute", None]
+    assert df["detail"].iloc[3] == "flash, causal" and df["detail"].iloc[[0, 1, 2, 4]].isna().all()
+    assert roofline._table([pd.DataFrame()], spec).columns.tolist() == roofline.TABLE_COLUMNS

@@ -277,23 +277,35 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
                     for p in parts], ignore_index=True)
-    df["flops"] = df["flops"] * df["calls"]
-    df["bytes"] = df["bytes"] * df["calls"]
-    df["gpu_us"] = df["gpu_ns"] / US
-    sec = df["gpu_ns"].to_numpy(float) / 1e9
+    # The numbers from numpy arrays, the frame built once (a column assignment each was most of the time).
+    calls = df["calls"].to_numpy()
+    flops = df["flops"].to_numpy(float) * calls
+    nbytes = df["bytes"].to_numpy(float) * calls
+    gpu_ns = df["gpu_ns"].to_numpy(float)
+    sec = gpu_ns / 1e9
+    peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"].tolist()]
+    peak_tflops = np.array([np.nan if p is None else p for p in peaks], dtype=float)
+    peak_gbs = spec.hbm_gbs if spec is not None else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
-        df["intensity"] = df["flops"] / df["bytes"]
-        df["tflops"] = np.where(sec > 0, df["flops"] / sec / 1e12, np.nan)
-        df["gbs"] = np.where(sec > 0, df["bytes"] / sec / 1e9, np.nan)
-    peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"]]
-    df["peak_tflops"] = pd.to_numeric(pd.Series(peaks, dtype=object), errors="coerce").to_numpy(float)
-    df["peak_gbs"] = spec.hbm_gbs if spec is not None else np.nan
-    df["compute_share"] = df["tflops"] / df["peak_tflops"]
-    df["bandwidth_share"] = df["gbs"] / df["peak_gbs"]
-    ridge = df["peak_tflops"] * 1e12 / (df["peak_gbs"] * 1e9)
-    df["bound"] = np.where(ridge.isna() | df["intensity"].isna(), np.array(None),
-                           np.where(df["intensity"] >= ridge, "compute", "memory"))
-    return df.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
+        intensity = flops / nbytes
+        tflops = np.where(sec > 0, flops / sec / 1e12, np.nan)
+        gbs = np.where(sec > 0, nbytes / sec / 1e9, np.nan)
+        ridge = peak_tflops * 1e12 / (peak_gbs * 1e9)
+    bound = np.where(np.isnan(ridge) | np.isnan(intensity), np.array(None), np.where(intensity >= ridge, "compute", "memory"))
+    gpu_us = gpu_ns / US
+    order = np.argsort(-gpu_us, kind="stable")  # sort_values("gpu_us", ascending=False, kind="stable"): ties and NaN in order
+
+    def taken(col: pd.Series) -> Any:
+        # In `order`, the dtype kept: an object column's values are not inferred again.
+        return pd.Series(col.to_numpy()[order], dtype=object) if col.dtype == object else col.array.take(order)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        numbers = {"calls": calls, "gpu_us": gpu_us, "flops": flops, "bytes": nbytes, "intensity": intensity, "tflops": tflops,
+                   "gbs": gbs, "peak_tflops": peak_tflops, "peak_gbs": np.full(len(df), peak_gbs),  # its type, as a scalar column would take it
+                   "compute_share": tflops / peak_tflops, "bandwidth_share": gbs / peak_gbs}
+    out = {c: taken(df[c]) for c in ("kind", "name", "input_dims", "detail", "dtype", "phase")} | {k: v[order] for k, v in numbers.items()}
+    out["bound"] = bound[order]
+    return pd.DataFrame({c: out[c] for c in TABLE_COLUMNS})
 
 
 def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[str, dict[str, Any]]:
