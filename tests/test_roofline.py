@@ -187,3 +187,24 @@ def test_table_rows_sorted_by_gpu_time_with_ties_in_order_and_unknowns_kept():
     assert [None if pd.isna(b) else b for b in df["bound"]] == [None, "memory", None, "compute", None]
     assert df["detail"].iloc[3] == "flash, causal" and df["detail"].iloc[[0, 1, 2, 4]].isna().all()
     assert roofline._table([pd.DataFrame()], spec).columns.tolist() == roofline.TABLE_COLUMNS
+
+
+def test_phase_summary_sums_per_phase_and_kind_with_the_dominant_dtype_by_flops():
+    """Per phase (sorted; rows without FLOPs, bytes or GPU time left out): totals, GPU time per
+    kind, and the peak of the dtype with the most FLOPs (ties: the first dtype in sorted order)."""
+    spec = gpu_specs.GpuSpec("test", 100.0, 50.0, 10.0, 1000.0)
+    rows = [  # kind, dtype, phase, gpu_us, flops, bytes
+        ("gemm", "fp16", "prefill", 10.0, 4e9, 1e6), ("attention", "bf16", "prefill", 5.0, 4e9, 1e6),
+        ("gemm", "bf16", "decode", 3.0, 1e6, 1e6), ("gemm", "bf16", "decode", 0.0, 1e6, 1e6),
+        ("gemm", "fp16", "decode", 2.0, float("nan"), 1e6), ("attention", "bf16", "decode", 4.0, 2e6, 3e6),
+    ]
+    df = pd.DataFrame(rows, columns=["kind", "dtype", "phase", "gpu_us", "flops", "bytes"])
+    df["peak_tflops"] = df["dtype"].map({"bf16": 100.0, "fp16": 50.0})
+    out = roofline._phase_summary(df, spec, "test")
+    assert list(out) == ["decode", "prefill"]
+    dec, pre = out["decode"], out["prefill"]
+    assert (dec["gpu_us"], dec["flops"], dec["bytes"]) == (7.0, 3e6, 4e6)
+    assert dec["by_kind"] == {"attention": 4.0, "gemm": 3.0}
+    assert pre["by_kind"] == {"attention": 5.0, "gemm": 10.0}
+    assert pre["peak_tflops"] == 100.0  # bf16 and fp16 tie at 4e9 FLOPs: bf16 sorts first
+    assert dec["peak_tflops"] == 100.0 and dec["ideal_compute_us"] == pytest.approx(3e6 / 100e12 * 1e6)

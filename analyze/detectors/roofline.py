@@ -308,23 +308,44 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     return pd.DataFrame({c: out[c] for c in TABLE_COLUMNS})
 
 
+def _sorted_codes(values: np.ndarray) -> tuple[list[Any], np.ndarray]:
+    """The distinct values, sorted with a missing one last, and each row's index among them: the
+    groups and ids of groupby(..., dropna=False, sort=True)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    labels = list(uniques)
+    if (codes < 0).any():
+        labels.append(np.nan)
+        codes = np.where(codes < 0, len(uniques), codes)
+    return labels, codes.astype(np.int64, copy=False)
+
+
 def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    known = df[df["flops"].notna() & df["bytes"].notna() & (df["gpu_us"] > 0)]
-    for phase, g in known.groupby("phase", sort=True):
-        flops, nbytes, us = float(g["flops"].sum()), float(g["bytes"].sum()), float(g["gpu_us"].sum())
+    # Per phase (groupby("phase", sort=True) of the rows with known work, from numpy: sums as
+    # Series.sum and groupby's sum make them).
+    f_all, b_all, us_all = df["flops"].to_numpy(float), df["bytes"].to_numpy(float), df["gpu_us"].to_numpy(float)
+    known = ~np.isnan(f_all) & ~np.isnan(b_all) & (us_all > 0)
+    ph_all = df["phase"].to_numpy(object)
+    known &= ~pd.isna(ph_all)
+    kind_all, dtype_all, peak_all = df["kind"].to_numpy(object), df["dtype"].to_numpy(object), df["peak_tflops"].to_numpy(float)
+    for phase in sorted(set(ph_all[known].tolist())):
+        g = np.flatnonzero(known & (ph_all == phase))
+        fl, nb, gus = f_all[g], b_all[g], us_all[g]
+        flops, nbytes, us = float(fl.sum()), float(nb.sum()), float(gus.sum())
         sec = us / 1e6
+        kinds, kind_ids = _sorted_codes(kind_all[g])
         rec: dict[str, Any] = {
             "gpu_us": round(us, 3), "flops": flops, "bytes": nbytes, "intensity": round(flops / nbytes, 3) if nbytes else None,
             "tflops": round(flops / sec / 1e12, 3), "gbs": round(nbytes / sec / 1e9, 3),
-            "by_kind": {str(k): round(float(v), 3) for k, v in g.groupby("kind")["gpu_us"].sum().items()},
+            "by_kind": {str(k): round(float(v), 3) for k, v in zip(kinds, group_sums(kind_ids, gus, len(kinds))[0], strict=True)},
         }
         # Ideal times at each roof (per dtype peaks): the larger one is the binding roof.
-        peak = g["peak_tflops"].to_numpy(float)
+        peak = peak_all[g]
         if spec is not None and np.isfinite(peak).all():
-            t_compute = float((g["flops"].to_numpy(float) / (peak * 1e12)).sum())
+            t_compute = float((fl / (peak * 1e12)).sum())
             t_memory = nbytes / (spec.hbm_gbs * 1e9)
-            dominant = g.groupby("dtype", dropna=False)["flops"].sum().idxmax()
+            dtypes, dtype_ids = _sorted_codes(dtype_all[g])
+            dominant = dtypes[int(np.argmax(group_sums(dtype_ids, fl, len(dtypes))[0]))]
             dom_peak = spec.peak_tflops(dominant if isinstance(dominant, str) else None)
             ridge = dom_peak * 1e12 / (spec.hbm_gbs * 1e9) if dom_peak else None
             bound = "compute" if t_compute >= t_memory else "memory"
