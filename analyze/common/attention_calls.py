@@ -239,7 +239,7 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
-        "batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None, "dtype": None,
+        **{k: pd.array(np.full(n_calls, None), dtype="Int64") for k in SHAPE_KEYS}, "dtype": None,
         "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
@@ -415,6 +415,8 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     seg_phase, seg = phase_labels(trace, segments, rows)
     for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
         v = calls[c]
+        if isinstance(v.dtype, pd.Int64Dtype):  # the kernel calls' unknown shapes
+            continue
         # Every value known (an int64 column): no parse of each one.
         calls[c] = pd.array(v.to_numpy() if v.dtype == np.int64 else pd.to_numeric(v, errors="coerce"), dtype="Int64")
     # A graph replay ran with the key length it was captured for only in its shapes, not its work.

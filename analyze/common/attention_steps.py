@@ -28,7 +28,8 @@ Owns two things the attention calls (analysis.common.attention_calls) cannot kno
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -192,20 +193,21 @@ def step_work(calls: pd.DataFrame, segments: Segments, time_col: str = "gpu_us")
     def known_or_none(v: np.ndarray) -> list[int | None]:
         return [int(x) if x >= 0 else None for x in v]
 
-    out = pd.DataFrame({
+    out: dict[str, Any] = {
         "seg": segs, "index": col("index"), "phase": t["phase"].array[at].astype(str).to_numpy(),
         "calls": np.bincount(step, minlength=n), "gpu_us": gpu_us, "cpu_us": cpu_us,
         **names, "requests": known_or_none(req), "q_tokens": known_or_none(q_tok), "kv_tokens": known_or_none(kv_tok),
         "prefill_tokens": known_or_none(pre["tokens"]), "decode_kv_tokens": known_or_none(dec["kv_tokens"]),
         "pairs": np.where(known, pairs, np.nan), **geo, "geometry": source,
-    })
+    }
     out["flops"], out["bytes"] = _work(out)
-    return out[STEP_COLUMNS]
+    return pd.DataFrame({c: out[c] for c in STEP_COLUMNS})
 
 
-def _work(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(FLOPs, ideal bytes) of each step's attention (module docstring); NaN where unknown."""
-    num = {k: pd.to_numeric(steps[k], errors="coerce").to_numpy(float)
+def _work(steps: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, ideal bytes) of each step's attention (module docstring; `steps`: the step columns,
+    arrays or lists with None for unknown); NaN where unknown."""
+    num = {k: np.asarray(pd.to_numeric(steps[k], errors="coerce"), dtype=float)
            for k in ("pairs", "heads", "kv_heads", "head_dim", "calls", "q_tokens", "kv_tokens")}
     flops = es.attention_flops(num["pairs"], num["heads"], num["head_dim"], None, num["calls"])
     e_q = np.array([DTYPE_BYTES.get(d, np.nan) if isinstance(d, str) else np.nan for d in steps["dtype"]], float)
