@@ -330,3 +330,20 @@ def test_real_traces_do_not_crash(path):
     doc = res.to_json()
     json.dumps(doc)
     assert doc["gpu_total_us"] >= doc["unattributed_gpu_us"] >= 0
+
+
+def test_tables_sorted_by_gpu_then_host_time_with_ties_in_first_seen_order(tmp_path):
+    """ops: most GPU time first, then most host time, then the group seen first; kernels: most GPU
+    time first, then the group seen first (the frames are built once in that order)."""
+    b = TraceBuilder()
+    for i, (name, host_us, kernel_us) in enumerate([("aten::a", 10, 10.0), ("aten::b", 30, 10.0), ("aten::c", 10, 10.0),
+                                                   ("aten::d", 5, 20.0)]):
+        t = 100 + 100 * i
+        b.cpu_op(name, t, host_us, input_dims=[[4, 4]], input_type=[BF16])
+        b.launch(f"kernel_{name[-1]}", t + 1, t + 50, kernel_us)
+    res = run_shapes(b.load(tmp_path))
+    assert res.ops["name"].tolist()[:4] == ["aten::d", "aten::b", "aten::a", "aten::c"]
+    assert res.ops["gpu_total_us"].tolist()[:4] == [20.0, 10.0, 10.0, 10.0]
+    assert res.kernels["name"].tolist() == ["kernel_d", "kernel_a", "kernel_b", "kernel_c"]
+    assert res.kernels["op"].tolist() == ["aten::d", "aten::a", "aten::b", "aten::c"]
+    assert res.kernels["gpu_mean_us"].tolist() == [20.0, 10.0, 10.0, 10.0] and res.kernels["calls"].tolist() == [1] * 4
