@@ -410,33 +410,37 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     ts = calls["ts"].to_numpy()
     if not bool((ts[1:] >= ts[:-1]).all()):
         calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
-    calls["call"] = np.arange(len(calls))
-    rows = calls["row"].to_numpy(np.int64)
+    # The final columns collected, then one frame (a column assignment each was a tenth of the time).
+    cols: dict[str, Any] = {c: calls[c] for c in CALL_COLUMNS if c in calls.columns}
+    cols["call"] = np.arange(len(calls))
+    rows = cols["row"].to_numpy(np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
     for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
-        v = calls[c]
+        v = cols[c]
         if isinstance(v.dtype, pd.Int64Dtype):  # the kernel calls' unknown shapes
+            cols[c] = v.array
             continue
         # Every value known (an int64 column): no parse of each one.
-        calls[c] = pd.array(v.to_numpy() if v.dtype == np.int64 else pd.to_numeric(v, errors="coerce"), dtype="Int64")
+        cols[c] = pd.array(v.to_numpy() if v.dtype == np.int64 else pd.to_numeric(v, errors="coerce"), dtype="Int64")
     # A graph replay ran with the key length it was captured for only in its shapes, not its work.
-    in_graph = calls["in_graph"].fillna(False).to_numpy(bool)
-    calls["in_graph"] = in_graph
+    in_graph = cols["in_graph"].fillna(False).to_numpy(bool)
+    cols["in_graph"] = in_graph
     if in_graph.any():
-        calls.loc[in_graph, "kv_len"] = pd.NA
-    calls["kv_source"] = np.where(calls["kv_len"].notna().to_numpy(), KV_FROM_SHAPES, np.array(None))
+        cols["kv_len"] = cols["kv_len"].copy()
+        cols["kv_len"][in_graph] = pd.NA
+    cols["kv_source"] = np.where(pd.notna(cols["kv_len"]), KV_FROM_SHAPES, np.array(None))
     # Query length tells prefill (> 1) from decode (1) only per sequence: where the batch is known.
-    q = calls["q_len"].astype("Float64").to_numpy(float, na_value=np.nan)
-    per_seq = calls["batch"].notna().to_numpy()
+    q = cols["q_len"].to_numpy(float, na_value=np.nan)
+    per_seq = pd.notna(cols["batch"])
     by_len = np.where(per_seq & (q > 1), "prefill", np.where(per_seq & (q == 1), "decode", np.array(None)))
     from_seg = np.isin(seg_phase, SEGMENT_PHASES)
     phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
-    calls["phase"] = [str(p) for p in phase]
-    calls["seg"] = seg
-    causal = calls["causal"]
-    calls["causal"] = pd.Series([None if na else bool(v) for v, na in zip(causal.to_numpy(object).tolist(), causal.isna().tolist(), strict=True)],
-                                dtype=object)
-    return calls[CALL_COLUMNS]
+    cols["phase"] = [str(p) for p in phase]
+    cols["seg"] = seg
+    causal = cols["causal"]
+    cols["causal"] = pd.Series([None if na else bool(v) for v, na in zip(causal.to_numpy(object).tolist(), causal.isna().tolist(), strict=True)],
+                               dtype=object, index=calls.index)
+    return pd.DataFrame({c: cols[c] for c in CALL_COLUMNS})
 
 
 def time_column(trace: Trace) -> str:
