@@ -177,15 +177,17 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     keys = ["name", "dims_key", "dtype", "phase"]
     gid, first = frame_group_ids(df, keys)
     n_groups = len(first)
-    g = pd.DataFrame({k: key_values(df[k], first) for k in keys} | {
-        "first": rows[first], "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0]})
+    # The groups' columns collected, then one frame (here and in the attention rows: a column
+    # assignment each cost more than the numbers).
+    cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
+    first_rows = rows[first]
     dims = ev["input_dims"].to_numpy()
-    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"], strict=True)]
-    g["flops"] = [c[0] if c else np.nan for c in costs]
-    g["bytes"] = [c[1] if c else np.nan for c in costs]
-    g["input_dims"] = dims[g["first"].to_numpy()]
-    g["kind"] = "gemm"
-    return g
+    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
+             for nm, r, dt in zip(cols["name"].tolist(), first_rows.tolist(), cols["dtype"].tolist(), strict=True)]
+    cols |= {"first": first_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
+             "flops": [c[0] if c else np.nan for c in costs], "bytes": [c[1] if c else np.nan for c in costs],
+             "input_dims": dims[first_rows], "kind": "gemm"}
+    return pd.DataFrame(cols)
 
 
 def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | None:
@@ -227,20 +229,22 @@ def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
     gid, first = frame_group_ids(steps, keys)
     n = len(first)
     order = np.arange(n)
-    g = pd.DataFrame({k: key_values(steps[k], first) for k in keys}
-                     | {k: group_sums(gid, steps[k].to_numpy(), n)[0] for k in ("calls", "gpu_us", "flops", "bytes")}
-                     | {"steps": np.bincount(gid, minlength=n)} | {k: first_known(steps[k], gid, order) for k in ("heads", "kv_heads", "head_dim")})
+    cols: dict[str, Any] = ({k: key_values(steps[k], first) for k in keys}
+                            | {k: group_sums(gid, steps[k].to_numpy(), n)[0] for k in ("calls", "gpu_us", "flops", "bytes")}
+                            | {"steps": np.bincount(gid, minlength=n)}
+                            | {k: first_known(steps[k], gid, order) for k in ("heads", "kv_heads", "head_dim")})
     # Per call, as _table multiplies by calls.
-    g["flops"] = g["flops"] / g["calls"]
-    g["bytes"] = g["bytes"] / g["calls"]
-    g["input_dims"] = None
-    g["detail"] = [f"{r.backend}, {r.steps} engine step{'s' if r.steps != 1 else ''}: FLOPs and bytes from the step "
-                   f"annotations' query/KV sums ({r.heads} heads, {r.kv_heads} KV heads, head size {r.head_dim})"
-                   for r in g.itertuples()]
-    g["gpu_ns"] = g["gpu_us"] * US
-    g["name"] = g["op"]
-    g["kind"] = "attention"
-    return g
+    cols["flops"] = cols["flops"] / cols["calls"]
+    cols["bytes"] = cols["bytes"] / cols["calls"]
+    cols["input_dims"] = None
+    r = {k: np.asarray(cols[k]).tolist() for k in ("backend", "steps", "heads", "kv_heads", "head_dim")}  # Python scalars
+    cols["detail"] = [f"{b}, {n_steps} engine step{'s' if n_steps != 1 else ''}: FLOPs and bytes from the step "
+                      f"annotations' query/KV sums ({h} heads, {hkv} KV heads, head size {d})"
+                      for b, n_steps, h, hkv, d in zip(*r.values(), strict=True)]
+    cols["gpu_ns"] = cols["gpu_us"] * US
+    cols["name"] = cols["op"]
+    cols["kind"] = "attention"
+    return pd.DataFrame(cols)
 
 
 def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
@@ -249,26 +253,26 @@ def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     keys = ["op", "backend", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal", "phase"]
     gid, first = frame_group_ids(calls, keys, rows)
     n = len(first)
-    g = pd.DataFrame({k: key_values(calls[k], first) for k in keys} | {
-        "calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, calls["gpu_us"].to_numpy(float)[rows], n)[0]})
-    r = {k: g[k].tolist() for k in keys}
-    g["flops"] = [attention_flops(*v) for v in zip(r["batch"], r["heads"], r["q_len"], r["kv_len"], r["head_dim"], r["causal"], strict=True)]
-    g["bytes"] = [attention_bytes(*v) for v in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], r["dtype"],
-                                                   strict=True)]
-    g["flops"] = pd.to_numeric(g["flops"], errors="coerce")
-    g["bytes"] = pd.to_numeric(g["bytes"], errors="coerce")
+    cols: dict[str, Any] = {k: key_values(calls[k], first) for k in keys}
+    cols |= {"calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, calls["gpu_us"].to_numpy(float)[rows], n)[0]}
+    r = {k: np.asarray(cols[k]).tolist() for k in keys}  # Python scalars: `causal is True` holds for a bool
+    flops = [attention_flops(*v) for v in zip(r["batch"], r["heads"], r["q_len"], r["kv_len"], r["head_dim"], r["causal"], strict=True)]
+    nbytes = [attention_bytes(*v) for v in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], r["dtype"],
+                                               strict=True)]
 
     def q(v: Any) -> Any:
         return None if pd.isna(v) else int(v)
 
-    # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
-    g["input_dims"] = [[[q(b), q(h), q(sq), q(d)], [q(b), q(hkv), q(skv), q(d)]]
-                       for b, h, hkv, sq, skv, d in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], strict=True)]
-    g["detail"] = [f"{b}, causal" if c is True else str(b) for b, c in zip(r["backend"], r["causal"], strict=True)]
-    g["gpu_ns"] = g["gpu_us"] * US
-    g["name"] = g["op"]
-    g["kind"] = "attention"
-    return g
+    cols |= {
+        "flops": pd.to_numeric(pd.Series(flops, dtype=object), errors="coerce").to_numpy(float),
+        "bytes": pd.to_numeric(pd.Series(nbytes, dtype=object), errors="coerce").to_numpy(float),
+        # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
+        "input_dims": [[[q(b), q(h), q(sq), q(d)], [q(b), q(hkv), q(skv), q(d)]]
+                       for b, h, hkv, sq, skv, d in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], strict=True)],
+        "detail": [f"{b}, causal" if c is True else str(b) for b, c in zip(r["backend"], r["causal"], strict=True)],
+        "gpu_ns": cols["gpu_us"] * US, "name": cols["op"], "kind": "attention",
+    }
+    return pd.DataFrame(cols)
 
 
 def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
