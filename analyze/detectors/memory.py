@@ -142,14 +142,17 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
         return mem[on_gpu], None
     g_type, g_id = dtype_[on_gpu], did[on_gpu]
     codes, n = thread_codes(g_type, g_id)
-    first = first_rows(codes, n)
-    pairs = pd.MultiIndex.from_arrays([g_type[first], g_id[first]], names=["device_type", "device_id"])
-    # In key order, then most events first: the order groupby(...).size().sort_values() gives.
-    counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
-    dt, di = counts.index[0]
+    if n == 1:  # one accelerator (the usual case): nothing to rank
+        dt, di = g_type[0], g_id[0]
+    else:
+        first = first_rows(codes, n)
+        pairs = pd.MultiIndex.from_arrays([g_type[first], g_id[first]], names=["device_type", "device_id"])
+        # In key order, then most events first: the order groupby(...).size().sort_values() gives.
+        counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
+        dt, di = counts.index[0]
     keep = on_gpu & (dtype_ == dt) & (did == di)
     sel = mem if keep.all() else mem[keep]
-    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(len(counts))}
+    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(n)}
 
 
 def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float | int | None]]:
@@ -157,13 +160,15 @@ def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0
     if not len(ts):
         return []
     if len(ts) <= TIMELINE_POINTS:
-        return [[round((t - t0) / US, 3), int(a), _int_or_none(r)] for t, a, r in zip(ts, alloc, reserved, strict=True)]
-    edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
-    b = np.searchsorted(ts, edges[:-1], side="left")
-    b = np.unique(b[b < len(ts)])
-    amax = np.maximum.reduceat(alloc, b)
-    rmax = np.fmax.reduceat(reserved, b)
-    return [[round((ts[i] - t0) / US, 3), int(a), _int_or_none(r)] for i, a, r in zip(b, amax, rmax, strict=True)]
+        at, amax, rmax = ts, alloc, reserved
+    else:
+        edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
+        b = np.searchsorted(ts, edges[:-1], side="left")
+        b = np.unique(b[b < len(ts)])
+        at, amax, rmax = ts[b], np.maximum.reduceat(alloc, b), np.fmax.reduceat(reserved, b)
+    # Rounded as numpy rounds a float64 (what round() of each numpy value did), in one call.
+    t_us = np.round((at - t0) / US, 3).tolist()
+    return [[t, int(a), _int_or_none(r)] for t, a, r in zip(t_us, amax.tolist(), np.asarray(rmax, dtype=float).tolist(), strict=True)]
 
 
 def _int_or_none(v: float) -> int | None:
@@ -186,7 +191,8 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
     """Per decode step (segments), or per cache length of the kv cats when the trace has no segments."""
     cols = ["phase", "index", "alloc_bytes", "alloc_count", "freed_bytes", "net_growth_bytes", "cat_alloc_bytes",
             "kv_cat_calls", "kv_cat_gpu_us", "cache_len"]
-    dec = segments.of_phase("decode") if len(segments) else pd.DataFrame()
+    has_decode = len(segments) and bool((segments.table["phase"] == "decode").any())
+    dec = segments.of_phase("decode") if has_decode else pd.DataFrame()
     if len(dec):
         seg_ids = dec["seg"].to_numpy(np.int64)
         t_seg = segments.locate_times(tl["ts"].to_numpy(np.int64)) if len(tl) else np.empty(0, np.int64)
