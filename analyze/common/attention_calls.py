@@ -131,7 +131,6 @@ def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False)
 def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
     """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
-    n = len(ev)
     gpu = trace.narrow_gpu
     is_att = spec >= 0
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
@@ -142,15 +141,17 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     outer = outermost(parent, att_rows, is_att)
     call_rows, call_idx = np.unique(outer, return_inverse=True)
     n_calls = len(call_rows)
-    call_of_row = np.full(n, -1, dtype=np.int64)
-    call_of_row[att_rows] = call_idx
+
+    def call_of(r: np.ndarray) -> np.ndarray:
+        # The call of each attention-op row (att_rows is sorted): no array over every event.
+        return call_idx[np.searchsorted(att_rows, r)]
 
     # Rows of each call, outer first (start order, longer first): the backend, library and the
     # fallback backend come from the innermost op that names one (the variant that ran), the
     # shapes from the outermost op whose dims parse, causality from the first op that records it.
     order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
     spec_o = spec[order]
-    call_o = call_of_row[order]
+    call_o = call_of(order)
     kinds = [k for _, k in OPS_RE]
 
     def innermost(attr: str) -> np.ndarray:
@@ -187,7 +188,8 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
 
     g_op = gpu["op"].to_numpy()
     nearest = climb_to(parent, g_op, is_att)
-    call_of_gpu = np.where(nearest >= 0, call_of_row[np.maximum(nearest, 0)], -1)
+    call_of_gpu = np.full(len(nearest), -1, dtype=np.int64)
+    call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
