@@ -197,6 +197,17 @@ def first_known(col: pd.Series, gid: np.ndarray, order: np.ndarray, rows: np.nda
     return pd.Series(out, dtype=object)  # stays an object column (an array of strings would become str)
 
 
+def sorted_codes(values: np.ndarray | pd.Series) -> tuple[list[Any], np.ndarray]:
+    """The distinct values, sorted with a missing one last, and each row's index among them: the
+    groups and ids of groupby(..., dropna=False, sort=True)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    labels = list(uniques)
+    if (codes < 0).any():
+        labels.append(np.nan)
+        codes = np.where(codes < 0, len(uniques), codes)
+    return labels, codes.astype(np.int64, copy=False)
+
+
 def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Within each group, the key with the most rows (or the largest summed `weight`: integers
     summed exactly, floats as group_sums); ties go to the (group, key) pair that appears first.

@@ -32,7 +32,7 @@ from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_length
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_ids, group_sums, key_values
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_ids, group_sums, key_values, sorted_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -106,10 +106,7 @@ def _record(fit: Any, xs: np.ndarray, source: np.ndarray, **labels: Any) -> dict
 def _sorted_groups(cols: list[pd.Series], rows: np.ndarray) -> list[np.ndarray]:
     """The rows of each distinct combination of the columns among `rows`, in row order, groups in
     the order groupby(dropna=False, sort=True) gives them (by value, missing last)."""
-    codes = []
-    for c in cols:
-        k = pd.factorize(c, sort=True)[0][rows]
-        codes.append(np.where(k < 0, k.max(initial=0) + 1, k))  # missing last
+    codes = [sorted_codes(c)[1][rows] for c in cols]
     gid, first = group_ids(*codes)
     order = np.lexsort([k[first] for k in reversed(codes)])
     by_gid = np.argsort(gid, kind="stable")

@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, value_codes
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, sorted_codes, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -312,17 +312,6 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     return pd.DataFrame({c: out[c] for c in TABLE_COLUMNS})
 
 
-def _sorted_codes(values: np.ndarray) -> tuple[list[Any], np.ndarray]:
-    """The distinct values, sorted with a missing one last, and each row's index among them: the
-    groups and ids of groupby(..., dropna=False, sort=True)."""
-    codes, uniques = pd.factorize(values, sort=True)
-    labels = list(uniques)
-    if (codes < 0).any():
-        labels.append(np.nan)
-        codes = np.where(codes < 0, len(uniques), codes)
-    return labels, codes.astype(np.int64, copy=False)
-
-
 def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     # Per phase (groupby("phase", sort=True) of the rows with known work, from numpy: sums as
@@ -337,7 +326,7 @@ def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[st
         fl, nb, gus = f_all[g], b_all[g], us_all[g]
         flops, nbytes, us = float(fl.sum()), float(nb.sum()), float(gus.sum())
         sec = us / 1e6
-        kinds, kind_ids = _sorted_codes(kind_all[g])
+        kinds, kind_ids = sorted_codes(kind_all[g])
         rec: dict[str, Any] = {
             "gpu_us": round(us, 3), "flops": flops, "bytes": nbytes, "intensity": round(flops / nbytes, 3) if nbytes else None,
             "tflops": round(flops / sec / 1e12, 3), "gbs": round(nbytes / sec / 1e9, 3),
@@ -348,7 +337,7 @@ def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[st
         if spec is not None and np.isfinite(peak).all():
             t_compute = float((fl / (peak * 1e12)).sum())
             t_memory = nbytes / (spec.hbm_gbs * 1e9)
-            dtypes, dtype_ids = _sorted_codes(dtype_all[g])
+            dtypes, dtype_ids = sorted_codes(dtype_all[g])
             dominant = dtypes[int(np.argmax(group_sums(dtype_ids, fl, len(dtypes))[0]))]
             dom_peak = spec.peak_tflops(dominant if isinstance(dominant, str) else None)
             ridge = dom_peak * 1e12 / (spec.hbm_gbs * 1e9) if dom_peak else None
