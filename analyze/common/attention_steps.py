@@ -108,7 +108,8 @@ def _group_sums(col: Callable[[str], np.ndarray | None], group: str) -> dict[str
     steps, None where the table has none): zero where the step has no such request (an SGLang
     DECODE step says nothing of prompts it does not run), -1 where unknown."""
     n = col(f"{group}_requests")
-    assert n is not None  # step_work asks for decode_requests; the engines record prefill_requests with it
+    if n is None:  # the engines' step tables record both groups' request counts
+        raise KeyError(f"{group}_requests")
     out = {}
     for k in ("tokens", "kv_tokens", "sqsq", "sqsk"):
         v = col(f"{group}_{k}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import math
 import platform
+import re
 from typing import Any
 
 import msgspec
@@ -125,7 +126,7 @@ def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
 
 # pandas 3.1 sums a grouping whose ids are sorted with np.add.reduceat over their runs (when no
 # value is NaN); earlier versions, and every other grouping, add with Kahan compensation.
-_REDUCEAT_WHEN_SORTED = tuple(int(x) for x in pd.__version__.split(".")[:2] if x.isdigit()) >= (3, 1)
+_REDUCEAT_WHEN_SORTED = tuple(int(x) for x in re.findall(r"\d+", pd.__version__)[:2]) >= (3, 1)
 
 
 def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,9 +136,10 @@ def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray,
 
     Bit for bit, so that a mean rounded to the summary's places, or a tie between two sums,
     comes out as it did from pandas (a plain np.bincount adds in another order, and its last
-    bits differ): pandas' own summation (_REDUCEAT_WHEN_SORTED), the Kahan loop in Python. What
-    is summed this way is a trace's attention calls or steps, thousands of rows, where one
-    pandas groupby costs more than the loop."""
+    bits differ): pandas' own summation, np.add.reduceat where pandas takes it
+    (_REDUCEAT_WHEN_SORTED), else Kahan compensation in a Python loop. What is summed this way
+    is a table's groups (attention calls, engine steps, op shapes), thousands of rows at most,
+    where one pandas groupby costs more than the loop."""
     if values.dtype.kind in "iub":  # integers add exactly, in any order
         exact = np.zeros(n, dtype=np.int64)
         np.add.at(exact, ids, values.astype(np.int64, copy=False))
@@ -188,8 +190,11 @@ def first_known(col: pd.Series, gid: np.ndarray, order: np.ndarray, rows: np.nda
     `order`), the column's first value that is not missing, as groupby's "first" gives it (None in
     an object column, the dtype's missing value otherwise, where all are)."""
     known = col.notna().to_numpy()
-    pos = np.flatnonzero(known) if rows is None else rows[known[rows]]
-    at = np.append(pos, -1)[first_rows(gid[known] if rows is None else gid[known[rows]], len(order))[order]]  # -1: none
+    if rows is None:
+        pos, ids = np.flatnonzero(known), gid[known]
+    else:
+        pos, ids = rows[known[rows]], gid[known[rows]]
+    at = np.append(pos, -1)[first_rows(ids, len(order))[order]]  # -1: none known
     if col.dtype != object:
         return col.array.take(at, allow_fill=True)
     out = np.full(len(at), None, dtype=object)

@@ -126,6 +126,7 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
     phase = calls["phase"].to_numpy(object)
     t = calls[time_col].to_numpy(float)
     keys = [calls[k] for k in FIT_KEYS]
+    label_values = [k.to_numpy(object) for k in keys]
     for ph, xcol in (("prefill", "q_len"), ("decode", "kv_len")):
         x_all = calls[xcol].to_numpy(float, na_value=np.nan)
         ok = (phase == ph) & ~np.isnan(x_all) & (t > 0)
@@ -135,7 +136,6 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
         if not len(rows):
             continue
         source = q_sources(calls) if ph == "prefill" else calls["kv_source"].to_numpy(object)
-        label_values = [k.to_numpy(object) for k in keys]
         for g in _sorted_groups(keys, rows):
             x, y = x_all[g], t[g]
             fit = power_law(x, y)
