@@ -375,3 +375,155 @@ def test_match_categories_rows_of_the_mask_only():
 
     match_categories(names, [(Spy(r"flash"), ())], where)
     assert sorted(set(seen)) == ["aten::mm", "flash_fwd", "my_attn"]
+
+
+# ---- grouping and per-step work from numpy (the pandas they replace as the known answer) -------
+
+
+def _object_column(values: list) -> pd.Series:
+    return pd.Series(np.array(values, dtype=object), dtype=object)
+
+
+def _calls_frame() -> pd.DataFrame:
+    """Calls with missing keys of every kind (Int64, str, an all-missing object column, an object
+    column of strings and None), groups out of order, equal GPU totals and all-NaN host times."""
+    n = 9
+    na = None
+    calls = pd.DataFrame({
+        "call": np.arange(n), "phase": ["decode", "prefill", "decode", "decode", "prefill", "decode", "unknown", "decode", "prefill"],
+        "source": ["op", "op", "kernel", "op", "op", "kernel", "eager", "op", "op"],
+        "op": ["b", "a", "(kernel)", "b", "a", "(kernel)", "mm", "b", "a"],
+        "backend": ["flash", "math", "triton", "flash", "math", "triton", "eager", "flash", "math"],
+        "kernel": _object_column([na] * n),
+        "batch": pd.array([1, 2, na, 1, 2, na, 3, 1, 2], dtype="Int64"),
+        "heads": pd.array([8, 8, na, 8, 8, na, na, 8, 8], dtype="Int64"),
+        "kv_heads": pd.array([na] * n, dtype="Int64"),
+        "q_len": pd.array([1, 16, na, 1, 16, na, 4, 1, 32], dtype="Int64"),
+        "kv_len": pd.array([5, 16, na, 6, 16, na, 4, 5, 32], dtype="Int64"),
+        "head_dim": pd.array([64, 64, na, 64, 64, na, na, 64, 64], dtype="Int64"),
+        "dtype": _object_column(["bf16", "bf16", na, "bf16", "bf16", na, "fp32", "bf16", "bf16"]),
+        "gpu_us": [1.001, 2.5, 0.3, 1.0005, 2.5, 0.1, 5.0, 1.0015, 0.0],
+        "cpu_us": [3.0, 1.0, np.nan, 2.0, 1.0, np.nan, 7.0, 1.0, 1.5],
+        "causal": _object_column([na, True, na, na, False, na, na, na, True]),
+        "module": _object_column([na, na, na, na, na, na, "Attn", na, na]),
+        "library": _object_column(["torch", na, "vllm", "torch", na, na, "torch", "torch", na]),
+    })
+    return calls
+
+
+def _groups_by_pandas(calls: pd.DataFrame) -> pd.DataFrame:
+    g = calls.groupby(attention.GROUP_KEYS, dropna=False, sort=False)
+    out = g.agg(calls=("call", "size"), gpu_total_us=("gpu_us", "sum"), gpu_mean_us=("gpu_us", "mean"),
+                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first"),
+                library=("library", "first")).reset_index()
+    return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _assert_same_frame(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    for c in want.columns:  # None and NaN are both "missing" to assert_frame_equal
+        if want[c].dtype == object:
+            assert [type(v) for v in got[c]] == [type(v) for v in want[c]], c
+
+
+def test_group_calls_is_the_pandas_groupby_of_the_calls():
+    calls = _calls_frame()
+    for sub in (calls, calls.iloc[::-1].reset_index(drop=True), calls.iloc[[1, 4, 8]].reset_index(drop=True),
+                calls.assign(kernel=_object_column(["k1", None] * 4 + ["k1"]), library=calls["library"].astype(str))):
+        _assert_same_frame(attention.group_calls(sub), _groups_by_pandas(sub))
+    assert attention.group_calls(calls.iloc[:0]).empty
+
+
+def test_step_work_per_step_sums_names_and_geometry():
+    """Per serving step: sums, the op / backend / library with the most GPU time (ties to the first
+    seen, NaN where none is known), and the geometry most of the step's shaped calls have, else
+    the trace's (ties to the first seen) with an unknown KV head count or dtype as None. Steps of
+    other engines or phases are left out, and so are their calls from the trace's geometry."""
+    from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, step_work
+
+    table = pd.DataFrame({
+        "seg": [0, 1, 2, 3, 4], "phase": ["prefill", "decode", "decode", "mixed", "other"], "index": [0, 0, 1, 0, 0],
+        "name": ["s"] * 5, "start": [0, 10, 20, 30, 40], "end": [10, 20, 30, 40, 50],
+        "engine": ["vllm", "vllm", "tokentrace", "sglang", "vllm"],
+        "requests": [2, 3, -1, 4, 1], "prefill_requests": [2, 0, 0, 1, 0], "prefill_tokens": [10, 0, 0, 7, 0],
+        "prefill_kv_tokens": [10, 0, 0, 9, 0], "prefill_sqsq": [50, 0, 0, 49, 0], "prefill_sqsk": [55, 0, 0, 63, 0],
+        "decode_requests": [0, 3, 1, 3, 1], "decode_tokens": [0, 3, 1, 3, 1], "decode_kv_tokens": [0, 30, 5, -1, 5],
+        "decode_sqsq": [0, 3, 1, 3, 1], "decode_sqsk": [0, 30, 5, 40, 5],
+    })
+    na = None
+    geo_a, geo_b, geo_c = (16, 2, 128, "fp16", "fp16"), (32, 4, 128, "bf16", "fp8"), (8, na, 64, "bf16", na)
+    rows = [  # seg, op, backend, library, gpu_us, cpu_us, geometry
+        (3, "x", "aiter", "aiter", 3.0, 1.0, geo_a),
+        (0, "a", "triton", "vllm", 1.0, 2.0, geo_c),
+        (1, "b", "triton", na, 2.0, np.nan, (na,) * 5),
+        (0, "b", "flash", na, 1.0, 0.5, geo_c),
+        (3, "y", "aiter", "aiter", 1.5, 1.0, geo_b),
+        (2, "z", "z", "z", 9.0, 9.0, (99, 9, 99, "fp32", "fp32")),
+        (3, "y", "flash", "aiter", 1.5, 1.0, geo_b),
+        (4, "z", "z", "z", 9.0, 9.0, (99, 9, 99, "fp32", "fp32")),
+        (2, "z", "z", "z", 9.0, 9.0, (99, 9, 99, "fp32", "fp32")),
+    ]
+    geo = list(zip(*[r[6] for r in rows], strict=True))
+    calls = pd.DataFrame({"call": np.arange(len(rows)), "seg": [r[0] for r in rows], "op": [r[1] for r in rows],
+                          "backend": [r[2] for r in rows], "library": [r[3] for r in rows], "gpu_us": [r[4] for r in rows],
+                          "cpu_us": [r[5] for r in rows],
+                          **{k: pd.array(list(v), dtype="Int64") for k, v in zip(("heads", "kv_heads", "head_dim"), geo[:3], strict=True)},
+                          "dtype": list(geo[3]), "kv_dtype": list(geo[4])})
+    steps = step_work(calls, Segments(table, method="annotations"))
+    assert steps.columns.tolist() == STEP_COLUMNS
+    assert steps["seg"].tolist() == [0, 1, 3] and steps["phase"].tolist() == ["prefill", "decode", "mixed"]
+    assert steps["calls"].tolist() == [2, 1, 3]
+    assert steps["gpu_us"].tolist() == [2.0, 2.0, 6.0] and steps["cpu_us"].tolist() == [2.5, 0.0, 3.0]
+    assert steps["op"].tolist() == ["a", "b", "x"]  # a tie in seg 0 and seg 3: the first seen
+    assert steps["backend"].tolist() == ["triton", "triton", "aiter"]
+    assert steps["library"].iloc[[0, 2]].tolist() == ["vllm", "aiter"] and pd.isna(steps["library"].iloc[1])
+    assert steps["geometry"].tolist() == ["step", "trace", "step"]
+    # Seg 1 has no shaped call: the trace's, where geo_c and geo_b tie at two calls each (geo_c first).
+    got = [tuple(None if pd.isna(v := steps[k].iloc[i]) else v for k in ("heads", "kv_heads", "head_dim", "dtype", "kv_dtype"))
+           for i in range(3)]
+    assert got == [geo_c, geo_c, geo_b]
+    assert steps["requests"].tolist() == [2, 3, 4]
+    assert steps["q_tokens"].tolist() == [10, 3, 10] and steps["prefill_tokens"].tolist() == [10, 0, 7]
+    assert steps["kv_tokens"].iloc[:2].tolist() == [10, 30] and pd.isna(steps["kv_tokens"].iloc[2])
+    assert steps["decode_kv_tokens"].iloc[:2].tolist() == [0, 30] and pd.isna(steps["decode_kv_tokens"].iloc[2])
+    assert step_work(calls[calls["seg"].isin([2, 4])], Segments(table, method="annotations")).empty
+
+
+def test_fit_medians_are_groupby_medians():
+    from tokentrace.analysis.common.fits import _medians
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        x = rng.integers(1, 6, n).astype(float)  # repeated lengths, out of order
+        y = rng.integers(1, 9, n) / rng.choice([1.0, 3.0, 7.0])  # ties among y, even and odd counts
+        med = pd.Series(y).groupby(x).median()
+        px, py = _medians(x, y)
+        assert px.tolist() == med.index.tolist() and py.tobytes() == med.to_numpy(float).tobytes()
+
+
+def test_call_fits_come_per_group_in_groupby_order_with_missing_keys_last():
+    """One record per FIT_KEYS group, in the order groupby(FIT_KEYS, dropna=False, sort=True)
+    gives (values ascending, a missing value after the others), each over its own calls only."""
+    groups = [("sdpa", "flash", 2, 8, None, 64), ("mm", "eager", None, None, None, None), ("sdpa", "math", 2, 8, 8, 64),
+              ("sdpa", "flash", 2, 8, 8, 64), ("sdpa", "flash", 1, 16, 16, 128)]
+    recs = []
+    for i in range(20):  # groups interleaved, each with its own time per length
+        g = groups[i % len(groups)]
+        q = 16 * (1 + i // len(groups))
+        recs.append(dict(zip(attention.FIT_KEYS, g, strict=True)) | {"phase": "prefill", "q_len": q, "kv_len": q,
+                                                                     "gpu_us": float(q * (1 + i % len(groups))),
+                                                                     "in_graph": False, "kv_source": "shapes"})
+    calls = pd.DataFrame(recs)
+    for k in ("batch", "heads", "kv_heads", "head_dim", "q_len", "kv_len"):
+        calls[k] = pd.array(calls[k].tolist(), dtype="Int64")
+    fits = attention.fit_calls(calls)
+    expect = list(calls.groupby(attention.FIT_KEYS, dropna=False, sort=True).groups)
+    got = [(f["op"], f["backend"], *(f["shape"][k] for k in ("batch", "heads", "kv_heads", "head_dim"))) for f in fits]
+    assert got == [tuple(None if pd.isna(v) else v for v in key) for key in expect]
+    assert got[0][:2] == ("mm", "eager") and got[-1] == ("sdpa", "math", 2, 8, 8, 64)
+    assert [f["calls"] for f in fits] == [4] * 5
+    for f, key in zip(fits, got, strict=True):
+        mult = 1 + groups.index((*key[:2], *key[2:]))
+        assert [p[1] for p in f["points"]] == [16.0 * k * mult for k in range(1, 5)]
+        assert f["point_sources"] == ["shapes"] * 4 and f["x_source"] == "shapes"

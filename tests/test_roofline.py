@@ -161,3 +161,50 @@ def test_qwen_roofline_has_gemm_and_flash_attention():
 def test_real_traces_do_not_crash(path):
     res = run_all(tokentrace.load(path))
     json.dumps(res.to_json())
+
+
+def test_table_rows_sorted_by_gpu_time_with_ties_in_order_and_unknowns_kept():
+    """_table: FLOPs and bytes per call times calls, achieved and peak rates, the bound; rows by GPU
+    time, most first, equal times in the parts' order; unknown FLOPs, a dtype without a peak and
+    zero GPU time give NaN (and no bound), never a number."""
+    spec = gpu_specs.GpuSpec("test", 100.0, 100.0, 10.0, 1000.0)
+    gemm = pd.DataFrame({"kind": "gemm", "name": ["mm_a", "mm_b", "mm_c", "mm_d"], "input_dims": [[[2, 2]], [[3, 3]], None, [[4]]],
+                         "dtype": ["bf16", "fp8", "bf16", None], "phase": ["decode", "decode", "prefill", "decode"],
+                         "calls": [2, 1, 4, 1], "gpu_ns": [5000.0, 8000.0, 5000.0, 0.0],
+                         "flops": [1e6, 2e9, float("nan"), 1.0], "bytes": [1e6, 1e3, 4e3, 1.0]})
+    att = pd.DataFrame({"kind": "attention", "name": ["sdpa"], "input_dims": [None], "detail": ["flash, causal"], "dtype": ["bf16"],
+                        "phase": ["prefill"], "calls": [3], "gpu_ns": [5000.0], "flops": [1e9], "bytes": [1e6]})
+    df = roofline._table([gemm, pd.DataFrame(), att], spec)
+    assert df.columns.tolist() == roofline.TABLE_COLUMNS
+    assert df["name"].tolist() == ["mm_b", "mm_a", "mm_c", "sdpa", "mm_d"]  # 8 us, then three 5 us in order, then 0
+    assert df["gpu_us"].tolist() == [8.0, 5.0, 5.0, 5.0, 0.0]
+    assert df["flops"].iloc[[0, 1, 3, 4]].tolist() == [2e9, 2e6, 3e9, 1.0] and pd.isna(df["flops"].iloc[2])
+    assert df["bytes"].tolist() == [1e3, 2e6, 1.6e4, 3e6, 1.0]
+    assert df["tflops"].iloc[1] == pytest.approx(2e6 / 5e-6 / 1e12) and pd.isna(df["tflops"].iloc[4])
+    assert df["peak_tflops"].iloc[[1, 2, 3]].tolist() == [100.0] * 3 and df["peak_tflops"].iloc[[0, 4]].isna().all()  # no fp8 peak
+    assert df["peak_gbs"].tolist() == [1000.0] * 5
+    # Ridge 100 TFLOP/s / 1000 GB/s = 100 FLOP/B: mm_a at 1 FLOP/B is memory-bound, sdpa at 1000 compute-bound.
+    assert [None if pd.isna(b) else b for b in df["bound"]] == [None, "memory", None, "compute", None]
+    assert df["detail"].iloc[3] == "flash, causal" and df["detail"].iloc[[0, 1, 2, 4]].isna().all()
+    assert roofline._table([pd.DataFrame()], spec).columns.tolist() == roofline.TABLE_COLUMNS
+
+
+def test_phase_summary_sums_per_phase_and_kind_with_the_dominant_dtype_by_flops():
+    """Per phase (sorted; rows without FLOPs, bytes or GPU time left out): totals, GPU time per
+    kind, and the peak of the dtype with the most FLOPs (ties: the first dtype in sorted order)."""
+    spec = gpu_specs.GpuSpec("test", 100.0, 50.0, 10.0, 1000.0)
+    rows = [  # kind, dtype, phase, gpu_us, flops, bytes
+        ("gemm", "fp16", "prefill", 10.0, 4e9, 1e6), ("attention", "bf16", "prefill", 5.0, 4e9, 1e6),
+        ("gemm", "bf16", "decode", 3.0, 1e6, 1e6), ("gemm", "bf16", "decode", 0.0, 1e6, 1e6),
+        ("gemm", "fp16", "decode", 2.0, float("nan"), 1e6), ("attention", "bf16", "decode", 4.0, 2e6, 3e6),
+    ]
+    df = pd.DataFrame(rows, columns=["kind", "dtype", "phase", "gpu_us", "flops", "bytes"])
+    df["peak_tflops"] = df["dtype"].map({"bf16": 100.0, "fp16": 50.0})
+    out = roofline._phase_summary(df, spec, "test")
+    assert list(out) == ["decode", "prefill"]
+    dec, pre = out["decode"], out["prefill"]
+    assert (dec["gpu_us"], dec["flops"], dec["bytes"]) == (7.0, 3e6, 4e6)
+    assert dec["by_kind"] == {"attention": 4.0, "gemm": 3.0}
+    assert pre["by_kind"] == {"attention": 5.0, "gemm": 10.0}
+    assert pre["peak_tflops"] == 100.0  # bf16 and fp16 tie at 4e9 FLOPs: bf16 sorts first
+    assert dec["peak_tflops"] == 100.0 and dec["ideal_compute_us"] == pytest.approx(3e6 / 100e12 * 1e6)

@@ -14,7 +14,15 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.common import attribution
 from tokentrace.analysis.common import labels as phase_lab
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes
+from tokentrace.analysis.common.shape_codes import (
+    first_known,
+    frame_group_ids,
+    group_ids,
+    group_sums,
+    key_values,
+    top_per_group,
+    value_codes,
+)
 from tokentrace.analysis.detectors import shapes
 from tokentrace.analysis.segments import Segments
 
@@ -174,6 +182,97 @@ def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
         assert gid.tolist() == expect.tolist()
         assert first.tolist() == np.unique(expect, return_index=True)[1].tolist()
 
+def _awkward_floats(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Values whose sums differ in the last bits by the order and method of adding (large and
+    tiny magnitudes, microseconds of odd nanoseconds), some NaN."""
+    v = rng.integers(1, 10**7, n) / 1000.0 * rng.choice([1.0, 1e6, 1e-6, -1.0], n)
+    v[rng.random(n) < 0.1] = np.nan
+    return v
+
+
+def test_group_sums_are_pandas_groupby_sums_and_means_bit_for_bit():
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        ids = rng.integers(0, int(rng.integers(1, 12)), n)
+        if trial % 3 == 0:
+            ids = np.sort(ids)  # sorted ids: pandas may take another path (np.add.reduceat)
+        ids = pd.factorize(ids)[0].astype(np.int64)  # 0..k-1, every id present (as callers pass them)
+        v = _awkward_floats(rng, n)
+        if trial % 2 == 0:
+            v[np.isnan(v)] = 1.0  # no NaN: the path that depends on it
+        if trial % 11 == 0:
+            v[ids == 0] = np.nan  # a group with nothing to add
+        k = int(ids.max()) + 1
+        sums, count = group_sums(ids, v, k)
+        g = pd.Series(v).groupby(ids)
+        assert sums.tobytes() == g.sum().to_numpy(float).tobytes()
+        mean = np.where(count > 0, sums / np.maximum(count, 1), np.nan)
+        assert mean.tobytes() == g.mean().to_numpy(float).tobytes()
+        assert count.tolist() == g.count().tolist()
+    assert [a.tolist() for a in group_sums(np.empty(0, np.int64), np.empty(0), 2)] == [[0.0, 0.0], [0, 0]]
+
+
+def _object(values: list) -> pd.Series:
+    return pd.Series(np.array(values, dtype=object), dtype=object)
+
+
+def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
+    """frame_group_ids + key_values + first_known give groupby(keys, dropna=False, sort=False)
+    .agg(first) .reset_index() exactly (dtypes too), for every kind of key and value column,
+    on all rows and on a subset of positions."""
+    na = None
+    df = pd.DataFrame({
+        "s": ["a", "b", na, "a", "b", na, "a"],  # str with missing
+        "i": pd.array([1, 1, 2, na, 1, 2, na], dtype="Int64"),
+        "b": _object([True, False, True, True, False, True, True]),  # bools in an object column: a bool key
+        "bn": _object([True, na, True, True, na, True, True]),  # bools and None: an object key
+        "none": _object([na] * 7),  # all missing: a float key
+        "mix": _object(["x", na, "x", "x", na, "x", "x"]),
+        "v": [1.0, 2.0, np.nan, 4.0, 5.0, 6.0, 7.0],
+        "o": _object([na, "m", na, "n", na, na, "p"]),  # object strings and None: "first" keeps an object column
+        "st": ["p", na, na, "q", "r", na, "s"],
+    })
+    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"]):
+        for rows in (None, np.array([6, 4, 3, 1]), np.array([0, 2, 5])):
+            sub = df if rows is None else df.iloc[rows].reset_index(drop=True)
+            want = sub.groupby(keys, dropna=False, sort=False).agg(o=("o", "first"), st=("st", "first"), v=("v", "first")).reset_index()
+            gid, first = frame_group_ids(df, keys, rows)
+            order = np.arange(len(first))
+            got = pd.DataFrame({k: key_values(df[k], first) for k in keys}
+                               | {c: first_known(df[c], gid, order, rows) for c in ("o", "st", "v")})
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+            for c in want.columns:
+                assert [type(x) for x in got[c]] == [type(x) for x in want[c]], (keys, c)
+
+
+def _top_by_pandas(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None) -> tuple[list, list]:
+    """The per-group top key as the callers' pandas did it: groupby(sort=False) totals, a stable
+    sort by group and descending total, the first row per group (as (group, key) pairs)."""
+    df = pd.DataFrame({"g": group, "k": key, "w": 1 if weight is None else weight})
+    by = df.groupby(["g", "k"], sort=False)
+    tot = (by.size() if weight is None else by["w"].sum()).rename("t").reset_index()
+    top = tot.sort_values(["g", "t"], ascending=[True, False], kind="stable").drop_duplicates("g")
+    return top["g"].tolist(), top["k"].tolist()
+
+
+def test_top_per_group_is_the_groupby_top_with_ties_to_the_first_seen():
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(1, 300))
+        group = rng.integers(0, int(rng.integers(1, 8)), n)[::-1].copy()  # groups out of order
+        key = rng.integers(0, int(rng.integers(1, 6)), n)
+        weight = [None, rng.integers(0, 3, n), rng.integers(0, 3, n) / 10.0, _awkward_floats(rng, n)][trial % 4]
+        g, at = top_per_group(group, key, weight)
+        assert (g.tolist(), key[at].tolist()) == _top_by_pandas(group, key, weight)
+        assert (group[at] == g).all()
+        assert all(int(np.flatnonzero((group == gg) & (key == key[a]))[0]) == a for gg, a in zip(g, at, strict=True))
+    # Ties: equal counts go to the pair seen first, whatever its key.
+    g, at = top_per_group(np.array([1, 1, 0, 1, 0, 0, 1]), np.array([5, 2, 3, 2, 4, 4, 5]))
+    assert g.tolist() == [0, 1] and at.tolist() == [4, 0]
+    assert [a.tolist() for a in top_per_group(np.empty(0, np.int64), np.empty(0, np.int64))] == [[], []]
+
+
 def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):
     b = TraceBuilder()
     b.cpu_op("aten::tie", 100, 50, input_dims=[[4]], input_type=[BF16])
@@ -231,3 +330,20 @@ def test_real_traces_do_not_crash(path):
     doc = res.to_json()
     json.dumps(doc)
     assert doc["gpu_total_us"] >= doc["unattributed_gpu_us"] >= 0
+
+
+def test_tables_sorted_by_gpu_then_host_time_with_ties_in_first_seen_order(tmp_path):
+    """ops: most GPU time first, then most host time, then the group seen first; kernels: most GPU
+    time first, then the group seen first (the frames are built once in that order)."""
+    b = TraceBuilder()
+    for i, (name, host_us, kernel_us) in enumerate([("aten::a", 10, 10.0), ("aten::b", 30, 10.0), ("aten::c", 10, 10.0),
+                                                   ("aten::d", 5, 20.0)]):
+        t = 100 + 100 * i
+        b.cpu_op(name, t, host_us, input_dims=[[4, 4]], input_type=[BF16])
+        b.launch(f"kernel_{name[-1]}", t + 1, t + 50, kernel_us)
+    res = run_shapes(b.load(tmp_path))
+    assert res.ops["name"].tolist()[:4] == ["aten::d", "aten::b", "aten::a", "aten::c"]
+    assert res.ops["gpu_total_us"].tolist()[:4] == [20.0, 10.0, 10.0, 10.0]
+    assert res.kernels["name"].tolist() == ["kernel_d", "kernel_a", "kernel_b", "kernel_c"]
+    assert res.kernels["op"].tolist() == ["aten::d", "aten::a", "aten::b", "aten::c"]
+    assert res.kernels["gpu_mean_us"].tolist() == [20.0, 10.0, 10.0, 10.0] and res.kernels["calls"].tolist() == [1] * 4

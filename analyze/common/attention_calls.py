@@ -48,7 +48,7 @@ from tokentrace.analysis.common.attention_ops import (
 from tokentrace.analysis.common.attribution import climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes
+from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
@@ -97,33 +97,18 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
         # them), ties to the (call, name) pair seen first, on integer codes (groupby(["c", "k"])
         # of the name strings, then a sort by call and time, did the same).
         named_k = name_codes >= 0
-        best = _top_per_call(c[named_k], name_codes[named_k].astype(np.int64), dur[named_k])
-        top[best[0]] = np.asarray(gpu["name"].array.categories, dtype=object)[best[1]]
+        k_codes = name_codes[named_k].astype(np.int64)
+        won, at = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
+        top[won] = np.asarray(gpu["name"].array.categories, dtype=object)[k_codes[at]]
         has_b = pd.notna(kb)
         if has_b.any():
             bcodes, bvals = pd.factorize(kb[has_b])
-            bbest = _top_per_call(c[has_b], bcodes.astype(np.int64), dur[has_b])
-            kback[bbest[0]] = np.asarray(bvals, dtype=object)[bbest[1]]
+            won, at = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
+            kback[won] = np.asarray(bvals, dtype=object)[bcodes[at]]
         has_l = pd.notna(kl)
         lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
         klib_of[lc] = kl[has_l][first_l]
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
-
-
-def _top_per_call(call: np.ndarray, key: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(calls, key) of the key with the largest summed dur within each call; ties go to the
-    (call, key) pair that appears first."""
-    if not len(call):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    pair, pair_first = pd.factorize(call.astype(np.int64) * (int(key.max()) + 1) + key)
-    pair_first_pos = np.full(len(pair_first), len(call), dtype=np.int64)
-    np.minimum.at(pair_first_pos, pair, np.arange(len(call)))
-    total = np.zeros(len(pair_first), dtype=np.int64)
-    np.add.at(total, pair, dur.astype(np.int64))
-    pc, pk = call[pair_first_pos], key[pair_first_pos]
-    order = np.lexsort((np.arange(len(pair_first)), -total, pc))  # pairs numbered in order of appearance
-    keep = order[np.r_[True, pc[order][1:] != pc[order][:-1]]]
-    return pc[keep], pk[keep]
 
 
 def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
@@ -134,38 +119,46 @@ def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
     return own[np.where(codes >= 0, codes, len(cats))].astype(float)
 
 
-def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Calls from attention ops; also the is-attention-op mask and each GPU row's call (-1: none)."""
+def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False) -> np.ndarray:
+    """Per call id 0..n-1, the position of its first (or last) row where `mask` holds; -1 for none
+    (drop_duplicates("call") of the masked rows, without a frame)."""
+    at = np.flatnonzero(mask)
+    if last:
+        at = at[::-1]
+    return np.append(at, -1)[first_rows(call[at], n)]
+
+
+def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
+    """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
-    n = len(ev)
     gpu = trace.narrow_gpu
     is_att = spec >= 0
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     if not is_att.any():
-        return _empty_calls(), is_att, call_of_gpu
+        return None, is_att, call_of_gpu
     parent = ev["parent"].to_numpy()
     att_rows = np.flatnonzero(is_att)
     outer = outermost(parent, att_rows, is_att)
     call_rows, call_idx = np.unique(outer, return_inverse=True)
     n_calls = len(call_rows)
-    call_of_row = np.full(n, -1, dtype=np.int64)
-    call_of_row[att_rows] = call_idx
+
+    def call_of(r: np.ndarray) -> np.ndarray:
+        # The call of each attention-op row (att_rows is sorted): no array over every event.
+        return call_idx[np.searchsorted(att_rows, r)]
 
     # Rows of each call, outer first (start order, longer first): the backend, library and the
     # fallback backend come from the innermost op that names one (the variant that ran), the
     # shapes from the outermost op whose dims parse, causality from the first op that records it.
     order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
     spec_o = spec[order]
+    call_o = call_of(order)
     kinds = [k for _, k in OPS_RE]
-    per_row = pd.DataFrame({"call": call_of_row[order], "row": order,
-                            "backend": np.array([kinds[i].backend for i in spec_o], dtype=object),
-                            "library": np.array([kinds[i].library for i in spec_o], dtype=object),
-                            "otherwise": np.array([kinds[i].otherwise for i in spec_o], dtype=object)})
 
-    def innermost(col: str) -> np.ndarray:
-        named = per_row[per_row[col].notna()].drop_duplicates("call", keep="last")
+    def innermost(attr: str) -> np.ndarray:
+        vals = np.array([getattr(k, attr) for k in kinds], dtype=object)[spec_o]
+        at = _first_where(call_o, vals != None, n_calls, last=True)  # noqa: E711
         out = np.full(n_calls, None, dtype=object)
-        out[named["call"].to_numpy()] = named[col].to_numpy()
+        out[at >= 0] = vals[at[at >= 0]]
         return out
 
     op_backend, op_library, otherwise = innermost("backend"), innermost("library"), innermost("otherwise")
@@ -176,30 +169,27 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
     # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
     inv, first_of = group_ids(value_codes(dims[order]), value_codes(types[order]), value_codes(concrete[order]), spec_o)
-    first_rows, first_spec = order[first_of], spec_o[first_of]
-    shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(first_rows.tolist(), first_spec.tolist(), strict=True)]
-    causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(first_rows.tolist(), first_spec.tolist(), strict=True)],
+    parse_rows, parse_spec = order[first_of], spec_o[first_of]
+    shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)]
+    causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)],
                         dtype=object)
     ok_u = np.array([sh["q_len"] is not None for sh in shapes_u], dtype=bool)
-    per_row["ok"] = ok_u[inv]
-    per_row["i"] = np.arange(len(order))
-    per_row["causal"] = causal_u[inv]
     shape_cols: dict[str, list] = {}
     # Each call's shapes: those of its first row (outer first) whose dims parse.
-    firsts = per_row[per_row["ok"]].drop_duplicates("call")
-    have_c, have_u = firsts["call"].to_numpy(np.int64), inv[firsts["i"].to_numpy(np.int64)]
+    at = _first_where(call_o, ok_u[inv], n_calls)
+    have_c, have_u = np.flatnonzero(at >= 0), inv[at[at >= 0]]
     for k in (*SHAPE_KEYS, "dtype", "kv_dtype"):
         col = np.full(n_calls, None, dtype=object)
         col[have_c] = np.array([sh[k] for sh in shapes_u], dtype=object)[have_u]  # ints, strings or None
         shape_cols[k] = col.tolist()
-    causal = per_row[per_row["causal"].notna()].drop_duplicates("call")
-    col = np.full(n_calls, None, dtype=object)
-    col[causal["call"].to_numpy(np.int64)] = [bool(v) for v in causal["causal"]]
-    shape_cols["causal"] = col.tolist()
+    causal_o = causal_u[inv]
+    at = _first_where(call_o, causal_o != None, n_calls)  # noqa: E711
+    shape_cols["causal"] = [None if a < 0 else bool(causal_o[a]) for a in at.tolist()]
 
     g_op = gpu["op"].to_numpy()
     nearest = climb_to(parent, g_op, is_att)
-    call_of_gpu = np.where(nearest >= 0, call_of_row[np.maximum(nearest, 0)], -1)
+    call_of_gpu = np.full(len(nearest), -1, dtype=np.int64)
+    call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
@@ -224,12 +214,12 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     return calls, is_att, call_of_gpu
 
 
-def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame:
-    """Calls from attention kernels no attention op encloses: consecutive ones on a stream form one call."""
+def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
+    """Calls from attention kernels no attention op encloses (None: none): consecutive ones on a stream form one call."""
     gpu = trace.narrow_gpu
     free = (kclass != None) & ~taken  # noqa: E711
     if not free.any():
-        return _empty_calls()
+        return None
     order = np.lexsort((gpu["ts"].to_numpy(), gpu["stream"].to_numpy(), gpu["device"].to_numpy()))
     f = free[order]
     dev = gpu["device"].to_numpy()[order]
@@ -243,13 +233,15 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     n_calls = int(starts.sum())
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
     rows = gpu.index.to_numpy(np.int64)
-    first = pd.Series(np.arange(len(gpu))[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).min().to_numpy()
-    last_end = pd.Series(gpu["end"].to_numpy()[call_of_gpu >= 0]).groupby(call_of_gpu[call_of_gpu >= 0]).max().to_numpy()
+    in_call = np.flatnonzero(call_of_gpu >= 0)
+    first = in_call[first_rows(call_of_gpu[in_call], n_calls)]  # every call has a kernel
+    by_call = in_call[np.argsort(call_of_gpu[in_call], kind="stable")]
+    last_end = np.maximum.reduceat(gpu["end"].to_numpy()[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
     launch = gpu["launch"].to_numpy(np.int64)[first]
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
-        "batch": None, "heads": None, "kv_heads": None, "q_len": None, "kv_len": None, "head_dim": None, "dtype": None,
+        **{k: pd.array(np.full(n_calls, None), dtype="Int64") for k in SHAPE_KEYS}, "dtype": None,
         "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
@@ -316,16 +308,16 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
 
 
-def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame:
-    """matmul -> softmax -> matmul on one thread, outside any attention op."""
+def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame | None:
+    """matmul -> softmax -> matmul on one thread, outside any attention op (None: none)."""
     ev = trace.events
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
-        return _empty_calls()
+        return None
     is_mm = isin_mask(ops["name"], MATMUL_OPS)  # from the category codes, not an object-array isin
     is_sm = isin_mask(ops["name"], SOFTMAX_OPS)
     if not is_sm.any() or is_mm.sum() < 2:
-        return _empty_calls()
+        return None
     n = len(ev)
     cand = np.zeros(n, dtype=bool)
     rows_all = ops.index.to_numpy(np.int64)
@@ -335,7 +327,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     # Outermost candidates only (aten::matmul, not the aten::bmm inside it), outside attention ops.
     rows = rows[(outermost(parent, rows, cand) == rows) & (outermost(parent, rows, is_att) < 0)]
     if len(rows) < 3:
-        return _empty_calls()
+        return None
     pid, tid, ts = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows], ev["ts"].to_numpy()[rows]
     o = np.lexsort((ts, tid, pid))
     rows, pid, tid = rows[o], pid[o], tid[o]
@@ -344,7 +336,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     same = (pid[:-2] == pid[2:]) & (tid[:-2] == tid[2:])
     trip = np.flatnonzero(same & mm[:-2] & sm[1:-1] & mm[2:])
     if not len(trip):
-        return _empty_calls()
+        return None
     dims = ev["input_dims"].to_numpy()
     types = ev["input_type"].to_numpy()
     stacks = ev["stack"].to_numpy()
@@ -367,7 +359,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
                      **shp, "dtype": dtype_name(types[r1]), "causal": None, "ts": int(ts_all[r1]), "end": int(end_all[r2]),
                      "row": int(r1), "pid": int(pid[i]), "tid": int(tid[i])})
     if not recs:
-        return _empty_calls()
+        return None
     calls = pd.DataFrame(recs)
     per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kclass)
     calls["gpu_us"] = per["gpu_ns"] / US
@@ -412,32 +404,45 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
         kl = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
         kclass, klib = kb[kidx], kl[kidx]  # -1 (no match) picks the trailing None
     op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, klib, op_spec)
-    parts = [op_calls, _kernel_calls(trace, kclass, klib, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass)]
-    parts = [p for p in parts if len(p)]
+    parts = [p for p in (op_calls, _kernel_calls(trace, kclass, klib, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass))
+             if p is not None]
     if not parts:
         return _empty_calls()
-    calls = pd.concat(parts, ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
-    calls["call"] = np.arange(len(calls))
-    rows = calls["row"].to_numpy(np.int64)
+    calls = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]  # one part: already numbered 0..n-1
+    ts = calls["ts"].to_numpy()
+    if not bool((ts[1:] >= ts[:-1]).all()):
+        calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
+    # The final columns collected, then one frame (a column assignment each was a tenth of the time).
+    cols: dict[str, Any] = {c: calls[c] for c in CALL_COLUMNS if c in calls.columns}
+    cols["call"] = np.arange(len(calls))
+    rows = cols["row"].to_numpy(np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
     for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
-        calls[c] = pd.array(pd.to_numeric(calls[c], errors="coerce"), dtype="Int64")
+        v = cols[c]
+        if isinstance(v.dtype, pd.Int64Dtype):  # the kernel calls' unknown shapes
+            cols[c] = v.array
+            continue
+        # Every value known (an int64 column): no parse of each one.
+        cols[c] = pd.array(v.to_numpy() if v.dtype == np.int64 else pd.to_numeric(v, errors="coerce"), dtype="Int64")
     # A graph replay ran with the key length it was captured for only in its shapes, not its work.
-    in_graph = calls["in_graph"].fillna(False).to_numpy(bool)
-    calls["in_graph"] = in_graph
-    calls.loc[in_graph, "kv_len"] = pd.NA
-    calls["kv_source"] = np.where(calls["kv_len"].notna().to_numpy(), KV_FROM_SHAPES, np.array(None))
+    in_graph = cols["in_graph"].fillna(False).to_numpy(bool)
+    cols["in_graph"] = in_graph
+    if in_graph.any():
+        cols["kv_len"] = cols["kv_len"].copy()
+        cols["kv_len"][in_graph] = pd.NA
+    cols["kv_source"] = np.where(pd.notna(cols["kv_len"]), KV_FROM_SHAPES, np.array(None))
     # Query length tells prefill (> 1) from decode (1) only per sequence: where the batch is known.
-    q = calls["q_len"].astype("Float64").to_numpy(float, na_value=np.nan)
-    per_seq = calls["batch"].notna().to_numpy()
+    q = cols["q_len"].to_numpy(float, na_value=np.nan)
+    per_seq = pd.notna(cols["batch"])
     by_len = np.where(per_seq & (q > 1), "prefill", np.where(per_seq & (q == 1), "decode", np.array(None)))
     from_seg = np.isin(seg_phase, SEGMENT_PHASES)
     phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
-    calls["phase"] = [str(p) for p in phase]
-    calls["seg"] = seg
-    calls["causal"] = pd.Series([v if v is None else bool(v) for v in calls["causal"].astype(object).where(calls["causal"].notna(), None)],
-                                dtype=object)
-    return calls[CALL_COLUMNS]
+    cols["phase"] = [str(p) for p in phase]
+    cols["seg"] = seg
+    causal = cols["causal"]
+    cols["causal"] = pd.Series([None if na else bool(v) for v, na in zip(causal.to_numpy(object).tolist(), causal.isna().tolist(), strict=True)],
+                               dtype=object, index=calls.index)
+    return pd.DataFrame({c: cols[c] for c in CALL_COLUMNS})
 
 
 def time_column(trace: Trace) -> str:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 # Fewest distinct x values a fit may use: two points always fit a line exactly and three leave one
 # degree of freedom, whose interval (t = 12.7 at 95%) is too wide to say anything.
@@ -228,8 +227,14 @@ def _clean(x: Iterable[float], y: Iterable[float], positive_y: bool) -> tuple[np
 
 
 def _medians(xa: np.ndarray, ya: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    med = pd.Series(ya).groupby(xa).median()
-    return med.index.to_numpy(float), med.to_numpy(float)
+    """The distinct x, ascending, and the median y of each: groupby(x).median() from one sort
+    (the middle value, or the mean of the two middle ones)."""
+    order = np.lexsort((ya, xa))
+    xs, ys = xa[order], ya[order]
+    start = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    size = np.diff(np.r_[start, len(xs)])
+    lo, hi = ys[start + (size - 1) // 2], ys[start + size // 2]
+    return xs[start], np.where(size % 2 == 1, lo, (lo + hi) / 2)
 
 
 def _least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None, float | None]:

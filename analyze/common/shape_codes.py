@@ -1,11 +1,15 @@
-"""Integer codes for the shape (Input Dims / Input type) lists of ops, and group ids over several
-such integer keys, so detectors group and compare shapes with numpy instead of hashing a million
-nested lists or building a DataFrame to group by."""
+"""Integer codes for the shape (Input Dims / Input type) lists of ops, group ids over several
+such integer keys (or a frame's columns), and sums, first values and most common keys per group
+id, so detectors group and compare shapes with numpy instead of hashing a million nested lists
+or building a DataFrame to group by (where a groupby's pandas overhead is most of the work)."""
 
 from __future__ import annotations
 
 import ctypes
+import math
 import platform
+import re
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -118,3 +122,109 @@ def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
     first = np.full(n, len(ids), dtype=np.int64)
     np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
     return first
+
+
+# pandas 3.1 sums a grouping whose ids are sorted with np.add.reduceat over their runs (when no
+# value is NaN); earlier versions, and every other grouping, add with Kahan compensation.
+_REDUCEAT_WHEN_SORTED = tuple(int(x) for x in re.findall(r"\d+", pd.__version__)[:2]) >= (3, 1)
+
+
+def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per id 0..n-1, the sum of `values` with NaN skipped (0.0 where none) and the count of
+    those not NaN: the sum groupby(ids).sum() gives, bit for bit, and its mean as sum / count
+    (integer values: int64 sums).
+
+    Bit for bit, so that a mean rounded to the summary's places, or a tie between two sums,
+    comes out as it did from pandas (a plain np.bincount adds in another order, and its last
+    bits differ): pandas' own summation, np.add.reduceat where pandas takes it
+    (_REDUCEAT_WHEN_SORTED), else Kahan compensation in a Python loop. What is summed this way
+    is a table's groups (attention calls, engine steps, op shapes), thousands of rows at most,
+    where one pandas groupby costs more than the loop."""
+    if values.dtype.kind in "iub":  # integers add exactly, in any order
+        exact = np.zeros(n, dtype=np.int64)
+        np.add.at(exact, ids, values.astype(np.int64, copy=False))
+        return exact, np.bincount(ids, minlength=n)
+    values = np.asarray(values, dtype=float)
+    if _REDUCEAT_WHEN_SORTED and len(ids) and bool((ids[1:] >= ids[:-1]).all()) and not np.isnan(values).any():
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        sums = np.zeros(n)
+        sums[ids[starts]] = np.add.reduceat(values, starts)
+        return sums, np.bincount(ids, minlength=n)
+    total, comp, count = [0.0] * n, [0.0] * n, [0] * n
+    for g, v in zip(ids.tolist(), values.tolist(), strict=True):
+        if v != v:
+            continue
+        count[g] += 1
+        s = total[g]
+        y = v - comp[g]
+        t = s + y
+        c = t - s - y
+        comp[g] = c if math.isfinite(c) else 0.0  # an infinite value: its sum stays infinite, not NaN (as pandas)
+        total[g] = t
+    return np.array(total, dtype=float), np.array(count, dtype=np.int64)
+
+
+def frame_group_ids(df: pd.DataFrame, keys: list[str], rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """group_ids of the frame's rows (or of `rows`, positions) by the values of `keys`, a missing
+    value a value of its own: the groups of groupby(keys, dropna=False, sort=False), first rows as
+    positions in the frame."""
+    codes = [pd.factorize(df[k])[0] for k in keys]
+    if rows is None:
+        return group_ids(*codes)
+    gid, first = group_ids(*(c[rows] for c in codes))
+    return gid, rows[first]
+
+
+def key_values(col: pd.Series, rows: np.ndarray) -> Any:
+    """A groupby key's values at its groups' first rows, as groupby's result holds them: an
+    object column's missing values as NaN, the type inferred as an Index infers it from a list
+    (str, bool, float where all are missing, object where mixed)."""
+    if col.dtype != object:
+        return col.array.take(rows)
+    v = col.to_numpy()[rows]
+    return pd.Index(np.where(pd.isna(v), np.nan, v).tolist()).array
+
+
+def first_known(col: pd.Series, gid: np.ndarray, order: np.ndarray, rows: np.ndarray | None = None) -> Any:
+    """Per group (ids `gid` of the column's rows, or of the positions `rows`; the groups taken in
+    `order`), the column's first value that is not missing, as groupby's "first" gives it (None in
+    an object column, the dtype's missing value otherwise, where all are)."""
+    known = col.notna().to_numpy()
+    if rows is None:
+        pos, ids = np.flatnonzero(known), gid[known]
+    else:
+        pos, ids = rows[known[rows]], gid[known[rows]]
+    at = np.append(pos, -1)[first_rows(ids, len(order))[order]]  # -1: none known
+    if col.dtype != object:
+        return col.array.take(at, allow_fill=True)
+    out = np.full(len(at), None, dtype=object)
+    out[at >= 0] = col.to_numpy()[at[at >= 0]]
+    return pd.Series(out, dtype=object)  # stays an object column (an array of strings would become str)
+
+
+def sorted_codes(values: np.ndarray | pd.Series) -> tuple[list[Any], np.ndarray]:
+    """The distinct values, sorted with a missing one last, and each row's index among them: the
+    groups and ids of groupby(..., dropna=False, sort=True)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    labels = list(uniques)
+    if (codes < 0).any():
+        labels.append(np.nan)
+        codes = np.where(codes < 0, len(uniques), codes)
+    return labels, codes.astype(np.int64, copy=False)
+
+
+def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Within each group, the key with the most rows (or the largest summed `weight`: integers
+    summed exactly, floats as group_sums); ties go to the (group, key) pair that appears first.
+    Returns the groups that have rows, ascending, and the first row of each one's winning pair:
+    what groupby([group, key], sort=False) then a stable sort by group and descending total, one
+    row per group, gives."""
+    if not len(group):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    pair, pair_first = group_ids(group, key)
+    n = len(pair_first)
+    total = np.bincount(pair, minlength=n) if weight is None else group_sums(pair, weight, n)[0]
+    pg = group[pair_first]
+    order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
+    keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
+    return pg[keep], pair_first[keep]

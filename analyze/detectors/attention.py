@@ -32,6 +32,7 @@ from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_length
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_ids, group_sums, key_values, sorted_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -61,13 +62,25 @@ GROUP_KEYS = ["phase", "source", "op", "backend", "kernel", "batch", "heads", "k
 
 
 def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct GROUP_KEYS (a missing value is a value of its own), most GPU time
+    first: what groupby(GROUP_KEYS, dropna=False, sort=False).agg(...) gives, from numpy over the
+    groups' integer ids (a twelve-key groupby was a fifth of the detector's time on a small trace)."""
     if calls.empty:
         return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module", "library"])
-    g = calls.groupby(GROUP_KEYS, dropna=False, sort=False)
-    out = g.agg(calls=("call", "size"), gpu_total_us=("gpu_us", "sum"), gpu_mean_us=("gpu_us", "mean"),
-                cpu_mean_us=("cpu_us", "mean"), causal=("causal", "first"), module=("module", "first"),
-                library=("library", "first")).reset_index()
-    return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)
+    gid, first = frame_group_ids(calls, GROUP_KEYS)
+    n = len(first)
+    gpu_total, gpu_n = group_sums(gid, calls["gpu_us"].to_numpy(float), n)
+    cpu_total, cpu_n = group_sums(gid, calls["cpu_us"].to_numpy(float), n)
+    order = np.argsort(-gpu_total, kind="stable")  # as a stable descending sort_values: ties keep their order
+    rows = first[order]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {k: key_values(calls[k], rows) for k in GROUP_KEYS} | {
+            "calls": np.bincount(gid, minlength=n)[order], "gpu_total_us": gpu_total[order],
+            "gpu_mean_us": np.where(gpu_n > 0, gpu_total / gpu_n, np.nan)[order],
+            "cpu_mean_us": np.where(cpu_n > 0, cpu_total / cpu_n, np.nan)[order]}
+    for k in ("causal", "module", "library"):
+        out[k] = first_known(calls[k], gid, order)
+    return pd.DataFrame(out)
 
 
 FIT_KEYS = ["op", "backend", "batch", "heads", "kv_heads", "head_dim"]
@@ -77,8 +90,10 @@ JSON_STEPS = 200
 
 def _sources(x: np.ndarray, source: np.ndarray, points: list) -> tuple[str, list[str]]:
     """The source of the fit's x values overall ("a+b" when several) and of each point (distinct x)."""
-    by_x = pd.Series(source.astype(object)).fillna("unknown").groupby(x).agg(lambda v: "+".join(sorted(set(v))))
-    per_point = [str(by_x.get(float(p[0]), "unknown")) for p in points]
+    by_x: dict[float, set[str]] = {}
+    for xv, src in zip(x.tolist(), source.tolist(), strict=True):
+        by_x.setdefault(xv, set()).add("unknown" if src is None or src != src else src)
+    per_point = ["+".join(sorted(by_x[float(p[0])])) if float(p[0]) in by_x else "unknown" for p in points]
     return "+".join(sorted(set("+".join(per_point).split("+")))), per_point
 
 
@@ -88,30 +103,49 @@ def _record(fit: Any, xs: np.ndarray, source: np.ndarray, **labels: Any) -> dict
     return rec
 
 
+def _sorted_groups(cols: list[pd.Series], rows: np.ndarray) -> list[np.ndarray]:
+    """The rows of each distinct combination of the columns among `rows`, in row order, groups in
+    the order groupby(dropna=False, sort=True) gives them (by value, missing last)."""
+    codes = [sorted_codes(c)[1][rows] for c in cols]
+    gid, first = group_ids(*codes)
+    order = np.lexsort([k[first] for k in reversed(codes)])
+    by_gid = np.argsort(gid, kind="stable")
+    bounds = np.cumsum(np.bincount(gid, minlength=len(first)))
+    groups = np.split(rows[by_gid], bounds[:-1])
+    return [groups[g] for g in order.tolist()]
+
+
 def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, Any]]:
-    """Power-law fits: time per call vs query length (prefill) and vs KV length (decode). A group
-    whose lengths are too few or too close to fit gets a record with `status` "range too narrow
-    to fit" and its mean time per call instead of an exponent (analysis.common.fits)."""
+    """Power-law fits: time per call vs query length (prefill) and vs KV length (decode), per
+    FIT_KEYS group. A group whose lengths are too few or too close to fit gets a record with
+    `status` "range too narrow to fit" and its mean time per call instead of an exponent
+    (analysis.common.fits)."""
     fits: list[dict[str, Any]] = []
     if calls.empty:
         return fits
-    calls = calls.assign(q_source=q_sources(calls))
-    for phase, xcol, scol in (("prefill", "q_len", "q_source"), ("decode", "kv_len", "kv_source")):
-        sub = calls[(calls["phase"] == phase) & calls[xcol].notna() & (calls[time_col] > 0)]
-        if phase == "prefill":
-            sub = sub[sub["q_len"] > 1]
-        if sub.empty:
+    phase = calls["phase"].to_numpy(object)
+    t = calls[time_col].to_numpy(float)
+    keys = [calls[k] for k in FIT_KEYS]
+    label_values = [k.to_numpy(object) for k in keys]
+    for ph, xcol in (("prefill", "q_len"), ("decode", "kv_len")):
+        x_all = calls[xcol].to_numpy(float, na_value=np.nan)
+        ok = (phase == ph) & ~np.isnan(x_all) & (t > 0)
+        if ph == "prefill":
+            ok &= x_all > 1
+        rows = np.flatnonzero(ok)
+        if not len(rows):
             continue
-        for key, g in sub.groupby(FIT_KEYS, dropna=False, sort=True):
-            x = g[xcol].to_numpy(float)
-            fit = power_law(x, g[time_col].to_numpy(float))
+        source = q_sources(calls) if ph == "prefill" else calls["kv_source"].to_numpy(object)
+        for g in _sorted_groups(keys, rows):
+            x, y = x_all[g], t[g]
+            fit = power_law(x, y)
             if fit is None:
                 continue
-            labels = dict(zip(FIT_KEYS, key, strict=True))
+            labels = {k: v[g[0]] for k, v in zip(FIT_KEYS, label_values, strict=True)}
             shape = {k: (None if pd.isna(labels[k]) else int(labels[k])) for k in ("batch", "heads", "kv_heads", "head_dim")}
-            fits.append(_record(fit, x, g[scol].to_numpy(object), phase=phase, op=labels["op"], backend=labels["backend"],
+            fits.append(_record(fit, x, source[g], phase=ph, op=labels["op"], backend=labels["backend"],
                                 x=xcol, shape=shape, time=time_col.removesuffix("_us"), calls=int(len(g)),
-                                total_us=round(float(g[time_col].sum()), 3), per="call"))
+                                total_us=round(float(y.sum()), 3), per="call"))
     return fits
 
 
@@ -191,9 +225,10 @@ def _findings(trace: Trace, calls: pd.DataFrame, fits: list[dict[str, Any]], spe
          "Use a fused attention: attn_implementation=\"sdpa\" or \"flash_attention_2\" in Hugging Face, or "
          "torch.nn.functional.scaled_dot_product_attention in your own module."),
     ):
-        sel = calls[calls["backend"] == backend]
-        if sel.empty:
+        is_backend = (calls["backend"] == backend).to_numpy()
+        if not is_backend.any():
             continue
+        sel = calls[is_backend]
         cost = float(sel[time_col].sum())
         save, how = _savings(sel, spec, time_col)
         phases = sel["phase"].unique()

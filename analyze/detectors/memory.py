@@ -84,20 +84,23 @@ def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
         return pd.DataFrame(columns=cols)
-    cats = ops[isin_mask(ops["name"], CAT_OPS)]
-    if cats.empty:
+    is_cat = isin_mask(ops["name"], CAT_OPS)
+    if not is_cat.any():
         return pd.DataFrame(columns=cols)
-    codes = value_codes(cats["input_dims"].to_numpy())
-    first = pd.Series(cats.index.to_numpy(), index=codes).groupby(level=0).first()
-    # Parsed once per distinct shape list: a decode step's cats share one or two.
-    parsed = {c: _kv_cat_shape(trace.events.at[r, "input_dims"]) for c, r in first.items() if c >= 0}
-    got = [parsed.get(c) for c in codes]
+    cat_rows = ops.index.to_numpy(np.int64)[is_cat]  # positions, not a filtered copy of every op column
+    dims = ops["input_dims"].to_numpy()[is_cat]
+    codes = value_codes(dims)
+    # Parsed once per distinct shape list (its first cat): a decode step's cats share one or two.
+    known = np.flatnonzero(codes >= 0)
+    first = known[first_rows(codes[known], int(codes.max()) + 1)] if len(known) else known
+    parsed = {int(codes[i]): _kv_cat_shape(dims[i]) for i in first.tolist()}
+    got = [parsed.get(c) for c in codes.tolist()]
     keep = np.array([g is not None for g in got], dtype=bool)
     if not keep.any():
         return pd.DataFrame(columns=cols)
     g = [x for x in got if x is not None]
-    rows = cats.index.to_numpy(np.int64)[keep]
-    df = pd.DataFrame({"row": rows, "ts": cats["ts"].to_numpy()[keep], "seq_dim": [x[0] for x in g],
+    rows = cat_rows[keep]
+    df = pd.DataFrame({"row": rows, "ts": ops["ts"].to_numpy()[is_cat][keep], "seq_dim": [x[0] for x in g],
                        "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
                        "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
     df["gpu_us"] = att.at(rows).total_ns / US
@@ -139,14 +142,17 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
         return mem[on_gpu], None
     g_type, g_id = dtype_[on_gpu], did[on_gpu]
     codes, n = thread_codes(g_type, g_id)
-    first = first_rows(codes, n)
-    pairs = pd.MultiIndex.from_arrays([g_type[first], g_id[first]], names=["device_type", "device_id"])
-    # In key order, then most events first: the order groupby(...).size().sort_values() gives.
-    counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
-    dt, di = counts.index[0]
+    if n == 1:  # one accelerator (the usual case): nothing to rank
+        dt, di = g_type[0], g_id[0]
+    else:
+        first = first_rows(codes, n)
+        pairs = pd.MultiIndex.from_arrays([g_type[first], g_id[first]], names=["device_type", "device_id"])
+        # In key order, then most events first: the order groupby(...).size().sort_values() gives.
+        counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
+        dt, di = counts.index[0]
     keep = on_gpu & (dtype_ == dt) & (did == di)
     sel = mem if keep.all() else mem[keep]
-    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(len(counts))}
+    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(n)}
 
 
 def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float | int | None]]:
@@ -154,13 +160,15 @@ def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0
     if not len(ts):
         return []
     if len(ts) <= TIMELINE_POINTS:
-        return [[round((t - t0) / US, 3), int(a), _int_or_none(r)] for t, a, r in zip(ts, alloc, reserved, strict=True)]
-    edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
-    b = np.searchsorted(ts, edges[:-1], side="left")
-    b = np.unique(b[b < len(ts)])
-    amax = np.maximum.reduceat(alloc, b)
-    rmax = np.fmax.reduceat(reserved, b)
-    return [[round((ts[i] - t0) / US, 3), int(a), _int_or_none(r)] for i, a, r in zip(b, amax, rmax, strict=True)]
+        at, amax, rmax = ts, alloc, reserved
+    else:
+        edges = np.linspace(ts[0], ts[-1] + 1, TIMELINE_POINTS + 1)
+        b = np.searchsorted(ts, edges[:-1], side="left")
+        b = np.unique(b[b < len(ts)])
+        at, amax, rmax = ts[b], np.maximum.reduceat(alloc, b), np.fmax.reduceat(reserved, b)
+    # Rounded as numpy rounds a float64 (what round() of each numpy value did), in one call.
+    t_us = np.round((at - t0) / US, 3).tolist()
+    return [[t, int(a), _int_or_none(r)] for t, a, r in zip(t_us, amax.tolist(), np.asarray(rmax, dtype=float).tolist(), strict=True)]
 
 
 def _int_or_none(v: float) -> int | None:
@@ -183,7 +191,8 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
     """Per decode step (segments), or per cache length of the kv cats when the trace has no segments."""
     cols = ["phase", "index", "alloc_bytes", "alloc_count", "freed_bytes", "net_growth_bytes", "cat_alloc_bytes",
             "kv_cat_calls", "kv_cat_gpu_us", "cache_len"]
-    dec = segments.of_phase("decode") if len(segments) else pd.DataFrame()
+    has_decode = len(segments) and bool((segments.table["phase"] == "decode").any())
+    dec = segments.of_phase("decode") if has_decode else pd.DataFrame()
     if len(dec):
         seg_ids = dec["seg"].to_numpy(np.int64)
         t_seg = segments.locate_times(tl["ts"].to_numpy(np.int64)) if len(tl) else np.empty(0, np.int64)
@@ -300,11 +309,11 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if relative:
         allocated = np.cumsum(mem["mem_bytes"].to_numpy())
     reserved[reserved < 0] = np.nan
-    tl = pd.DataFrame({"ts": mem["ts"].to_numpy(np.int64), "bytes": mem["mem_bytes"].to_numpy(),
-                       "allocated": allocated, "reserved": reserved,
-                       "op": np.where(enc >= 0, names[np.maximum(enc, 0)], None), "in_cat": in_cat})
     phase, _ = phase_labels(trace, segments, rows)
-    tl["phase"] = phase
+    mem_bytes = mem["mem_bytes"].to_numpy()
+    tl = pd.DataFrame({"ts": mem["ts"].to_numpy(np.int64), "bytes": mem_bytes,
+                       "allocated": allocated, "reserved": reserved,
+                       "op": np.where(enc >= 0, names[np.maximum(enc, 0)], None), "in_cat": in_cat, "phase": phase})
     kv = kv_cat_calls(trace, ctx.shared(op_gpu))
     steps = _steps(trace, segments, tl, kv)
 
@@ -322,8 +331,8 @@ def run(trace: Trace, ctx: Context) -> Memory:
             "peak_op": tl["op"].iloc[i], "start_allocated_bytes": int(alloc[0] - tl["bytes"].iloc[0]),
             "final_allocated_bytes": int(alloc[-1]),
             "final_reserved_bytes": int(reserved[-1]) if np.isfinite(reserved[-1]) else None,
-            "alloc_bytes": int(tl["bytes"].clip(lower=0).sum()), "alloc_count": int((tl["bytes"] > 0).sum()),
-            "cat_alloc_bytes": int(tl["bytes"].where(tl["in_cat"] & (tl["bytes"] > 0), 0).sum()),
+            "alloc_bytes": int(np.clip(mem_bytes, 0, None).sum()), "alloc_count": int((mem_bytes > 0).sum()),
+            "cat_alloc_bytes": int(np.where(in_cat & (mem_bytes > 0), mem_bytes, 0).sum()),
             "timeline": _timeline_points(tl["ts"].to_numpy(np.int64), alloc, reserved, t0),
         })
     # Growth per step, and its trend with the step.

@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import value_codes
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, sorted_codes, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -174,15 +174,20 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
                        "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
                        "dtype": _dtype_names(ev["input_type"].to_numpy()[rows]),
                        "phase": phase, "gpu_ns": gpu_ns})
-    g = df.groupby(["name", "dims_key", "dtype", "phase"], dropna=False, sort=False).agg(
-        first=("row", "first"), calls=("row", "size"), gpu_ns=("gpu_ns", "sum")).reset_index()
+    keys = ["name", "dims_key", "dtype", "phase"]
+    gid, first = frame_group_ids(df, keys)
+    n_groups = len(first)
+    # The groups' columns collected, then one frame (here and in the attention rows: a column
+    # assignment each cost more than the numbers).
+    cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
+    first_rows = rows[first]
     dims = ev["input_dims"].to_numpy()
-    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None) for nm, r, dt in zip(g["name"], g["first"], g["dtype"], strict=True)]
-    g["flops"] = [c[0] if c else np.nan for c in costs]
-    g["bytes"] = [c[1] if c else np.nan for c in costs]
-    g["input_dims"] = dims[g["first"].to_numpy()]
-    g["kind"] = "gemm"
-    return g
+    costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
+             for nm, r, dt in zip(cols["name"].tolist(), first_rows.tolist(), cols["dtype"].tolist(), strict=True)]
+    cols |= {"first": first_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
+             "flops": [c[0] if c else np.nan for c in costs], "bytes": [c[1] if c else np.nan for c in costs],
+             "input_dims": dims[first_rows], "kind": "gemm"}
+    return pd.DataFrame(cols)
 
 
 def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | None:
@@ -205,55 +210,69 @@ def _attention_rows(calls: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     if calls.empty:
         return pd.DataFrame()
     parts = []
+    # Packed (THD) calls without step sums have no per-sequence lengths: no cost model applies.
+    shaped = (calls["source"] == "op").to_numpy() & calls["q_len"].notna().to_numpy() & calls["batch"].notna().to_numpy()
     if steps is not None and len(steps):
         known = steps[pd.to_numeric(steps["flops"], errors="coerce").notna() & pd.to_numeric(steps["bytes"], errors="coerce").notna()]
         if len(known):
-            calls = calls[~calls["seg"].isin(known["seg"])]
+            shaped &= ~calls["seg"].isin(known["seg"]).to_numpy()
             parts.append(_step_rows(known))
-    # Packed (THD) calls without step sums have no per-sequence lengths: no cost model applies.
-    calls = calls[(calls["source"] == "op") & calls["q_len"].notna() & calls["batch"].notna()]
-    if len(calls):
-        parts.append(_call_rows(calls))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if shaped.any():
+        parts.append(_call_rows(calls, np.flatnonzero(shaped)))
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else pd.DataFrame()
 
 
 def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per op, backend, dtype and phase over the engine steps (the groups of
+    groupby(keys, dropna=False, sort=False), from numpy over their ids)."""
     keys = ["op", "backend", "dtype", "phase"]
-    g = steps.groupby(keys, dropna=False, sort=False).agg(
-        calls=("calls", "sum"), gpu_us=("gpu_us", "sum"), flops=("flops", "sum"), bytes=("bytes", "sum"),
-        steps=("seg", "size"), heads=("heads", "first"), kv_heads=("kv_heads", "first"), head_dim=("head_dim", "first")).reset_index()
+    gid, first = frame_group_ids(steps, keys)
+    n = len(first)
+    order = np.arange(n)
+    cols: dict[str, Any] = ({k: key_values(steps[k], first) for k in keys}
+                            | {k: group_sums(gid, steps[k].to_numpy(), n)[0] for k in ("calls", "gpu_us", "flops", "bytes")}
+                            | {"steps": np.bincount(gid, minlength=n)}
+                            | {k: first_known(steps[k], gid, order) for k in ("heads", "kv_heads", "head_dim")})
     # Per call, as _table multiplies by calls.
-    g["flops"] = g["flops"] / g["calls"]
-    g["bytes"] = g["bytes"] / g["calls"]
-    g["input_dims"] = None
-    g["detail"] = [f"{r.backend}, {r.steps} engine step{'s' if r.steps != 1 else ''}: FLOPs and bytes from the step "
-                   f"annotations' query/KV sums ({r.heads} heads, {r.kv_heads} KV heads, head size {r.head_dim})"
-                   for r in g.itertuples()]
-    g["gpu_ns"] = g["gpu_us"] * US
-    g["name"] = g["op"]
-    g["kind"] = "attention"
-    return g
+    cols["flops"] = cols["flops"] / cols["calls"]
+    cols["bytes"] = cols["bytes"] / cols["calls"]
+    cols["input_dims"] = None
+    r = {k: np.asarray(cols[k]).tolist() for k in ("backend", "steps", "heads", "kv_heads", "head_dim")}  # Python scalars
+    cols["detail"] = [f"{b}, {n_steps} engine step{'s' if n_steps != 1 else ''}: FLOPs and bytes from the step "
+                      f"annotations' query/KV sums ({h} heads, {hkv} KV heads, head size {d})"
+                      for b, n_steps, h, hkv, d in zip(*r.values(), strict=True)]
+    cols["gpu_ns"] = cols["gpu_us"] * US
+    cols["name"] = cols["op"]
+    cols["kind"] = "attention"
+    return pd.DataFrame(cols)
 
 
-def _call_rows(calls: pd.DataFrame) -> pd.DataFrame:
+def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """One row per distinct shapes, dtype, causality and phase among the calls at `rows` (the
+    groups of groupby(keys, dropna=False, sort=False), from numpy over their ids)."""
     keys = ["op", "backend", "batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal", "phase"]
-    g = calls.groupby(keys, dropna=False, sort=False).agg(calls=("call", "size"), gpu_us=("gpu_us", "sum")).reset_index()
-    g["flops"] = [attention_flops(r.batch, r.heads, r.q_len, r.kv_len, r.head_dim, r.causal) for r in g.itertuples()]
-    g["bytes"] = [attention_bytes(r.batch, r.heads, r.kv_heads, r.q_len, r.kv_len, r.head_dim, r.dtype) for r in g.itertuples()]
-    g["flops"] = pd.to_numeric(g["flops"], errors="coerce")
-    g["bytes"] = pd.to_numeric(g["bytes"], errors="coerce")
+    gid, first = frame_group_ids(calls, keys, rows)
+    n = len(first)
+    cols: dict[str, Any] = {k: key_values(calls[k], first) for k in keys}
+    cols |= {"calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, calls["gpu_us"].to_numpy(float)[rows], n)[0]}
+    r = {k: np.asarray(cols[k]).tolist() for k in keys}  # Python scalars: `causal is True` holds for a bool
+    flops = [attention_flops(*v) for v in zip(r["batch"], r["heads"], r["q_len"], r["kv_len"], r["head_dim"], r["causal"], strict=True)]
+    nbytes = [attention_bytes(*v) for v in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], r["dtype"],
+                                               strict=True)]
 
     def q(v: Any) -> Any:
         return None if pd.isna(v) else int(v)
 
-    # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
-    g["input_dims"] = [[[q(r.batch), q(r.heads), q(r.q_len), q(r.head_dim)], [q(r.batch), q(r.kv_heads), q(r.kv_len), q(r.head_dim)]]
-                       for r in g.itertuples()]
-    g["detail"] = [f"{r.backend}, causal" if r.causal is True else str(r.backend) for r in g.itertuples()]
-    g["gpu_ns"] = g["gpu_us"] * US
-    g["name"] = g["op"]
-    g["kind"] = "attention"
-    return g
+    cols |= {
+        "flops": pd.to_numeric(pd.Series(flops, dtype=object), errors="coerce").to_numpy(float),
+        "bytes": pd.to_numeric(pd.Series(nbytes, dtype=object), errors="coerce").to_numpy(float),
+        # In SDPA's layout whatever op it was: query [B, H, Sq, D], key [B, Hkv, Skv, D].
+        "input_dims": [[[q(b), q(h), q(sq), q(d)], [q(b), q(hkv), q(skv), q(d)]]
+                       for b, h, hkv, sq, skv, d in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], strict=True)],
+        "detail": [f"{b}, causal" if c is True else str(b) for b, c in zip(r["backend"], r["causal"], strict=True)],
+        "gpu_ns": cols["gpu_us"] * US, "name": cols["op"], "kind": "attention",
+    }
+    return pd.DataFrame(cols)
 
 
 def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
@@ -262,42 +281,64 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
                     for p in parts], ignore_index=True)
-    df["flops"] = df["flops"] * df["calls"]
-    df["bytes"] = df["bytes"] * df["calls"]
-    df["gpu_us"] = df["gpu_ns"] / US
-    sec = df["gpu_ns"].to_numpy(float) / 1e9
+    # The numbers from numpy arrays, the frame built once (a column assignment each was most of the time).
+    calls = df["calls"].to_numpy()
+    flops = df["flops"].to_numpy(float) * calls
+    nbytes = df["bytes"].to_numpy(float) * calls
+    gpu_ns = df["gpu_ns"].to_numpy(float)
+    sec = gpu_ns / 1e9
+    peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"].tolist()]
+    peak_tflops = np.array([np.nan if p is None else p for p in peaks], dtype=float)
+    peak_gbs = spec.hbm_gbs if spec is not None else np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
-        df["intensity"] = df["flops"] / df["bytes"]
-        df["tflops"] = np.where(sec > 0, df["flops"] / sec / 1e12, np.nan)
-        df["gbs"] = np.where(sec > 0, df["bytes"] / sec / 1e9, np.nan)
-    peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"]]
-    df["peak_tflops"] = pd.to_numeric(pd.Series(peaks, dtype=object), errors="coerce").to_numpy(float)
-    df["peak_gbs"] = spec.hbm_gbs if spec is not None else np.nan
-    df["compute_share"] = df["tflops"] / df["peak_tflops"]
-    df["bandwidth_share"] = df["gbs"] / df["peak_gbs"]
-    ridge = df["peak_tflops"] * 1e12 / (df["peak_gbs"] * 1e9)
-    df["bound"] = np.where(ridge.isna() | df["intensity"].isna(), np.array(None),
-                           np.where(df["intensity"] >= ridge, "compute", "memory"))
-    return df.sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True)[TABLE_COLUMNS]
+        intensity = flops / nbytes
+        tflops = np.where(sec > 0, flops / sec / 1e12, np.nan)
+        gbs = np.where(sec > 0, nbytes / sec / 1e9, np.nan)
+        ridge = peak_tflops * 1e12 / (peak_gbs * 1e9)
+    bound = np.where(np.isnan(ridge) | np.isnan(intensity), np.array(None), np.where(intensity >= ridge, "compute", "memory"))
+    gpu_us = gpu_ns / US
+    order = np.argsort(-gpu_us, kind="stable")  # sort_values("gpu_us", ascending=False, kind="stable"): ties and NaN in order
+
+    def taken(col: pd.Series) -> Any:
+        # In `order`, the dtype kept: an object column's values are not inferred again.
+        return pd.Series(col.to_numpy()[order], dtype=object) if col.dtype == object else col.array.take(order)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        numbers = {"calls": calls, "gpu_us": gpu_us, "flops": flops, "bytes": nbytes, "intensity": intensity, "tflops": tflops,
+                   "gbs": gbs, "peak_tflops": peak_tflops, "peak_gbs": np.full(len(df), peak_gbs),  # its type, as a scalar column would take it
+                   "compute_share": tflops / peak_tflops, "bandwidth_share": gbs / peak_gbs}
+    out = {c: taken(df[c]) for c in ("kind", "name", "input_dims", "detail", "dtype", "phase")} | {k: v[order] for k, v in numbers.items()}
+    out["bound"] = bound[order]
+    return pd.DataFrame({c: out[c] for c in TABLE_COLUMNS})
 
 
 def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    known = df[df["flops"].notna() & df["bytes"].notna() & (df["gpu_us"] > 0)]
-    for phase, g in known.groupby("phase", sort=True):
-        flops, nbytes, us = float(g["flops"].sum()), float(g["bytes"].sum()), float(g["gpu_us"].sum())
+    # Per phase (groupby("phase", sort=True) of the rows with known work, from numpy: sums as
+    # Series.sum and groupby's sum make them).
+    f_all, b_all, us_all = df["flops"].to_numpy(float), df["bytes"].to_numpy(float), df["gpu_us"].to_numpy(float)
+    known = ~np.isnan(f_all) & ~np.isnan(b_all) & (us_all > 0)
+    ph_all = df["phase"].to_numpy(object)
+    known &= ~pd.isna(ph_all)
+    kind_all, dtype_all, peak_all = df["kind"].to_numpy(object), df["dtype"].to_numpy(object), df["peak_tflops"].to_numpy(float)
+    for phase in sorted(set(ph_all[known].tolist())):
+        g = np.flatnonzero(known & (ph_all == phase))
+        fl, nb, gus = f_all[g], b_all[g], us_all[g]
+        flops, nbytes, us = float(fl.sum()), float(nb.sum()), float(gus.sum())
         sec = us / 1e6
+        kinds, kind_ids = sorted_codes(kind_all[g])
         rec: dict[str, Any] = {
             "gpu_us": round(us, 3), "flops": flops, "bytes": nbytes, "intensity": round(flops / nbytes, 3) if nbytes else None,
             "tflops": round(flops / sec / 1e12, 3), "gbs": round(nbytes / sec / 1e9, 3),
-            "by_kind": {str(k): round(float(v), 3) for k, v in g.groupby("kind")["gpu_us"].sum().items()},
+            "by_kind": {str(k): round(float(v), 3) for k, v in zip(kinds, group_sums(kind_ids, gus, len(kinds))[0], strict=True)},
         }
         # Ideal times at each roof (per dtype peaks): the larger one is the binding roof.
-        peak = g["peak_tflops"].to_numpy(float)
+        peak = peak_all[g]
         if spec is not None and np.isfinite(peak).all():
-            t_compute = float((g["flops"].to_numpy(float) / (peak * 1e12)).sum())
+            t_compute = float((fl / (peak * 1e12)).sum())
             t_memory = nbytes / (spec.hbm_gbs * 1e9)
-            dominant = g.groupby("dtype", dropna=False)["flops"].sum().idxmax()
+            dtypes, dtype_ids = sorted_codes(dtype_all[g])
+            dominant = dtypes[int(np.argmax(group_sums(dtype_ids, fl, len(dtypes))[0]))]
             dom_peak = spec.peak_tflops(dominant if isinstance(dominant, str) else None)
             ridge = dom_peak * 1e12 / (spec.hbm_gbs * 1e9) if dom_peak else None
             bound = "compute" if t_compute >= t_memory else "memory"

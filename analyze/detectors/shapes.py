@@ -103,28 +103,22 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
     # GPU sums over those ops only (every other op adds 0): no array of every op's values.
     gpu_gid = gid[at_rows]
-    out = pd.DataFrame({
-        "first_row": rows[first], "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
-        "cpu_total_us": _sum(gid, n_groups, ops["dur"].to_numpy()) / US,
-        "gpu_total_us": _sum(gpu_gid, n_groups, att.total_ns[at_ops]) / US,
-        "gpu_self_us": _sum(gpu_gid, n_groups, att.self_ns[at_ops]) / US,
-        "kernels": _sum(gpu_gid, n_groups, att.total_count[at_ops]).astype(np.int64),
-    })
-    out["name"] = _label(labels, all_names[rows[first]])
-    out["phase"] = np.asarray(phase_u, dtype=object)[phase_c[first]]
-    out["gpu_mean_us"] = out["gpu_total_us"] / out["calls"]
+    calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
+    cpu_total = _sum(gid, n_groups, ops["dur"].to_numpy()) / US
+    gpu_total = _sum(gpu_gid, n_groups, att.total_ns[at_ops]) / US
+    gpu_self = _sum(gpu_gid, n_groups, att.self_ns[at_ops]) / US
+    kernels = _sum(gpu_gid, n_groups, att.total_count[at_ops]).astype(np.int64)
     # The kernel that took most of each group's GPU time (over all nesting levels), each pair's
     # group through its op's place among the ops (no array over every event).
     group_of_op = np.full(len(att.ops), -1, dtype=np.int64)
     group_of_op[at_ops] = gid[at_rows]
-    out["top_kernel"] = None
-    out["top_kernel_us"] = np.nan
+    top_kernel = np.full(n_groups, None, dtype=object)
+    top_us = np.full(n_groups, np.nan)
     if len(att.pair_op):
         g = group_of_op[att.pair_at]
         keep = g >= 0
         g, k, d = g[keep], all_names[att.pair_gpu[keep]], ev["dur"].to_numpy()[att.pair_gpu[keep]]
         top_k = np.full(n_groups, -1, dtype=np.int64)
-        top_us = np.full(n_groups, np.nan)
         if len(g):
             pair, pair_first = group_ids(g, k)
             pair_ns = _sum(pair, len(pair_first), d)
@@ -134,13 +128,18 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
             best = order[np.r_[True, pair_g[order][1:] != pair_g[order][:-1]]]
             top_k[pair_g[best]] = k[pair_first][best]
             top_us[pair_g[best]] = pair_ns[best] / US
-        out["top_kernel"] = np.where(top_k >= 0, _label(labels, top_k), np.array(None))
-        out["top_kernel_us"] = top_us
-    first = out["first_row"].to_numpy()
-    out["input_dims"] = ev["input_dims"].to_numpy()[first]
-    out["input_types"] = ev["input_type"].to_numpy()[first]
-    out = out.sort_values(["gpu_total_us", "cpu_total_us"], ascending=False, kind="stable").reset_index(drop=True)
-    return out[cols]
+        top_kernel = np.where(top_k >= 0, _label(labels, top_k), np.array(None))
+    # Most GPU time first, then most host time; ties in group order (a stable sort_values of both),
+    # and the frame built once in that order.
+    order = np.lexsort((-cpu_total, -gpu_total))
+    first_row = rows[first][order]
+    return pd.DataFrame({
+        "name": _label(labels, all_names[first_row]), "input_dims": ev["input_dims"].to_numpy()[first_row],
+        "input_types": ev["input_type"].to_numpy()[first_row], "phase": np.asarray(phase_u, dtype=object)[phase_c[first][order]],
+        "calls": calls[order], "cpu_total_us": cpu_total[order], "gpu_total_us": gpu_total[order], "gpu_self_us": gpu_self[order],
+        "gpu_mean_us": (gpu_total / calls)[order], "kernels": kernels[order], "top_kernel": top_kernel[order],
+        "top_kernel_us": top_us[order],
+    })
 
 
 def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
@@ -165,19 +164,17 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     dur = gpu["dur"].to_numpy()
     gpu_max = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(gpu_max, gid, dur.astype(np.int64, copy=False))
-    out = pd.DataFrame({"k": all_names[rows][first], "o": o[first], "t": t[first], "p": phase_c[first],
-                        "calls": np.bincount(gid, minlength=n_groups).astype(np.int64),
-                        "gpu_total_us": _sum(gid, n_groups, dur), "gpu_max_us": gpu_max, "op_row": op[first]})
-    out["name"] = _label(labels, out["k"].to_numpy())
-    out["op"] = _label(labels, out["o"].to_numpy())
-    out["top_op"] = _label(labels, out["t"].to_numpy())
-    out["phase"] = np.asarray(phase_u, dtype=object)[out["p"].to_numpy()]
-    op_row = out["op_row"].to_numpy()
-    out["op_input_dims"] = np.where(op_row >= 0, dims_text(ev["input_dims"].to_numpy()[np.maximum(op_row, 0)]), "")
-    out["gpu_total_us"] = out["gpu_total_us"] / US
-    out["gpu_max_us"] = out["gpu_max_us"] / US
-    out["gpu_mean_us"] = out["gpu_total_us"] / out["calls"]
-    return out.sort_values("gpu_total_us", ascending=False, kind="stable").reset_index(drop=True)[cols]
+    calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
+    gpu_total = _sum(gid, n_groups, dur) / US
+    order = np.argsort(-gpu_total, kind="stable")  # most GPU time first, ties in group order; the frame built once so
+    at = first[order]
+    op_row = op[at]
+    return pd.DataFrame({
+        "name": _label(labels, all_names[rows[at]]), "op": _label(labels, o[at]),
+        "op_input_dims": np.where(op_row >= 0, dims_text(ev["input_dims"].to_numpy()[np.maximum(op_row, 0)]), ""),
+        "top_op": _label(labels, t[at]), "phase": np.asarray(phase_u, dtype=object)[phase_c[at]], "calls": calls[order], "gpu_total_us": gpu_total[order],
+        "gpu_mean_us": (gpu_total / calls)[order], "gpu_max_us": (gpu_max / US)[order],
+    })
 
 
 def run(trace: Trace, ctx: Context) -> Shapes:
