@@ -7,6 +7,7 @@ import gzip
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import shared_trace
 from tracebuilder import TraceBuilder
@@ -278,3 +279,23 @@ def test_collective_kernel_mask_matches_every_kernel_name(name):
     got = cc.collective_kernel_mask(trace)
     assert got.dtype == bool and np.array_equal(got, want)
     assert want.any() == (name != "h100_hf_qwen05b_forward_bs16.json.gz")
+
+
+@pytest.mark.parametrize("first, other", [
+    (pd.Series(["a", None, "c"], dtype=object), pd.Series([np.nan, "y", np.nan], dtype=object)),
+    (pd.Series(["a", "b"], dtype="str"), pd.Series([np.nan, np.nan], dtype=object)),
+    (pd.Series(["a", None], dtype="str"), pd.Series(["x", "y"], dtype=object)),
+    (pd.Series([1.0, 2.0]), pd.Series(["x", "y"], dtype=object)),
+    (pd.Series([1.0, np.nan]), pd.Series([np.nan, np.nan], dtype=object)),
+    (pd.Series([np.nan, 2.0]), pd.Series([5.0, 6.0])),
+    (pd.Series([None, None], dtype=object), pd.Series([1, 2])),
+    (pd.Series([], dtype=float), pd.Series([], dtype=object)),
+])
+def test_first_valid_is_the_where_chain(first, other):
+    """The first present value per row, dtype included, as `where(notna, other)` gives it (the
+    shortcut for a column without missing values keeps it as it is, as `where` does)."""
+    from tokentrace.analysis.detectors.collectives import _first_valid
+    got = _first_valid(first, other)
+    want = first.copy().where(first.notna(), other)
+    pd.testing.assert_series_equal(got, want, check_exact=True)
+    assert [type(x) for x in got.tolist()] == [type(x) for x in want.tolist()]

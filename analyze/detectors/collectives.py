@@ -370,15 +370,24 @@ def _call_of_launch(ev: pd.DataFrame, calls: pd.DataFrame, launch: np.ndarray) -
 # ---- instances ------------------------------------------------------------------------------------
 
 def _first_valid(*cols: pd.Series) -> pd.Series:
-    out = cols[0].copy()
+    """Per row the first of cols with a value. A column without a missing value is kept as it is:
+    `where` with a condition true everywhere returns it unchanged, dtype included (not so a real
+    `where`, whose dtype depends on the other column's: left to pandas)."""
+    out = cols[0]
     for c in cols[1:]:
-        out = out.where(out.notna(), c)
+        miss = out.isna()
+        if miss.any():
+            out = out.where(~miss, c)
     return out
 
 
 def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd.DataFrame:
-    """Instances from kernels grouped by their host call, lone kernels, and calls without kernels."""
-    has_call = kern["call"] >= 0
+    """Instances from kernels grouped by their host call, lone kernels, and calls without kernels.
+
+    Each part's frame is built at once from its columns (adding them one by one cost a check and
+    a copy each); the columns only building reads (the kernels' and calls' own args, hints) stay
+    out of it."""
+    has_call = kern["call"].to_numpy() >= 0
     kern = kern.copy()
     # Kernels of one host call form one instance; a kernel without a call is its own.
     kern["inst"] = np.where(has_call, kern["call"], -1 - np.arange(len(kern)))
@@ -388,50 +397,43 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
     inst = kern["inst"].to_numpy()
     fp = first_pos(inst) if len(inst) else np.zeros(0, np.int64)
     firsts = kern.iloc[fp].reset_index(drop=True)
+    call = firsts["call"]
+    c = calls.reindex(call.where(call >= 0, -1).to_numpy()).reset_index(drop=True)
+    hint, source = firsts["hint"], firsts["source"]
+    args = {col: _first_valid(firsts[col], c[col]) for col in (*ARG_STR, *ARG_INT)}
+    kt = args["coll_name"].map(cc.normalise_type)
+    # The calls' own type columns as plain object arrays, as their values are read here.
+    ctype, csource, cbackend = (pd.Series(c[col].to_numpy()) for col in ("type", "type_source", "backend"))
+    busy = np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else np.zeros(0)
     gpu = pd.DataFrame({
-        "anchor": firsts["row"], "kernel": firsts["name"], "hint": firsts["hint"], "source": firsts["source"],
-        "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]), "device": firsts["device"],
-        "stream": firsts["stream"], "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
+        "anchor": firsts["row"], "kernel": firsts["name"], "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]),
+        "device": firsts["device"], "stream": firsts["stream"],
+        "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
         "end": np.maximum.reduceat(kern["end"].to_numpy(), fp) if len(fp) else [],
-        "busy": np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else [], "call": firsts["call"],
-        "tmpl_group": firsts["tmpl_group"], **{f"k_{c}": firsts[c] for c in (*ARG_STR, *ARG_INT)},
+        "call": call, "tmpl_group": firsts["tmpl_group"], "kind": "gpu",
+        "host_row": c["root"].fillna(-1).astype(np.int64).to_numpy(), "host_start": c["start"].to_numpy(dtype=float),
+        **args,
+        **{f"c_{col}": c[col].to_numpy() for col in ("dims_bytes", "dims_dtype", "ratio")},
+        "type": _first_valid(kt, ctype, hint),
+        "type_source": _first_valid(kt.where(kt.isna(), "args"), csource.where(ctype.notna()), hint.where(hint.isna(), "kernel")),
+        "backend": _first_valid(cbackend, source.where(source != "", None)),
+        "busy_us": busy / US,
     })
-    gpu = gpu.reset_index(drop=True)
-    gpu["kind"] = "gpu"
-    c = calls.reindex(gpu["call"].where(gpu["call"] >= 0, -1).to_numpy()).reset_index(drop=True)
-    gpu["host_row"] = c["root"].fillna(-1).astype(np.int64).to_numpy()
-    gpu["host_start"] = c["start"].to_numpy(dtype=float)
-    for col in (*ARG_STR, *ARG_INT):
-        gpu[col] = _first_valid(gpu[f"k_{col}"], c[col])
-    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
-        gpu[f"c_{col}"] = c[col].to_numpy()
-    kt = gpu["coll_name"].map(cc.normalise_type)
-    gpu["type"] = _first_valid(kt, gpu["c_type"], gpu["hint"])
-    gpu["type_source"] = _first_valid(kt.where(kt.isna(), "args"), gpu["c_type_source"].where(gpu["c_type"].notna()),
-                                      gpu["hint"].where(gpu["hint"].isna(), "kernel"))
-    gpu["backend"] = _first_valid(gpu["c_backend"], gpu["source"].where(gpu["source"] != "", None))
-    gpu["busy_us"] = gpu["busy"] / US
 
     used = set(kern.loc[has_call, "call"].tolist())
-    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))].copy()
-    host["kind"] = "host"
-    host["call"] = host.index
-    host["anchor"] = host["root"].astype(np.int64)
-    host["host_row"] = host["root"].astype(np.int64)
-    host["host_start"] = host["start"].astype(float)
-    host["kernels"] = 0
-    host["device"] = -1
-    host["stream"] = -1
-    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
-        host[f"c_{col}"] = host[col]
+    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))]
     # Host time is the collective's time only where the collective runs on the host (gloo, MPI,
     # or a trace without GPU activity); an NCCL call's host range is just its enqueue.
     no_gpu = trace.narrow_gpu.empty
     timed = host["backend"].isin(CPU_BACKENDS) | no_gpu
-    host["busy_us"] = np.where(timed, (host["end"] - host["start"]) / US, np.nan)
-    host["tmpl_group"] = np.nan
-    for col in ("kernel", "algo", "hint", "source"):
-        host[col] = None
+    host = pd.DataFrame({
+        **{col: host[col] for col in host.columns}, "kind": "host", "call": host.index,
+        "anchor": host["root"].astype(np.int64), "host_row": host["root"].astype(np.int64),
+        "host_start": host["start"].astype(float), "kernels": 0, "device": -1, "stream": -1,
+        **{f"c_{col}": host[col] for col in ("dims_bytes", "dims_dtype", "ratio")},
+        "busy_us": np.where(timed, (host["end"] - host["start"]) / US, np.nan), "tmpl_group": np.nan,
+        "kernel": None, "algo": None,
+    }, index=host.index)
     inst = pd.concat([gpu, host.reset_index(drop=True)], ignore_index=True, sort=False)
     inst = inst.sort_values(["start"], kind="stable").reset_index(drop=True)
     _sizes(trace, inst)
