@@ -299,3 +299,20 @@ def test_first_valid_is_the_where_chain(first, other):
     want = first.copy().where(first.notna(), other)
     pd.testing.assert_series_equal(got, want, check_exact=True)
     assert [type(x) for x in got.tolist()] == [type(x) for x in want.tolist()]
+
+
+def test_map_float_is_map_astype_float():
+    """Once per distinct value, None and NaN told apart (factorize would merge them)."""
+    from tokentrace.analysis.detectors.collectives import _map_float
+    calls = []
+
+    def fn(v):
+        calls.append(v)
+        return None if v is None else 7 if v != v else {"a": 1, "b": 2.5}.get(v)
+    for col in (pd.Series([None, np.nan, "a", "b", "a", None, "c"], dtype=object),
+                pd.Series(["a", None, "b", "a"], dtype="str"), pd.Series([], dtype=object)):
+        want = col.map(fn).astype(float).to_numpy()
+        calls.clear()
+        got = _map_float(col, fn)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.float64 and len(calls) == len(set(map(repr, col.tolist())))

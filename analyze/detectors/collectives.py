@@ -442,27 +442,26 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
 
 def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     """dtype, bytes S, group size (and where each came from), process group and sequence number."""
-    el = inst["coll_dtype"].map(lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None).astype(float)
+    el = _map_float(inst["coll_dtype"], lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None)
     nel = np.fmax(inst["in_nelems"].to_numpy(float), inst["out_nelems"].to_numpy(float))
-    arg_bytes = nel * el.to_numpy()
+    arg_bytes = nel * el
     dims = inst["c_dims_bytes"].to_numpy(float)
     inst["bytes"] = np.where(np.isfinite(arg_bytes), arg_bytes, dims)
     inst["bytes_source"] = pd.Series(np.select([np.isfinite(arg_bytes), np.isfinite(dims)], ["args", "input_dims"], ""),
                                      index=inst.index).replace("", None)
     inst["dtype"] = _first_valid(inst["coll_dtype"], inst["c_dims_dtype"])
     pg_size = _pg_sizes(trace)
-    by_pg = inst["pg_name"].map(lambda p: pg_size.get(str(p)) if p is not None else None).astype(float)
-    ranks_n = inst["pg_ranks"].map(lambda s: float(len(cc.parse_int_list(s)[0])) if isinstance(s, str) and "..." not in s else np.nan)
-    ratio = inst["c_ratio"].where(inst["type"].isin(("all_gather", "reduce_scatter")))
+    by_pg = _map_float(inst["pg_name"], lambda p: pg_size.get(str(p)) if p is not None else None)
+    ranks_n = _map_float(inst["pg_ranks"], lambda s: float(len(cc.parse_int_list(s)[0])) if isinstance(s, str) and "..." not in s else np.nan)
+    gathers = np.array([t in ("all_gather", "reduce_scatter") for t in inst["type"].tolist()], dtype=bool)
     world = _world_size(trace)
-    choices = [("args", inst["group_size"]), ("pg_config", by_pg), ("pg_ranks", ranks_n.where(ranks_n > 0)),
-               ("kernel_template", inst["tmpl_group"]), ("shape_ratio", ratio),
-               ("world_size", pd.Series(world if world else np.nan, index=inst.index, dtype=float))]
+    choices = [("args", _numeric(inst["group_size"])), ("pg_config", by_pg), ("pg_ranks", np.where(ranks_n > 0, ranks_n, np.nan)),
+               ("kernel_template", _numeric(inst["tmpl_group"])), ("shape_ratio", np.where(gathers, _numeric(inst["c_ratio"]), np.nan)),
+               ("world_size", np.full(len(inst), world if world else np.nan))]
     # The first source with a value, per instance (arrays: a masked Series assignment per source cost more).
     n = np.full(len(inst), np.nan)
     src = np.full(len(inst), None, dtype=object)
-    for name, s in choices:
-        v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    for name, v in choices:
         take = np.isnan(n) & ~np.isnan(v)
         n[take] = v[take]
         src[take] = name
@@ -489,6 +488,23 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
         trunc.append(cut)
     inst["a2a_imbalance"] = imb
     inst["splits_truncated"] = trunc
+
+
+def _map_float(col: pd.Series, fn: Callable[[Any], Any]) -> np.ndarray:
+    """`col.map(fn).astype(float)` as an array, fn called once per distinct value (instances of
+    one trace share a handful of dtypes and process groups). A dict, not pd.factorize, finds the
+    repeats: factorize takes None and NaN for one value, which fn may tell apart."""
+    seen: dict[Any, Any] = {}
+    out = []
+    for v in col.tolist():
+        if v not in seen:
+            seen[v] = fn(v)
+        out.append(seen[v])
+    return np.array(out, dtype=float)
+
+
+def _numeric(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
 def _pg_sizes(trace: Trace) -> dict[str, float]:
