@@ -316,3 +316,24 @@ def test_map_float_is_map_astype_float():
         got = _map_float(col, fn)
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.float64 and len(calls) == len(set(map(repr, col.tolist())))
+
+
+def test_first_per_call_is_groupby_first():
+    """Each call's first present value, dtype and fill (None in object columns, NaN otherwise)
+    as groupby's first gives them, with calls that have none and members of one call only."""
+    from tokentrace.analysis.detectors.collectives import _first_per_call
+    call = np.array([0, 0, 1, 2, 2, 2, 3])
+    cols = {
+        "obj": pd.Series([None, "a", None, np.nan, "b", "c", None], dtype=object),
+        "str": pd.Series([None, "a", None, None, "b", "c", "d"], dtype="str"),
+        "flt": pd.Series([np.nan, 1.0, np.nan, 2.0, np.nan, 3.0, np.nan]),
+        "none": pd.Series([None] * 7, dtype=object),
+        "mixed": pd.Series([None, 1.5, None, "x", None, 2, np.nan], dtype=object),
+    }
+    want = pd.DataFrame({"call": call, **cols}).groupby("call", sort=True)[list(cols)].first()
+    got = pd.DataFrame({c: _first_per_call(s, call, 4) for c, s in cols.items()})
+    pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_exact=True)
+    for c in cols:
+        assert [type(x) for x in got[c].tolist()] == [type(x) for x in want[c].tolist()]
+    empty = pd.Series([], dtype="str")
+    assert len(_first_per_call(empty, np.zeros(0, np.int64), 0)) == 0

@@ -272,10 +272,10 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
     m["dims_dtype"] = dts
     m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
-    g = m.groupby("call", sort=True)
     fp = first_pos(call)
-    out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
-                        "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
+    n = len(fp)
+    out: dict[str, Any] = {"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
+                           "end": np.maximum.reduceat(end, fp) if n else end[:0]}
     # Each call's type from its surest member (lowest prio; ties: the first), NaN for a call
     # without one: what sorting the members by (call, prio) and keeping each call's first gives.
     prio = m["prio"].to_numpy()
@@ -283,14 +283,31 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     cand = cand[np.lexsort((prio[cand], call[cand]))]
     best = cand[np.r_[True, call[cand][1:] != call[cand][:-1]]] if len(cand) else cand
     for c in ("type", "type_source"):
-        vals = np.full(len(out), np.nan, dtype=object)
+        vals = np.full(n, np.nan, dtype=object)
         vals[call[best]] = m[c].to_numpy(dtype=object)[best]
         out[c] = pd.Series(vals, dtype=m[c].dtype)
-    # One groupby for every "first present value" column (the args sit on one member).
-    firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
-    maxes = g[["dims_bytes", "ratio"]].max()
-    out = out.join(firsts).join(maxes)
-    return out[cols]
+    # Each call's first present value (the args sit on one member) and largest size.
+    for c in ("backend", "dims_dtype", *ARG_STR, *ARG_INT):
+        out[c] = _first_per_call(m[c], call, n)
+    for c in ("dims_bytes", "ratio"):
+        out[c] = np.fmax.reduceat(m[c].to_numpy(float), fp) if n else np.zeros(0)
+    return pd.DataFrame(out)[cols]
+
+
+def _first_per_call(col: pd.Series, call: np.ndarray, n: int) -> Any:
+    """`col.groupby(call).first()`'s values for calls numbered 0..n-1, members sorted by call: each
+    call's first present value, dtype kept; a call without one gets NaN, None in an object
+    column (as groupby's first fills)."""
+    pos = np.flatnonzero(col.notna().to_numpy())
+    first = pos[np.r_[True, call[pos][1:] != call[pos][:-1]]] if len(pos) else pos
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "Of":
+        vals = np.full(n, None if col.dtype == object else np.nan, dtype=col.dtype)
+        vals[call[first]] = col.to_numpy()[first]
+        # An object array of strings as a frame's column would be read as a str column.
+        return pd.Series(vals, dtype=object) if col.dtype == object else vals
+    take = np.full(n, -1, np.int64)
+    take[call[first]] = first
+    return col.array.take(take, allow_fill=True)
 
 
 def _per_distinct(values: np.ndarray, fn: Callable[[Any], Any]) -> list[Any]:
