@@ -7,6 +7,7 @@ import gzip
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import shared_trace
 from tracebuilder import TraceBuilder
@@ -278,3 +279,61 @@ def test_collective_kernel_mask_matches_every_kernel_name(name):
     got = cc.collective_kernel_mask(trace)
     assert got.dtype == bool and np.array_equal(got, want)
     assert want.any() == (name != "h100_hf_qwen05b_forward_bs16.json.gz")
+
+
+@pytest.mark.parametrize("first, other", [
+    (pd.Series(["a", None, "c"], dtype=object), pd.Series([np.nan, "y", np.nan], dtype=object)),
+    (pd.Series(["a", "b"], dtype="str"), pd.Series([np.nan, np.nan], dtype=object)),
+    (pd.Series(["a", None], dtype="str"), pd.Series(["x", "y"], dtype=object)),
+    (pd.Series([1.0, 2.0]), pd.Series(["x", "y"], dtype=object)),
+    (pd.Series([1.0, np.nan]), pd.Series([np.nan, np.nan], dtype=object)),
+    (pd.Series([np.nan, 2.0]), pd.Series([5.0, 6.0])),
+    (pd.Series([None, None], dtype=object), pd.Series([1, 2])),
+    (pd.Series([], dtype=float), pd.Series([], dtype=object)),
+])
+def test_first_valid_is_the_where_chain(first, other):
+    """The first present value per row, dtype included, as `where(notna, other)` gives it (the
+    shortcut for a column without missing values keeps it as it is, as `where` does)."""
+    from tokentrace.analysis.detectors.collectives import _first_valid
+    got = _first_valid(first, other)
+    want = first.copy().where(first.notna(), other)
+    pd.testing.assert_series_equal(got, want, check_exact=True)
+    assert [type(x) for x in got.tolist()] == [type(x) for x in want.tolist()]
+
+
+def test_map_float_is_map_astype_float():
+    """Once per distinct value, None and NaN told apart (factorize would merge them)."""
+    from tokentrace.analysis.detectors.collectives import _map_float
+    calls = []
+
+    def fn(v):
+        calls.append(v)
+        return None if v is None else 7 if v != v else {"a": 1, "b": 2.5}.get(v)
+    for col in (pd.Series([None, np.nan, "a", "b", "a", None, "c"], dtype=object),
+                pd.Series(["a", None, "b", "a"], dtype="str"), pd.Series([], dtype=object)):
+        want = col.map(fn).astype(float).to_numpy()
+        calls.clear()
+        got = _map_float(col, fn)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.float64 and len(calls) == len(set(map(repr, col.tolist())))
+
+
+def test_first_per_call_is_groupby_first():
+    """Each call's first present value, dtype and fill (None in object columns, NaN otherwise)
+    as groupby's first gives them, with calls that have none and members of one call only."""
+    from tokentrace.analysis.detectors.collectives import _first_per_call
+    call = np.array([0, 0, 1, 2, 2, 2, 3])
+    cols = {
+        "obj": pd.Series([None, "a", None, np.nan, "b", "c", None], dtype=object),
+        "str": pd.Series([None, "a", None, None, "b", "c", "d"], dtype="str"),
+        "flt": pd.Series([np.nan, 1.0, np.nan, 2.0, np.nan, 3.0, np.nan]),
+        "none": pd.Series([None] * 7, dtype=object),
+        "mixed": pd.Series([None, 1.5, None, "x", None, 2, np.nan], dtype=object),
+    }
+    want = pd.DataFrame({"call": call, **cols}).groupby("call", sort=True)[list(cols)].first()
+    got = pd.DataFrame({c: _first_per_call(s, call, 4) for c, s in cols.items()})
+    pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_exact=True)
+    for c in cols:
+        assert [type(x) for x in got[c].tolist()] == [type(x) for x in want[c].tolist()]
+    empty = pd.Series([], dtype="str")
+    assert len(_first_per_call(empty, np.zeros(0, np.int64), 0)) == 0

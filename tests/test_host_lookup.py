@@ -103,3 +103,18 @@ def test_lookup_reads_events_out_of_start_order_the_same(builder, tmp_path):
         assert host.op_at(pid, HOST_TID, 250_000) == -1
     assert HostLookup(trace)._rows("py", pid, HOST_TID).rows is None  # in start order: no copy
     assert HostLookup(flipped)._rows("py", pid, HOST_TID).rows is not None
+
+
+def test_lookup_on_a_trace_without_python_frames(builder, tmp_path):
+    # No Python frames anywhere: every thread's stack is None (found without a pass per thread),
+    # while the ops are still looked up.
+    builder.cpu_op("aten::mm", 150, 50)
+    builder.cpu_op("aten::add", 100, 400, tid=7)
+    trace = builder.load(tmp_path)
+    host = HostLookup(trace)
+    pid = int(trace.events["pid"].iloc[0])
+    for tid, t, name in ((HOST_TID, 160_000, "aten::mm"), (7, 200_000, "aten::add")):
+        assert host.python_stack(pid, tid, t) is None
+        row = host.op_at(pid, tid, t)
+        assert row >= 0 and trace.names[row] == name
+    assert host._any_frames is False

@@ -42,6 +42,7 @@ class HostLookup:
         self.trace = trace
         self._cache: dict[tuple[str, int, int], _Thread] = {}
         self._in_order: dict[str, bool] = {}
+        self._any_frames: bool | None = None  # whether the trace has Python frames (found once)
 
     def _rows(self, what: str, pid: int, tid: int) -> _Thread:
         key = (what, pid, tid)
@@ -54,6 +55,12 @@ class HostLookup:
                 ev = self.trace.events
                 ts, end, rows = ev["ts"].to_numpy(), ev["end"].to_numpy(), None
                 pids, tids, mine = ev["pid"].to_numpy(), ev["tid"].to_numpy(), self.trace.kind_mask("python_function")
+                if self._any_frames is None:
+                    self._any_frames = bool(mine.any())
+                if not self._any_frames:
+                    # No Python frames at all (most traces): every thread's are none, without the
+                    # passes over every event that finding a thread's would take.
+                    ts, end, pids, tids, mine = ts[:0], end[:0], pids[:0], tids[:0], mine[:0]
             keep = (pids == pid) & (tids == tid)
             if mine is not None:
                 keep &= mine

@@ -253,16 +253,19 @@ def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
     One vectorised step per nesting level (op trees are tens of levels deep, not thousands).
     """
     mark = np.zeros(len(parent), dtype=bool)
-    slot = np.empty(len(parent), dtype=I64)  # scratch for dropping repeats without sorting
     cur = np.asarray(rows, dtype=I64)
     cur = cur[cur >= 0]
+    # Scratch for dropping repeats without sorting, as narrow as the positions written to it
+    # allow (no level has more than `cur` has now): half the memory an int64 one touches.
+    pos_type = np.int32 if len(cur) < 2**31 else I64
+    slot = np.empty(len(parent), dtype=pos_type)
     while len(cur):
         mark[cur] = True
         nxt = parent[cur]
         nxt = nxt[nxt >= 0]
         nxt = nxt[~mark[nxt]]
         # One of each position (siblings share a parent): the last write to a slot wins.
-        pos = np.arange(len(nxt))
+        pos = np.arange(len(nxt), dtype=pos_type)
         slot[nxt] = pos
         cur = nxt[slot[nxt] == pos]
     return mark

@@ -272,10 +272,10 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
     m["dims_dtype"] = dts
     m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
-    g = m.groupby("call", sort=True)
     fp = first_pos(call)
-    out = pd.DataFrame({"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
-                        "end": np.maximum.reduceat(end, fp) if len(fp) else end[:0]})
+    n = len(fp)
+    out: dict[str, Any] = {"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
+                           "end": np.maximum.reduceat(end, fp) if n else end[:0]}
     # Each call's type from its surest member (lowest prio; ties: the first), NaN for a call
     # without one: what sorting the members by (call, prio) and keeping each call's first gives.
     prio = m["prio"].to_numpy()
@@ -283,14 +283,31 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     cand = cand[np.lexsort((prio[cand], call[cand]))]
     best = cand[np.r_[True, call[cand][1:] != call[cand][:-1]]] if len(cand) else cand
     for c in ("type", "type_source"):
-        vals = np.full(len(out), np.nan, dtype=object)
+        vals = np.full(n, np.nan, dtype=object)
         vals[call[best]] = m[c].to_numpy(dtype=object)[best]
         out[c] = pd.Series(vals, dtype=m[c].dtype)
-    # One groupby for every "first present value" column (the args sit on one member).
-    firsts = g[["backend", "dims_dtype", *ARG_STR, *ARG_INT]].first()
-    maxes = g[["dims_bytes", "ratio"]].max()
-    out = out.join(firsts).join(maxes)
-    return out[cols]
+    # Each call's first present value (the args sit on one member) and largest size.
+    for c in ("backend", "dims_dtype", *ARG_STR, *ARG_INT):
+        out[c] = _first_per_call(m[c], call, n)
+    for c in ("dims_bytes", "ratio"):
+        out[c] = np.fmax.reduceat(m[c].to_numpy(float), fp) if n else np.zeros(0)
+    return pd.DataFrame(out)[cols]
+
+
+def _first_per_call(col: pd.Series, call: np.ndarray, n: int) -> Any:
+    """`col.groupby(call).first()`'s values for calls numbered 0..n-1, members sorted by call: each
+    call's first present value, dtype kept; a call without one gets NaN, None in an object
+    column (as groupby's first fills)."""
+    pos = np.flatnonzero(col.notna().to_numpy())
+    first = pos[np.r_[True, call[pos][1:] != call[pos][:-1]]] if len(pos) else pos
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "Of":
+        vals = np.full(n, None if col.dtype == object else np.nan, dtype=col.dtype)
+        vals[call[first]] = col.to_numpy()[first]
+        # An object array of strings as a frame's column would be read as a str column.
+        return pd.Series(vals, dtype=object) if col.dtype == object else vals
+    take = np.full(n, -1, np.int64)
+    take[call[first]] = first
+    return col.array.take(take, allow_fill=True)
 
 
 def _per_distinct(values: np.ndarray, fn: Callable[[Any], Any]) -> list[Any]:
@@ -370,15 +387,24 @@ def _call_of_launch(ev: pd.DataFrame, calls: pd.DataFrame, launch: np.ndarray) -
 # ---- instances ------------------------------------------------------------------------------------
 
 def _first_valid(*cols: pd.Series) -> pd.Series:
-    out = cols[0].copy()
+    """Per row the first of cols with a value. A column without a missing value is kept as it is:
+    `where` with a condition true everywhere returns it unchanged, dtype included (not so a real
+    `where`, whose dtype depends on the other column's: left to pandas)."""
+    out = cols[0]
     for c in cols[1:]:
-        out = out.where(out.notna(), c)
+        miss = out.isna()
+        if miss.any():
+            out = out.where(~miss, c)
     return out
 
 
 def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd.DataFrame:
-    """Instances from kernels grouped by their host call, lone kernels, and calls without kernels."""
-    has_call = kern["call"] >= 0
+    """Instances from kernels grouped by their host call, lone kernels, and calls without kernels.
+
+    Each part's frame is built at once from its columns (adding them one by one cost a check and
+    a copy each); the columns only building reads (the kernels' and calls' own args, hints) stay
+    out of it."""
+    has_call = kern["call"].to_numpy() >= 0
     kern = kern.copy()
     # Kernels of one host call form one instance; a kernel without a call is its own.
     kern["inst"] = np.where(has_call, kern["call"], -1 - np.arange(len(kern)))
@@ -388,50 +414,43 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
     inst = kern["inst"].to_numpy()
     fp = first_pos(inst) if len(inst) else np.zeros(0, np.int64)
     firsts = kern.iloc[fp].reset_index(drop=True)
+    call = firsts["call"]
+    c = calls.reindex(call.where(call >= 0, -1).to_numpy()).reset_index(drop=True)
+    hint, source = firsts["hint"], firsts["source"]
+    args = {col: _first_valid(firsts[col], c[col]) for col in (*ARG_STR, *ARG_INT)}
+    kt = args["coll_name"].map(cc.normalise_type)
+    # The calls' own type columns as plain object arrays, as their values are read here.
+    ctype, csource, cbackend = (pd.Series(c[col].to_numpy()) for col in ("type", "type_source", "backend"))
+    busy = np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else np.zeros(0)
     gpu = pd.DataFrame({
-        "anchor": firsts["row"], "kernel": firsts["name"], "hint": firsts["hint"], "source": firsts["source"],
-        "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]), "device": firsts["device"],
-        "stream": firsts["stream"], "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
+        "anchor": firsts["row"], "kernel": firsts["name"], "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]),
+        "device": firsts["device"], "stream": firsts["stream"],
+        "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
         "end": np.maximum.reduceat(kern["end"].to_numpy(), fp) if len(fp) else [],
-        "busy": np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else [], "call": firsts["call"],
-        "tmpl_group": firsts["tmpl_group"], **{f"k_{c}": firsts[c] for c in (*ARG_STR, *ARG_INT)},
+        "call": call, "tmpl_group": firsts["tmpl_group"], "kind": "gpu",
+        "host_row": c["root"].fillna(-1).astype(np.int64).to_numpy(), "host_start": c["start"].to_numpy(dtype=float),
+        **args,
+        **{f"c_{col}": c[col].to_numpy() for col in ("dims_bytes", "dims_dtype", "ratio")},
+        "type": _first_valid(kt, ctype, hint),
+        "type_source": _first_valid(kt.where(kt.isna(), "args"), csource.where(ctype.notna()), hint.where(hint.isna(), "kernel")),
+        "backend": _first_valid(cbackend, source.where(source != "", None)),
+        "busy_us": busy / US,
     })
-    gpu = gpu.reset_index(drop=True)
-    gpu["kind"] = "gpu"
-    c = calls.reindex(gpu["call"].where(gpu["call"] >= 0, -1).to_numpy()).reset_index(drop=True)
-    gpu["host_row"] = c["root"].fillna(-1).astype(np.int64).to_numpy()
-    gpu["host_start"] = c["start"].to_numpy(dtype=float)
-    for col in (*ARG_STR, *ARG_INT):
-        gpu[col] = _first_valid(gpu[f"k_{col}"], c[col])
-    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
-        gpu[f"c_{col}"] = c[col].to_numpy()
-    kt = gpu["coll_name"].map(cc.normalise_type)
-    gpu["type"] = _first_valid(kt, gpu["c_type"], gpu["hint"])
-    gpu["type_source"] = _first_valid(kt.where(kt.isna(), "args"), gpu["c_type_source"].where(gpu["c_type"].notna()),
-                                      gpu["hint"].where(gpu["hint"].isna(), "kernel"))
-    gpu["backend"] = _first_valid(gpu["c_backend"], gpu["source"].where(gpu["source"] != "", None))
-    gpu["busy_us"] = gpu["busy"] / US
 
     used = set(kern.loc[has_call, "call"].tolist())
-    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))].copy()
-    host["kind"] = "host"
-    host["call"] = host.index
-    host["anchor"] = host["root"].astype(np.int64)
-    host["host_row"] = host["root"].astype(np.int64)
-    host["host_start"] = host["start"].astype(float)
-    host["kernels"] = 0
-    host["device"] = -1
-    host["stream"] = -1
-    for col in ("type", "type_source", "backend", "dims_bytes", "dims_dtype", "ratio"):
-        host[f"c_{col}"] = host[col]
+    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))]
     # Host time is the collective's time only where the collective runs on the host (gloo, MPI,
     # or a trace without GPU activity); an NCCL call's host range is just its enqueue.
     no_gpu = trace.narrow_gpu.empty
     timed = host["backend"].isin(CPU_BACKENDS) | no_gpu
-    host["busy_us"] = np.where(timed, (host["end"] - host["start"]) / US, np.nan)
-    host["tmpl_group"] = np.nan
-    for col in ("kernel", "algo", "hint", "source"):
-        host[col] = None
+    host = pd.DataFrame({
+        **{col: host[col] for col in host.columns}, "kind": "host", "call": host.index,
+        "anchor": host["root"].astype(np.int64), "host_row": host["root"].astype(np.int64),
+        "host_start": host["start"].astype(float), "kernels": 0, "device": -1, "stream": -1,
+        **{f"c_{col}": host[col] for col in ("dims_bytes", "dims_dtype", "ratio")},
+        "busy_us": np.where(timed, (host["end"] - host["start"]) / US, np.nan), "tmpl_group": np.nan,
+        "kernel": None, "algo": None,
+    }, index=host.index)
     inst = pd.concat([gpu, host.reset_index(drop=True)], ignore_index=True, sort=False)
     inst = inst.sort_values(["start"], kind="stable").reset_index(drop=True)
     _sizes(trace, inst)
@@ -440,27 +459,26 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
 
 def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     """dtype, bytes S, group size (and where each came from), process group and sequence number."""
-    el = inst["coll_dtype"].map(lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None).astype(float)
+    el = _map_float(inst["coll_dtype"], lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None)
     nel = np.fmax(inst["in_nelems"].to_numpy(float), inst["out_nelems"].to_numpy(float))
-    arg_bytes = nel * el.to_numpy()
+    arg_bytes = nel * el
     dims = inst["c_dims_bytes"].to_numpy(float)
     inst["bytes"] = np.where(np.isfinite(arg_bytes), arg_bytes, dims)
     inst["bytes_source"] = pd.Series(np.select([np.isfinite(arg_bytes), np.isfinite(dims)], ["args", "input_dims"], ""),
                                      index=inst.index).replace("", None)
     inst["dtype"] = _first_valid(inst["coll_dtype"], inst["c_dims_dtype"])
     pg_size = _pg_sizes(trace)
-    by_pg = inst["pg_name"].map(lambda p: pg_size.get(str(p)) if p is not None else None).astype(float)
-    ranks_n = inst["pg_ranks"].map(lambda s: float(len(cc.parse_int_list(s)[0])) if isinstance(s, str) and "..." not in s else np.nan)
-    ratio = inst["c_ratio"].where(inst["type"].isin(("all_gather", "reduce_scatter")))
+    by_pg = _map_float(inst["pg_name"], lambda p: pg_size.get(str(p)) if p is not None else None)
+    ranks_n = _map_float(inst["pg_ranks"], lambda s: float(len(cc.parse_int_list(s)[0])) if isinstance(s, str) and "..." not in s else np.nan)
+    gathers = np.array([t in ("all_gather", "reduce_scatter") for t in inst["type"].tolist()], dtype=bool)
     world = _world_size(trace)
-    choices = [("args", inst["group_size"]), ("pg_config", by_pg), ("pg_ranks", ranks_n.where(ranks_n > 0)),
-               ("kernel_template", inst["tmpl_group"]), ("shape_ratio", ratio),
-               ("world_size", pd.Series(world if world else np.nan, index=inst.index, dtype=float))]
+    choices = [("args", _numeric(inst["group_size"])), ("pg_config", by_pg), ("pg_ranks", np.where(ranks_n > 0, ranks_n, np.nan)),
+               ("kernel_template", _numeric(inst["tmpl_group"])), ("shape_ratio", np.where(gathers, _numeric(inst["c_ratio"]), np.nan)),
+               ("world_size", np.full(len(inst), world if world else np.nan))]
     # The first source with a value, per instance (arrays: a masked Series assignment per source cost more).
     n = np.full(len(inst), np.nan)
     src = np.full(len(inst), None, dtype=object)
-    for name, s in choices:
-        v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    for name, v in choices:
         take = np.isnan(n) & ~np.isnan(v)
         n[take] = v[take]
         src[take] = name
@@ -487,6 +505,23 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
         trunc.append(cut)
     inst["a2a_imbalance"] = imb
     inst["splits_truncated"] = trunc
+
+
+def _map_float(col: pd.Series, fn: Callable[[Any], Any]) -> np.ndarray:
+    """`col.map(fn).astype(float)` as an array, fn called once per distinct value (instances of
+    one trace share a handful of dtypes and process groups). A dict, not pd.factorize, finds the
+    repeats: factorize takes None and NaN for one value, which fn may tell apart."""
+    seen: dict[Any, Any] = {}
+    out = []
+    for v in col.tolist():
+        if v not in seen:
+            seen[v] = fn(v)
+        out.append(seen[v])
+    return np.array(out, dtype=float)
+
+
+def _numeric(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
 def _pg_sizes(trace: Trace) -> dict[str, float]:

@@ -313,8 +313,8 @@ class _ThreadIntervals:
 
     def __init__(self, trace: Trace, calls: pd.DataFrame, host_coll: np.ndarray) -> None:
         ev = trace.events
-        self.pid, self.tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
-        self.ts, self.end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+        pid, tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
+        ts, end = ev["ts"].to_numpy(), ev["end"].to_numpy()
         # Only the measure of these unions is read (iv.overlap), and an interval inside another
         # one of the same set adds nothing to it: an op lies inside its parent (the loader's
         # parent is the enclosing op of the same thread; a graph map's added ops, parented across
@@ -324,15 +324,18 @@ class _ThreadIntervals:
         op_rows, op_parent = ops.index.to_numpy(np.int64), ops["parent"].to_numpy()
         rt = trace.narrow_runtime
         rt_rows, rt_op = rt.index.to_numpy(np.int64), rt["op"].to_numpy()
-        outlasts = (rt_op < 0) | (self.end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
-        self.native = np.sort(np.r_[op_rows[op_parent < 0], rt_rows[outlasts]], kind="stable")
+        outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
+        native = np.sort(np.r_[op_rows[op_parent < 0], rt_rows[outlasts]], kind="stable")
         # Ops that launched GPU work themselves or through a descendant; of the others, those
         # whose parent launched (or that have none): an op's descendants launch only if it does.
         launch_rows = rt_rows[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         free = ~launching[op_rows]
-        self.nolaunch = op_rows[free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])]
-        self.coll = np.flatnonzero(host_coll)
+        nolaunch = op_rows[free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])]
+        # Each set's pid, tid, ts and end gathered once (in row order: a thread's in start order),
+        # not once per thread asked for: a thread's members are then a mask over them.
+        self.sets = {name: (pid[r], tid[r], ts[r], end[r])
+                     for name, r in (("native", native), ("nolaunch", nolaunch), ("coll", np.flatnonzero(host_coll)))}
         # The sync calls as arrays (few rows: a frame filter per thread cost more than the work).
         self.call_pid, self.call_tid = calls["pid"].to_numpy(), calls["tid"].to_numpy()
         self.call_ts, self.call_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
@@ -342,18 +345,12 @@ class _ThreadIntervals:
         self.xfer = np.isin(kind, TRANSFER_KINDS)
         self.waits = (kind == "gpu_wait") & (self.call_pid >= 0)
 
-    def _on(self, rows: np.ndarray, p: int, t: int) -> np.ndarray:
-        return rows[(self.pid[rows] == p) & (self.tid[rows] == t)]
-
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
         """The thread's merged intervals, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
-        r = self._on(self.native, p, t)
-        u["native_s"], u["native_e"] = iv.union(self.ts[r], self.end[r])
-        r = self._on(self.nolaunch, p, t)
-        u["nolaunch_s"], u["nolaunch_e"] = iv.union(self.ts[r], self.end[r])
-        r = self._on(self.coll, p, t)
-        u["coll_s"], u["coll_e"] = iv.union(self.ts[r], self.end[r])
+        for name, (sp, st, s, e) in self.sets.items():
+            on = (sp == p) & (st == t)
+            u[f"{name}_s"], u[f"{name}_e"] = iv.union(s[on], e[on])
         mine = (self.call_pid == p) & (self.call_tid == t)
         c = np.flatnonzero(mine & self.blocking)
         xfer = self.xfer[c]
