@@ -220,15 +220,32 @@ class Trace:
     def category_counts(self) -> dict[str, int]:
         """Event counts per (original) category; events without one count under ph=<phase>."""
         ev = self.events
-        counts = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
-        no_cat = ev["cat"].isna().to_numpy()
-        if no_cat.any():  # counted by phase instead (metadata, instants without a category)
+        cat = ev["cat"]
+        if isinstance(cat.dtype, pd.CategoricalDtype):
+            # One count of the codes (missing: code -1, the first slot) instead of value_counts
+            # and a second pass for the missing rows; the order is set by the sort below.
+            per_code = np.bincount(cat.array.codes + 1, minlength=len(cat.array.categories) + 1)
+            counts = {str(k): v for k, v in zip(cat.array.categories.tolist(), per_code[1:].tolist(), strict=True) if v}
+            no_cat = (cat.array.codes < 0) if per_code[0] else None
+        else:
+            counts = {str(k): int(v) for k, v in cat.value_counts().items() if v}
+            no_cat = cat.isna().to_numpy()
+        if no_cat is not None and no_cat.any():  # counted by phase instead (metadata, instants without a category)
             for ph, v in ev["ph"][no_cat].astype(object).value_counts(dropna=False).items():
                 counts[f"ph={ph}"] = counts.get(f"ph={ph}", 0) + int(v)
         return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def kind_counts(self) -> dict[str, int]:
-        return {str(k): int(v) for k, v in self.events["kind"].value_counts().items() if v}
+        """Event counts per kind, most first (value_counts' order)."""
+        kind = self.events["kind"]
+        if not isinstance(kind.dtype, pd.CategoricalDtype):
+            return {str(k): int(v) for k, v in kind.value_counts().items() if v}
+        # What value_counts does for a categorical (a count of the codes, most first, equal
+        # counts in category order: its stable descending sort), without its Series.
+        codes = kind.array.codes
+        per_code = np.bincount(codes[codes >= 0] if (codes < 0).any() else codes, minlength=len(kind.array.categories))
+        cats = kind.array.categories.tolist()
+        return {str(cats[i]): int(per_code[i]) for i in np.argsort(-per_code, kind="stable").tolist() if per_code[i]}
 
     def linked_share(self) -> dict[str, float | None]:
         """Share of GPU activity linked to a launch call, and to a cpu op."""
