@@ -18,8 +18,8 @@ successive tokens of one request (a decode step after the request's prefill or p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,30 +50,33 @@ _ROWS_PER_NAME = 100
 def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray:
     """Boolean mask of a categorical name column against a set of names (tested once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        return category_mask(names, _category_hits(names, lambda s: s in wanted))
+        at, text = _names_to_test(names)
+        hit = np.zeros(len(names.array.categories), dtype=bool)
+        hit[at] = [str(c) in wanted for c in text]
+        return category_mask(names, hit)
     return names.astype(str).isin(wanted).to_numpy()
 
 
 def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of names matching a regex (searched once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        return category_mask(names, _category_hits(names, lambda s: bool(pattern.search(s))))
+        at, text = _names_to_test(names)
+        hit = np.zeros(len(names.array.categories), dtype=bool)
+        hit[at] = [bool(pattern.search(str(c))) for c in text]
+        return category_mask(names, hit)
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
-def _category_hits(names: pd.Series, test: Callable[[str], bool]) -> np.ndarray:
-    """Per category of a categorical column, test(name); in a view with few rows per category only
-    the names present are tested (the others are False: no row reads them)."""
-    cats = names.array.categories
-    text = cats.tolist()  # a list, not the Index: ~1 us an item read from an Index
+def _names_to_test(names: pd.Series) -> tuple[slice | list[int], list[Any]]:
+    """Which categories of a categorical column a mask tests (positions, names): every one, or in
+    a view with few rows per category only the names present (no row reads the others)."""
+    text = names.array.categories.tolist()  # a list, not the Index: ~1 us an item read from an Index
     if len(names) >= _ROWS_PER_NAME * len(text):
-        return np.fromiter((test(str(c)) for c in text), dtype=bool, count=len(text))
+        return slice(None), text
     present = np.zeros(len(text) + 1, dtype=bool)
     present[names.array.codes] = True  # code -1 (no name) marks the last slot, which is not read
-    hit = np.zeros(len(text), dtype=bool)
     at = np.flatnonzero(present[:-1]).tolist()
-    hit[at] = [test(str(text[c])) for c in at]
-    return hit
+    return at, [text[c] for c in at]
 
 
 def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, launch: np.ndarray) -> np.ndarray:
@@ -93,8 +96,8 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     """One row per segment (indexed by seg id) with the measures in MEASURE_COLUMNS (times in ns)."""
     table = segs.table
     n = len(table)
-    out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
     if n == 0:
+        out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
         for c in MEASURE_COLUMNS:
             out[c] = pd.Series(dtype="object" if c == "token_source" else "int64")
         return out
@@ -151,17 +154,12 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
         dtoh = (copy_rows & regex_mask(gpu["name"], _DTOH))[gk]
 
     ready, source = _token_ready(trace, g, dtoh, rt, rseg, bmask, end, gpu_last, n)
-    out["first_op"] = first_op
-    out["token_ready"] = ready
-    out["token_source"] = source
-    out["gpu_first"] = gpu_first
-    out["gpu_last"] = gpu_last
-    out["gpu_busy"] = busy
-    out["kernels"] = kernels
-    out["launches"] = launches.astype(np.int64)
-    out["sync_blocked"] = blocked
-    out["blocking_calls"] = nblock.astype(np.int64)
-    return out
+    # Framed once (each column written into a frame costs ~0.2 ms), in MEASURE_COLUMNS' order.
+    return pd.DataFrame({
+        "first_op": first_op, "token_ready": ready, "token_source": source, "gpu_first": gpu_first, "gpu_last": gpu_last,
+        "gpu_busy": busy, "kernels": kernels, "launches": launches.astype(np.int64), "sync_blocked": blocked,
+        "blocking_calls": nblock.astype(np.int64),
+    }, index=pd.RangeIndex(n, name="seg"))
 
 
 @dataclass(frozen=True)
