@@ -44,7 +44,7 @@ def test_token_ready_takes_each_steps_last_copy_after_its_kernels():
     rseg, bmask = np.array([0, 2]), np.array([True, True])
     end = np.array([100, 200, 300], np.int64)
     gpu_last = np.array([26, 40, 60], np.int64)
-    ready, source = lat._token_ready(trace, g, dtoh, rt, rseg, bmask, end, gpu_last, 3)
+    ready, source = lat._token_ready(trace, g, dtoh, rt, rt["ts"].to_numpy(), rseg, bmask, end, gpu_last, 3)
     assert ready.tolist() == [25, 40, 70]
     assert source.tolist() == ["dtoh", "gpu_end", "dtoh_sync"]
 

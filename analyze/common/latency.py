@@ -79,16 +79,15 @@ def _names_to_test(names: pd.Series) -> tuple[slice | list[int], list[Any]]:
     return at, [text[c] for c in at]
 
 
-def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, launch: np.ndarray) -> np.ndarray:
+def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, rt_ts: np.ndarray, launch: np.ndarray) -> np.ndarray:
     """Per segment, the start (ns) of the first operation that can open the step on its own
-    thread: cpu ops and launch calls (`launch`: which runtime rows are; NO_TIME: none). A leading
-    blocking sync (torch.cuda.synchronize() at the top of a profiler step) waits for earlier work;
-    it is not the step's first operation."""
-    rt = trace.narrow_runtime
+    thread: cpu ops and launch calls (`launch`: which runtime rows are, `rt_ts` their starts;
+    NO_TIME: none). A leading blocking sync (torch.cuda.synchronize() at the top of a profiler
+    step) waits for earlier work; it is not the step's first operation."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     # Each kind on its own (each in start order as loaded), the earlier of the two per segment.
     first_op = segs.first_on_thread(ops["ts"].to_numpy(), ops["tid"].to_numpy(), tid_of_seg)
-    first_launch = segs.first_on_thread(rt["ts"].to_numpy()[launch], rt["tid"].to_numpy()[launch], tid_of_seg)
+    first_launch = segs.first_on_thread(rt_ts[launch], trace.narrow_runtime["tid"].to_numpy()[launch], tid_of_seg)
     return np.minimum(first_op, first_launch)
 
 
@@ -104,16 +103,18 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     start = table["start"].to_numpy(np.int64)
     end = table["end"].to_numpy(np.int64)
     tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
+    # Each column read once (a frame's column costs ~25 us a read).
     rt = trace.narrow_runtime
-    is_launch = name_mask(rt["name"], LAUNCH_APIS)
+    rt_names, rt_ts = rt["name"], rt["ts"].to_numpy(np.int64)
+    is_launch = name_mask(rt_names, LAUNCH_APIS)
 
     # First host operation of each step on the step's own thread.
-    first = _first_ops(trace, segs, tid_of_seg, is_launch)
+    first = _first_ops(trace, segs, tid_of_seg, rt_ts, is_launch)
     first_op = np.where(first != NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
-    rseg = segs.locate_times(rt["ts"].to_numpy(np.int64))
-    is_block = name_mask(rt["name"], BLOCKING_APIS)
+    rseg = segs.locate_times(rt_ts)
+    is_block = name_mask(rt_names, BLOCKING_APIS)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
     blocked = np.bincount(rseg[bmask], weights=rt["dur"].to_numpy(np.int64)[bmask], minlength=n).astype(np.int64)
@@ -127,11 +128,12 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     gk = gseg >= 0
     all_ts = gpu["ts"].to_numpy(np.int64)
     all_launch = gpu["launch"].to_numpy(np.int64)
+    kind = gpu["kind"]
     orphan = gk & (all_launch < 0)
     gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
     # Plain arrays over the kept rows (a frame of them cost more than all the work below).
     g = _GpuRows(seg=gseg[gk], ts=all_ts[gk], end=gpu["end"].to_numpy(np.int64)[gk],
-                 kernel=isin_mask(gpu["kind"], ("kernel",))[gk], launch=all_launch[gk])
+                 kernel=isin_mask(kind, ("kernel",))[gk], launch=all_launch[gk])
     gpu_first = np.full(n, -1, np.int64)
     gpu_last = np.full(n, -1, np.int64)
     busy = np.zeros(n, np.int64)
@@ -148,12 +150,12 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
         ms, s0, e0 = iv.union_grouped(g.seg, g.ts, g.end)
         busy[:] = np.bincount(ms, weights=(e0 - s0), minlength=n).astype(np.int64)
     # Device-to-host copies, only where the kept rows hold a copy at all (the name test is per name).
-    copy_rows = isin_mask(gpu["kind"], ("gpu_memcpy",))
+    copy_rows = isin_mask(kind, ("gpu_memcpy",))
     dtoh = np.zeros(len(g.seg), dtype=bool)
     if (copy_rows & gk).any():
         dtoh = (copy_rows & regex_mask(gpu["name"], _DTOH))[gk]
 
-    ready, source = _token_ready(trace, g, dtoh, rt, rseg, bmask, end, gpu_last, n)
+    ready, source = _token_ready(trace, g, dtoh, rt, rt_ts, rseg, bmask, end, gpu_last, n)
     # Framed once (each column written into a frame costs ~0.2 ms), in MEASURE_COLUMNS' order.
     return pd.DataFrame({
         "first_op": first_op, "token_ready": ready, "token_source": source, "gpu_first": gpu_first, "gpu_last": gpu_last,
@@ -172,8 +174,8 @@ class _GpuRows:
     launch: np.ndarray
 
 
-def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, rseg: np.ndarray, bmask: np.ndarray,
-                 end: np.ndarray, gpu_last: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, rt_ts: np.ndarray, rseg: np.ndarray,
+                 bmask: np.ndarray, end: np.ndarray, gpu_last: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Token-ready time (ns) and its source for each segment (`dtoh`: which of the rows `g` are
     device-to-host copies); see the module docstring."""
     ready = np.where(gpu_last >= 0, gpu_last, end)
@@ -197,7 +199,7 @@ def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, 
     launch_ts = np.where(c_launch >= 0, ev_ts[np.maximum(c_launch, 0)], c_ts)
     # The first blocking host call at or after the copy's launch, within the same step.
     bseg = rseg[bmask]
-    bts = rt["ts"].to_numpy(np.int64)[bmask]
+    bts = rt_ts[bmask]
     bend = rt["end"].to_numpy(np.int64)[bmask]
     order = np.lexsort((bts, bseg))
     bseg, bts, bend = bseg[order], bts[order], bend[order]
