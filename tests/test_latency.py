@@ -49,20 +49,23 @@ def test_token_ready_takes_each_steps_last_copy_after_its_kernels():
     assert source.tolist() == ["dtoh", "gpu_end", "dtoh_sync"]
 
 
-def _trace(cat: list, ph: list, kind: list) -> Trace:
-    return Trace("t", 0, pd.DataFrame({"cat": pd.Categorical(cat, categories=["b", "a", "c", "zero"]),
+def _trace(cat: list, ph: list, kind: list, extra: int) -> Trace:
+    cats = ["b", "a", "c", "zero"] + [f"x{i}" for i in range(extra)]
+    return Trace("t", 0, pd.DataFrame({"cat": pd.Categorical(cat, categories=cats),
                                        "ph": pd.Categorical(ph), "kind": pd.Categorical(kind)}))
 
 
 @pytest.mark.parametrize("missing", [False, True])
-def test_counts_equal_value_counts(missing):
+@pytest.mark.parametrize("extra", [0, 40])  # few categories (counted by comparisons), many (bincount)
+def test_counts_equal_value_counts(missing, extra):
     rng = np.random.default_rng(7)
     n = 500
-    cat = list(np.array(["a", "b", "c", None if missing else "a"], dtype=object)[rng.integers(0, 4, n)])
+    values = ["a", "b", "c", None if missing else "a"] + [f"x{i}" for i in range(0, extra, 3)]
+    cat = list(np.array(values, dtype=object)[rng.integers(0, len(values), n)])
     ph = list(np.array(["X", "i", "M"], dtype=object)[rng.integers(0, 3, n)])
-    kinds = [f"k{i}" for i in range(20)]  # ties in the counts
-    kind = [kinds[i % 20] if i % 7 else (None if missing else "k3") for i in range(n)]
-    trace = _trace(cat, ph, kind)
+    kinds = [f"k{i}" for i in range(20 + extra)]  # ties in the counts
+    kind = [kinds[i % len(kinds)] if i % 7 else (None if missing else "k3") for i in range(n)]
+    trace = _trace(cat, ph, kind, extra)
     ev = trace.events
     want = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
     for p, v in ev["ph"][ev["cat"].isna().to_numpy()].astype(object).value_counts(dropna=False).items():

@@ -222,11 +222,11 @@ class Trace:
         ev = self.events
         cat = ev["cat"]
         if isinstance(cat.dtype, pd.CategoricalDtype):
-            # One count of the codes (missing: code -1, the first slot) instead of value_counts
-            # and a second pass for the missing rows; the order is set by the sort below.
-            per_code = np.bincount(cat.array.codes + 1, minlength=len(cat.array.categories) + 1)
-            counts = {str(k): v for k, v in zip(cat.array.categories.tolist(), per_code[1:].tolist(), strict=True) if v}
-            no_cat = (cat.array.codes < 0) if per_code[0] else None
+            # One count of the codes (missing ones with them) instead of value_counts and a
+            # second pass for the missing rows; the order is set by the sort below.
+            per_code, missing = self._code_counts(cat)
+            counts = {str(k): v for k, v in zip(cat.array.categories.tolist(), per_code.tolist(), strict=True) if v}
+            no_cat = (cat.array.codes < 0) if missing else None
         else:
             counts = {str(k): int(v) for k, v in cat.value_counts().items() if v}
             no_cat = cat.isna().to_numpy()
@@ -242,10 +242,23 @@ class Trace:
             return {str(k): int(v) for k, v in kind.value_counts().items() if v}
         # What value_counts does for a categorical (a count of the codes, most first, equal
         # counts in category order: its stable descending sort), without its Series.
-        codes = kind.array.codes
-        per_code = np.bincount(codes[codes >= 0] if (codes < 0).any() else codes, minlength=len(kind.array.categories))
+        per_code = self._code_counts(kind)[0]
         cats = kind.array.categories.tolist()
         return {str(cats[i]): int(per_code[i]) for i in np.argsort(-per_code, kind="stable").tolist() if per_code[i]}
+
+    @staticmethod
+    def _code_counts(col: pd.Series) -> tuple[np.ndarray, int]:
+        """Rows per category of a categorical column (int64, in category order), and rows without
+        a value (code -1)."""
+        codes = col.array.codes
+        n = len(col.array.categories)
+        if n <= 24:
+            # A comparison pass per code (~60 us a million rows) beats bincount (~1.6 ms a
+            # million rows of small codes: its increments queue on a few counters) up to ~25.
+            per = np.array([np.count_nonzero(codes == c) for c in range(-1, n)], dtype=np.int64)
+        else:
+            per = np.bincount(codes + 1, minlength=n + 1)  # +1 fits: the code type holds n + 1
+        return per[1:], int(per[0])
 
     def linked_share(self) -> dict[str, float | None]:
         """Share of GPU activity linked to a launch call, and to a cpu op."""
