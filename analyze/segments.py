@@ -137,13 +137,12 @@ class Segments:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""
         rows = np.asarray(rows, dtype=np.int64)
         ev = trace.events
-        all_ts = ev["ts"].to_numpy()
-        ts = all_ts[rows]
         launch = ev["launch"].to_numpy()[rows]
         has = launch >= 0
-        if has.any():  # host rows (most callers' cpu ops) have no launch: nothing to replace
-            ts[has] = all_ts[launch[has]]
-        return self.locate_times(ts)
+        # The row whose start locates each row (its launch, else itself), then one gather of the
+        # starts (not the rows' starts and a masked overwrite of most of them). Host rows (most
+        # callers' cpu ops) have no launch: their own rows.
+        return self.locate_times(ev["ts"].to_numpy()[np.where(has, launch, rows) if has.any() else rows])
 
     def locate_gpu(self, trace: Trace) -> np.ndarray:
         """`locate_rows` of every row of `trace.narrow_gpu` (in its order), computed once per trace

@@ -106,6 +106,26 @@ def test_gpu_rows_are_located_by_their_launch_once_per_trace(tmp_path):
     assert segs.locate_gpu(other).tolist() == [0, 0, -1, 1, 1]
 
 
+def test_rows_with_and_without_a_launch_are_located_by_the_right_start(tmp_path):
+    """locate_rows of host and GPU rows together (GPU rows by their launch's start, the others by
+    their own), and of host rows only (no launch at all), equal locating those starts."""
+    b = TraceBuilder()
+    b.launch("k0", 10.0, 120.0, 5.0)  # launched in step 0, runs after it
+    b.launch("k1", 150.0, 210.0, 5.0)  # launched outside every step, runs in step 1
+    b.launch("k2", 220.0, 230.0, 5.0)
+    t = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1], "start": [0, 200_000], "end": [100_000, 300_000]}))
+    ev = t.events
+    rows = np.arange(len(ev))[::-1]  # out of order
+    launch = ev["launch"].to_numpy()[rows]
+    ts = ev["ts"].to_numpy()
+    want = segs.locate_times(np.where(launch >= 0, ts[np.maximum(launch, 0)], ts[rows]))
+    np.testing.assert_array_equal(segs.locate_rows(t, rows), want)
+    host = rows[launch < 0]
+    np.testing.assert_array_equal(segs.locate_rows(t, host), segs.locate_times(ts[host]))
+    assert sorted(set(segs.locate_rows(t, t.narrow_gpu.index.to_numpy()).tolist())) == [-1, 0, 1]
+
+
 def test_a_replaced_table_is_located_afresh():
     """locate_times keeps the table's ordered columns between calls (Segments._in_start_order): a
     new table (phases' segment() replaces its table) is ordered again, not located by the old one."""

@@ -18,6 +18,8 @@ successive tokens of one request (a decode step after the request's prefill or p
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,33 +41,53 @@ MEASURE_COLUMNS = (
 )
 
 
+# A view is matched per name present, not per name of the trace, when it has fewer rows than this
+# many per name of the trace: marking the names present costs a few ns a row, a regex search
+# ~0.3 us a name (the launch calls of a small trace test a handful of its hundreds of names).
+_ROWS_PER_NAME = 100
+
+
 def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray:
     """Boolean mask of a categorical name column against a set of names (tested once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.array.categories
-        return category_mask(names, np.fromiter((str(c) in wanted for c in cats.tolist()), dtype=bool, count=len(cats)))
+        at, text = _names_to_test(names)
+        hit = np.zeros(len(names.array.categories), dtype=bool)
+        hit[at] = [str(c) in wanted for c in text]
+        return category_mask(names, hit)
     return names.astype(str).isin(wanted).to_numpy()
 
 
 def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of names matching a regex (searched once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.array.categories
-        return category_mask(names, np.fromiter((bool(pattern.search(str(c))) for c in cats.tolist()), dtype=bool, count=len(cats)))
+        at, text = _names_to_test(names)
+        hit = np.zeros(len(names.array.categories), dtype=bool)
+        hit[at] = [bool(pattern.search(str(c))) for c in text]
+        return category_mask(names, hit)
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
-def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray) -> np.ndarray:
+def _names_to_test(names: pd.Series) -> tuple[slice | list[int], list[Any]]:
+    """Which categories of a categorical column a mask tests (positions, names): every one, or in
+    a view with few rows per category only the names present (no row reads the others)."""
+    text = names.array.categories.tolist()  # a list, not the Index: ~1 us an item read from an Index
+    if len(names) >= _ROWS_PER_NAME * len(text):
+        return slice(None), text
+    present = np.zeros(len(text) + 1, dtype=bool)
+    present[names.array.codes] = True  # code -1 (no name) marks the last slot, which is not read
+    at = np.flatnonzero(present[:-1]).tolist()
+    return at, [text[c] for c in at]
+
+
+def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, rt_ts: np.ndarray, launch: np.ndarray) -> np.ndarray:
     """Per segment, the start (ns) of the first operation that can open the step on its own
-    thread: cpu ops and launch calls (NO_TIME: none). A leading blocking sync
-    (torch.cuda.synchronize() at the top of a profiler step) waits for earlier work; it is not the
-    step's first operation."""
-    rt = trace.narrow_runtime
+    thread: cpu ops and launch calls (`launch`: which runtime rows are, `rt_ts` their starts;
+    NO_TIME: none). A leading blocking sync (torch.cuda.synchronize() at the top of a profiler
+    step) waits for earlier work; it is not the step's first operation."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
-    launch = name_mask(rt["name"], LAUNCH_APIS)
     # Each kind on its own (each in start order as loaded), the earlier of the two per segment.
     first_op = segs.first_on_thread(ops["ts"].to_numpy(), ops["tid"].to_numpy(), tid_of_seg)
-    first_launch = segs.first_on_thread(rt["ts"].to_numpy()[launch], rt["tid"].to_numpy()[launch], tid_of_seg)
+    first_launch = segs.first_on_thread(rt_ts[launch], trace.narrow_runtime["tid"].to_numpy()[launch], tid_of_seg)
     return np.minimum(first_op, first_launch)
 
 
@@ -73,24 +95,26 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     """One row per segment (indexed by seg id) with the measures in MEASURE_COLUMNS (times in ns)."""
     table = segs.table
     n = len(table)
-    out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
     if n == 0:
+        out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
         for c in MEASURE_COLUMNS:
             out[c] = pd.Series(dtype="object" if c == "token_source" else "int64")
         return out
     start = table["start"].to_numpy(np.int64)
     end = table["end"].to_numpy(np.int64)
     tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
+    # Each column read once (a frame's column costs ~25 us a read).
+    rt = trace.narrow_runtime
+    rt_names, rt_ts = rt["name"], rt["ts"].to_numpy(np.int64)
+    is_launch = name_mask(rt_names, LAUNCH_APIS)
 
     # First host operation of each step on the step's own thread.
-    first = _first_ops(trace, segs, tid_of_seg)
+    first = _first_ops(trace, segs, tid_of_seg, rt_ts, is_launch)
     first_op = np.where(first != NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
-    rt = trace.narrow_runtime
-    rseg = segs.locate_times(rt["ts"].to_numpy(np.int64))
-    is_launch = name_mask(rt["name"], LAUNCH_APIS)
-    is_block = name_mask(rt["name"], BLOCKING_APIS)
+    rseg = segs.locate_times(rt_ts)
+    is_block = name_mask(rt_names, BLOCKING_APIS)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
     blocked = np.bincount(rseg[bmask], weights=rt["dur"].to_numpy(np.int64)[bmask], minlength=n).astype(np.int64)
@@ -102,77 +126,91 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     gpu = trace.narrow_gpu
     gseg = segs.locate_gpu(trace)
     gk = gseg >= 0
-    orphan = gpu["launch"].to_numpy(np.int64) < 0
-    gk[gk & orphan] = gpu["ts"].to_numpy(np.int64)[gk & orphan] >= first_op[gseg[gk & orphan]]
-    g = pd.DataFrame({
-        "seg": gseg[gk],
-        "ts": gpu["ts"].to_numpy(np.int64)[gk],
-        "end": gpu["end"].to_numpy(np.int64)[gk],
-        "kernel": isin_mask(gpu["kind"], ("kernel",))[gk],
-        "dtoh": (isin_mask(gpu["kind"], ("gpu_memcpy",)) & regex_mask(gpu["name"], _DTOH))[gk],
-        "launch": gpu["launch"].to_numpy(np.int64)[gk],
-    })
+    all_ts = gpu["ts"].to_numpy(np.int64)
+    all_launch = gpu["launch"].to_numpy(np.int64)
+    kind = gpu["kind"]
+    orphan = gk & (all_launch < 0)
+    gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
+    # Plain arrays over the kept rows (a frame of them cost more than all the work below).
+    g = _GpuRows(seg=gseg[gk], ts=all_ts[gk], end=gpu["end"].to_numpy(np.int64)[gk],
+                 kernel=isin_mask(kind, ("kernel",))[gk], launch=all_launch[gk])
     gpu_first = np.full(n, -1, np.int64)
     gpu_last = np.full(n, -1, np.int64)
     busy = np.zeros(n, np.int64)
     kernels = np.zeros(n, np.int64)
-    if len(g):
-        gs = g["seg"].to_numpy(np.int64)
-        idx = np.flatnonzero(np.bincount(gs, minlength=n))
+    if len(g.seg):
+        idx = np.flatnonzero(np.bincount(g.seg, minlength=n))
         lo = np.full(n, NO_TIME, np.int64)
         hi = np.full(n, -NO_TIME, np.int64)
-        np.minimum.at(lo, gs, g["ts"].to_numpy(np.int64))
-        np.maximum.at(hi, gs, g["end"].to_numpy(np.int64))
+        np.minimum.at(lo, g.seg, g.ts)
+        np.maximum.at(hi, g.seg, g.end)
         gpu_first[idx] = lo[idx]
         gpu_last[idx] = hi[idx]
-        kernels[:] = np.bincount(g["seg"].to_numpy(np.int64), weights=g["kernel"].to_numpy(), minlength=n).astype(np.int64)
-        ms, s0, e0 = iv.union_grouped(g["seg"].to_numpy(np.int64), g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+        kernels[:] = np.bincount(g.seg[g.kernel], minlength=n)
+        ms, s0, e0 = iv.union_grouped(g.seg, g.ts, g.end)
         busy[:] = np.bincount(ms, weights=(e0 - s0), minlength=n).astype(np.int64)
+    # Device-to-host copies, only where the kept rows hold a copy at all (the name test is per name).
+    copy_rows = isin_mask(kind, ("gpu_memcpy",))
+    dtoh = np.zeros(len(g.seg), dtype=bool)
+    if (copy_rows & gk).any():
+        dtoh = (copy_rows & regex_mask(gpu["name"], _DTOH))[gk]
 
-    ready, source = _token_ready(trace, g, rt, rseg, bmask, end, gpu_last, kernels, n)
-    out["first_op"] = first_op
-    out["token_ready"] = ready
-    out["token_source"] = source
-    out["gpu_first"] = gpu_first
-    out["gpu_last"] = gpu_last
-    out["gpu_busy"] = busy
-    out["kernels"] = kernels
-    out["launches"] = launches.astype(np.int64)
-    out["sync_blocked"] = blocked
-    out["blocking_calls"] = nblock.astype(np.int64)
-    return out
+    ready, source = _token_ready(trace, g, dtoh, rt, rt_ts, rseg, bmask, end, gpu_last, n)
+    # Framed once (each column written into a frame costs ~0.2 ms), in MEASURE_COLUMNS' order.
+    return pd.DataFrame({
+        "first_op": first_op, "token_ready": ready, "token_source": source, "gpu_first": gpu_first, "gpu_last": gpu_last,
+        "gpu_busy": busy, "kernels": kernels, "launches": launches.astype(np.int64), "sync_blocked": blocked,
+        "blocking_calls": nblock.astype(np.int64),
+    }, index=pd.RangeIndex(n, name="seg"))
 
 
-def _token_ready(trace: Trace, g: pd.DataFrame, rt: pd.DataFrame, rseg: np.ndarray, bmask: np.ndarray,
-                 end: np.ndarray, gpu_last: np.ndarray, kernels: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token-ready time (ns) and its source for each segment; see the module docstring."""
+@dataclass(frozen=True)
+class _GpuRows:
+    """The GPU rows a step owns (measure): segment, start, end (ns), whether a kernel, launch row."""
+    seg: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    kernel: np.ndarray
+    launch: np.ndarray
+
+
+def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, rt_ts: np.ndarray, rseg: np.ndarray,
+                 bmask: np.ndarray, end: np.ndarray, gpu_last: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token-ready time (ns) and its source for each segment (`dtoh`: which of the rows `g` are
+    device-to-host copies); see the module docstring."""
     ready = np.where(gpu_last >= 0, gpu_last, end)
     source = np.where(gpu_last >= 0, "gpu_end", "host_end").astype(object)
-    if not len(g) or not g["dtoh"].any():
+    if not dtoh.any():
         return ready, source
-    kern_last = g[g["kernel"]].groupby("seg")["end"].max()
     last_kernel_end = np.full(n, np.iinfo(np.int64).min, np.int64)
-    last_kernel_end[kern_last.index.to_numpy(np.int64)] = kern_last.to_numpy(np.int64)
-    copies = g[g["dtoh"]].sort_values(["seg", "ts"]).groupby("seg").tail(1)
-    copies = copies[copies["end"].to_numpy() >= last_kernel_end[copies["seg"].to_numpy(np.int64)]]
-    if copies.empty:
+    np.maximum.at(last_kernel_end, g.seg[g.kernel], g.end[g.kernel])
+    # Each segment's last copy by start (the later row of equal starts): the last of its run in
+    # (segment, start) order, a stable sort.
+    c_seg, c_ts = g.seg[dtoh], g.ts[dtoh]
+    order = np.lexsort((c_ts, c_seg))
+    c_seg = c_seg[order]
+    last = order[np.r_[c_seg[1:] != c_seg[:-1], True]]
+    c_seg, c_ts, c_end, c_launch = g.seg[dtoh][last], g.ts[dtoh][last], g.end[dtoh][last], g.launch[dtoh][last]
+    keep = c_end >= last_kernel_end[c_seg]
+    if not keep.any():
         return ready, source
+    c_seg, c_ts, c_end, c_launch = c_seg[keep], c_ts[keep], c_end[keep], c_launch[keep]
     ev_ts = trace.events["ts"].to_numpy(np.int64)
-    launch_ts = np.where(copies["launch"].to_numpy() >= 0, ev_ts[np.maximum(copies["launch"].to_numpy(), 0)], copies["ts"].to_numpy())
+    launch_ts = np.where(c_launch >= 0, ev_ts[np.maximum(c_launch, 0)], c_ts)
     # The first blocking host call at or after the copy's launch, within the same step.
     bseg = rseg[bmask]
-    bts = rt["ts"].to_numpy(np.int64)[bmask]
+    bts = rt_ts[bmask]
     bend = rt["end"].to_numpy(np.int64)[bmask]
     order = np.lexsort((bts, bseg))
     bseg, bts, bend = bseg[order], bts[order], bend[order]
-    for seg, cts, cend in zip(copies["seg"].to_numpy(np.int64), launch_ts, copies["end"].to_numpy(np.int64), strict=True):
+    for seg, cts, cend in zip(c_seg.tolist(), launch_ts.tolist(), c_end.tolist(), strict=True):
         lo, hi = np.searchsorted(bseg, seg, "left"), np.searchsorted(bseg, seg, "right")
         k = lo + np.searchsorted(bts[lo:hi], cts, "left")
         if k < hi:
-            ready[seg] = max(int(cend), int(bend[k]))
+            ready[seg] = max(cend, int(bend[k]))
             source[seg] = "dtoh_sync"
         else:
-            ready[seg] = int(cend)
+            ready[seg] = cend
             source[seg] = "dtoh"
     return ready, source
 

@@ -56,12 +56,13 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     if gpu.empty or not len(segs):
         return None
     seg = segs.locate_gpu(trace)
-    table = segs.table.set_index("seg")
-    # Whether each segment is a step, then per row through its segment (a text per row cost).
-    seg_is_step = np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)
-    pos = table.index.get_indexer(np.maximum(seg, 0))
-    ok = (seg >= 0) & (pos >= 0)
-    ok[ok] = seg_is_step[pos[ok]]
+    table = segs.table
+    # Whether each segment is a step (by row, then by id), then per GPU row through its segment.
+    is_step = np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)
+    ids = table["seg"].to_numpy(np.int64)
+    step_of_id = np.zeros(int(ids.max()) + 2, dtype=bool)  # the last slot: id -1 (no segment)
+    step_of_id[ids] = is_step
+    ok = step_of_id[seg]
     if not ok.any():
         return None
     ts, end = gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
@@ -71,8 +72,7 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     queued = ts[first] - int(trace.events["end"].to_numpy(np.int64)[launch]) if launch >= 0 else 0
     if queued > QUEUED_WAIT_MIN_NS:
         return Window(gpu_start, gpu_end, queued=True)
-    steps = table[np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)]
-    start = min(int(steps["start"].min()), gpu_start)
+    start = min(int(table["start"].to_numpy(np.int64)[is_step].min()), gpu_start)
     before = end[end <= start]
     if len(before) and not ((ts < start) & (end > start)).any():
         # The first step starts while the GPU is idle: the window takes that idle stretch whole,

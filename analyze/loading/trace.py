@@ -220,15 +220,45 @@ class Trace:
     def category_counts(self) -> dict[str, int]:
         """Event counts per (original) category; events without one count under ph=<phase>."""
         ev = self.events
-        counts = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
-        no_cat = ev["cat"].isna().to_numpy()
-        if no_cat.any():  # counted by phase instead (metadata, instants without a category)
+        cat = ev["cat"]
+        if isinstance(cat.dtype, pd.CategoricalDtype):
+            # One count of the codes (missing ones with them) instead of value_counts and a
+            # second pass for the missing rows; the order is set by the sort below.
+            per_code, missing = self._code_counts(cat)
+            counts = {str(k): v for k, v in zip(cat.array.categories.tolist(), per_code.tolist(), strict=True) if v}
+            no_cat = (cat.array.codes < 0) if missing else None
+        else:
+            counts = {str(k): int(v) for k, v in cat.value_counts().items() if v}
+            no_cat = cat.isna().to_numpy()
+        if no_cat is not None and no_cat.any():  # counted by phase instead (metadata, instants without a category)
             for ph, v in ev["ph"][no_cat].astype(object).value_counts(dropna=False).items():
                 counts[f"ph={ph}"] = counts.get(f"ph={ph}", 0) + int(v)
         return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def kind_counts(self) -> dict[str, int]:
-        return {str(k): int(v) for k, v in self.events["kind"].value_counts().items() if v}
+        """Event counts per kind, most first (value_counts' order)."""
+        kind = self.events["kind"]
+        if not isinstance(kind.dtype, pd.CategoricalDtype):
+            return {str(k): int(v) for k, v in kind.value_counts().items() if v}
+        # What value_counts does for a categorical (a count of the codes, most first, equal
+        # counts in category order: its stable descending sort), without its Series.
+        per_code = self._code_counts(kind)[0]
+        cats = kind.array.categories.tolist()
+        return {str(cats[i]): int(per_code[i]) for i in np.argsort(-per_code, kind="stable").tolist() if per_code[i]}
+
+    @staticmethod
+    def _code_counts(col: pd.Series) -> tuple[np.ndarray, int]:
+        """Rows per category of a categorical column (int64, in category order), and rows without
+        a value (code -1)."""
+        codes = col.array.codes
+        n = len(col.array.categories)
+        if n <= 24:
+            # A comparison pass per code (~60 us a million rows) beats bincount (~1.6 ms a
+            # million rows of small codes: its increments queue on a few counters) up to ~25.
+            per = np.array([np.count_nonzero(codes == c) for c in range(-1, n)], dtype=np.int64)
+        else:
+            per = np.bincount(codes + 1, minlength=n + 1)  # +1 fits: the code type holds n + 1
+        return per[1:], int(per[0])
 
     def linked_share(self) -> dict[str, float | None]:
         """Share of GPU activity linked to a launch call, and to a cpu op."""

@@ -1,0 +1,75 @@
+"""Known answers for the shared helpers' fast paths: the per-name masks (names present only, or
+every category), the token-ready copy of each step, and the trace's category and kind counts."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tokentrace.analysis.common import latency as lat
+from tokentrace.analysis.loading.trace import Trace
+
+_NAMES = ["cudaLaunchKernel", "Memcpy DtoH (Device -> Pageable)", "aten::mm", "CopyDeviceToHost", "cudaMemcpyAsync"]
+
+
+@pytest.mark.parametrize("rows", [3, 40, 2000])  # a few rows per name (names present), many (every category)
+def test_name_masks_equal_pandas_on_categoricals(rows):
+    rng = np.random.default_rng(rows)
+    values = np.array(_NAMES + [None], dtype=object)[rng.integers(0, len(_NAMES) + 1, rows)]
+    col = pd.Series(pd.Categorical(values, categories=_NAMES + [f"unused{i}" for i in range(20)]))
+    plain = pd.Series(values).fillna("")
+    wanted = {"cudaLaunchKernel", "aten::mm", "unused3"}
+    assert (lat.name_mask(col, wanted) == (plain.isin(wanted) & pd.Series(values).notna()).to_numpy()).all()
+    pattern = re.compile(r"DtoH|DeviceToHost|unused")
+    assert (lat.regex_mask(col, pattern) == plain.str.contains(pattern).to_numpy()).all()
+
+
+def _gpu_rows(seg, ts, end, kernel, launch) -> lat._GpuRows:
+    return lat._GpuRows(seg=np.array(seg, np.int64), ts=np.array(ts, np.int64), end=np.array(end, np.int64),
+                        kernel=np.array(kernel, bool), launch=np.array(launch, np.int64))
+
+
+def test_token_ready_takes_each_steps_last_copy_after_its_kernels():
+    # Rows out of segment order; segment 0: two copies starting together (the later row counts),
+    # the last one ends after the kernel; segment 1: its last copy ends before a kernel (no
+    # token); segment 2: a copy followed by a blocking call.
+    g = _gpu_rows(seg=[2, 0, 0, 0, 1, 1, 2], ts=[50, 10, 20, 20, 30, 31, 40], end=[60, 15, 26, 25, 40, 35, 45],
+                  kernel=[0, 1, 0, 0, 1, 0, 1], launch=[-1, -1, -1, -1, -1, -1, -1])
+    dtoh = np.array([1, 0, 1, 1, 0, 1, 0], bool)
+    trace = Trace("t", 0, pd.DataFrame({"ts": np.zeros(1, np.int64)}))
+    rt = pd.DataFrame({"ts": np.array([5, 55], np.int64), "end": np.array([6, 70], np.int64)})
+    rseg, bmask = np.array([0, 2]), np.array([True, True])
+    end = np.array([100, 200, 300], np.int64)
+    gpu_last = np.array([26, 40, 60], np.int64)
+    ready, source = lat._token_ready(trace, g, dtoh, rt, rt["ts"].to_numpy(), rseg, bmask, end, gpu_last, 3)
+    assert ready.tolist() == [25, 40, 70]
+    assert source.tolist() == ["dtoh", "gpu_end", "dtoh_sync"]
+
+
+def _trace(cat: list, ph: list, kind: list, extra: int) -> Trace:
+    cats = ["b", "a", "c", "zero"] + [f"x{i}" for i in range(extra)]
+    return Trace("t", 0, pd.DataFrame({"cat": pd.Categorical(cat, categories=cats),
+                                       "ph": pd.Categorical(ph), "kind": pd.Categorical(kind)}))
+
+
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("extra", [0, 40])  # few categories (counted by comparisons), many (bincount)
+def test_counts_equal_value_counts(missing, extra):
+    rng = np.random.default_rng(7)
+    n = 500
+    values = ["a", "b", "c", None if missing else "a"] + [f"x{i}" for i in range(0, extra, 3)]
+    cat = list(np.array(values, dtype=object)[rng.integers(0, len(values), n)])
+    ph = list(np.array(["X", "i", "M"], dtype=object)[rng.integers(0, 3, n)])
+    kinds = [f"k{i}" for i in range(20 + extra)]  # ties in the counts
+    kind = [kinds[i % len(kinds)] if i % 7 else (None if missing else "k3") for i in range(n)]
+    trace = _trace(cat, ph, kind, extra)
+    ev = trace.events
+    want = {str(k): int(v) for k, v in ev["cat"].value_counts().items() if v}
+    for p, v in ev["ph"][ev["cat"].isna().to_numpy()].astype(object).value_counts(dropna=False).items():
+        want[f"ph={p}"] = want.get(f"ph={p}", 0) + int(v)
+    assert trace.category_counts() == dict(sorted(want.items(), key=lambda kv: (-kv[1], kv[0])))
+    want_kinds = {str(k): int(v) for k, v in ev["kind"].value_counts().items() if v}
+    assert list(trace.kind_counts().items()) == list(want_kinds.items())
