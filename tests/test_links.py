@@ -260,17 +260,18 @@ def _nested_ops(rng: np.random.Generator, threads: int) -> tuple[np.ndarray, ...
     return ts, end, tid, parent
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(11))
 def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed):
     rng = np.random.default_rng(seed)
-    # Mostly a few threads; two seeds with more than FEW_THREADS (threads coded by a hash table).
-    threads = int(rng.integers(1, 4)) if seed < 6 else FEW_THREADS + 8
+    # Mostly a few threads; two seeds with more than FEW_THREADS (threads coded by a hash table),
+    # three with every op and instant on one thread (searched by start alone).
+    threads = int(rng.integers(1, 4)) if seed < 6 else FEW_THREADS + 8 if seed < 8 else 1
     ts, end, tid, parent = _nested_ops(rng, threads=threads)
     n_ops = len(ts)
     # Instants (memory events) on the ops' threads, at starts, ends (exclusive) and between.
     m = 300
     at_ts = np.sort(np.r_[rng.choice(ts, 50), rng.choice(end, 50), rng.integers(-5, 410, m - 100)])
-    at_tid = rng.integers(1, max(threads, 3) + 1, m).astype(np.int32)
+    at_tid = rng.integers(1, max(threads, 3) + 1 if seed < 8 else 2, m).astype(np.int32)
     # The instants join the ops as rows of one trace, all in start order (ops first on ties).
     all_ts = np.r_[ts, at_ts]
     order = np.lexsort((np.r_[np.zeros(n_ops), np.ones(m)], all_ts))

@@ -189,10 +189,11 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     None: the ops' order is taken from that order (a stable sort by thread, ties in start
     re-sorted longer first) and each row's last started op found by one binary search on
     (thread, start) keys, instead of two three-key lexsorts."""
-    o_ts = ts[op_rows].astype(np.int64)
+    # ts[rows] is a new array already: no second copy where ts is int64 (a loaded trace's).
+    o_ts = ts[op_rows].astype(np.int64, copy=False)
     if (o_ts[1:] < o_ts[:-1]).any():
         return None
-    a_ts = ts[at_rows].astype(np.int64)
+    a_ts = ts[at_rows].astype(np.int64, copy=False)
     lo, hi = min(int(o_ts[0]), int(a_ts.min())), max(int(o_ts[-1]), int(a_ts.max()))  # the ops' ends of range: in order
     rows = np.concatenate([op_rows, at_rows])
     # One integer per (pid, tid), of these rows only (not of every event).
@@ -201,8 +202,9 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     if n_threads * span >= 2**62 or n_threads > 2**15:
         return None
     op_thread, at_thread = thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):]
-    order = np.argsort(op_thread, kind="stable")  # (thread, start, row) order: the rows are in start order
-    o_thread, o_ts = op_thread[order], o_ts[order]
+    # (thread, start, row) order: the rows are in start order, so with one thread it is theirs.
+    order = np.argsort(op_thread, kind="stable") if n_threads > 1 else np.arange(len(op_rows))
+    o_thread, o_ts = (op_thread[order], o_ts[order]) if n_threads > 1 else (op_thread, o_ts)
     # Ties in (thread, start) go longer first, then by row, as the lexsort (-end, ts, thread) orders them.
     tie = np.flatnonzero((o_thread[1:] == o_thread[:-1]) & (o_ts[1:] == o_ts[:-1]))
     if len(tie):
@@ -213,10 +215,14 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
         o_thread, o_ts = op_thread[order], ts[op_rows[order]].astype(np.int64)
     o_rows = op_rows[order]
     # The last op of the row's thread starting at or before it (an op before an instant at the same time).
-    key = o_thread.astype(np.int64) * span + (o_ts - lo)
-    last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
-    ok = last >= 0
-    ok[ok] = o_thread[last[ok]] == at_thread[ok]
+    if n_threads > 1:
+        key = o_thread.astype(np.int64) * span + (o_ts - lo)
+        last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
+        ok = last >= 0
+        ok[ok] = o_thread[last[ok]] == at_thread[ok]
+    else:  # the start alone is the key: no keys to build
+        last = np.searchsorted(o_ts, a_ts, side="right") - 1
+        ok = last >= 0
     # Walk up from that op by the parent column, in rows: only the ops visited are looked at, not
     # a parent position for every op (a search of each op's parent among the ops' rows was a
     # third of this lookup at 1 GB, for the few ops an instant climbs past).
