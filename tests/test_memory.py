@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import SAMPLE_TRACES, real_trace_params, shared_trace
@@ -198,3 +199,26 @@ def test_the_device_with_most_memory_events_is_read_ties_to_the_lower_id(tmp_pat
     assert s["events"] == (on_one if main == 1 else on_zero) and s["host_events"] == len(plan) - s["events"]
     assert s["peak_allocated_bytes"] == level[main]
     assert res.timeline["bytes"].tolist() == [(main + 1) * 1000] * s["events"]
+
+
+@pytest.mark.parametrize(("labels", "codes"), [
+    (["decode", "prefill", "other"], [1, 0, 0, 2, 1]),
+    (["aten::cat", "aten::mm"], [-1, 1, -1, 0, 1]),  # missing values (no enclosing op)
+    (["x"], [0]),
+])
+def test_str_column_is_the_column_pandas_infers_from_the_values(labels, codes):
+    labels, codes = np.array(labels, dtype=object), np.array(codes)
+    values = np.where(codes >= 0, labels[np.maximum(codes, 0)], None)
+    want = pd.DataFrame({"c": values})
+    got = pd.DataFrame({"c": memory._str_column(labels, codes)})
+    assert got.equals(want) and got["c"].dtype == want["c"].dtype == "str"
+    assert [type(v) for v in got["c"].tolist()] == [type(v) for v in want["c"].tolist()]
+
+
+@pytest.mark.parametrize(("labels", "codes"), [
+    (["a", "b"], []),  # no rows: pandas infers object
+    (["a", "b"], [-1, -1]),  # no value: object
+    (["a", 3], [0, 0]),  # labels not all strings: left to the caller's values
+])
+def test_str_column_leaves_columns_that_may_not_be_str_to_the_caller(labels, codes):
+    assert memory._str_column(np.array(labels, dtype=object), np.array(codes, dtype=np.int64)) is None

@@ -22,7 +22,7 @@ import pandas as pd
 from tokentrace.analysis.common.attention_calls import time_column
 from tokentrace.analysis.common.attribution import OpGpu, climb_to, op_gpu
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.labels import phase_labels
+from tokentrace.analysis.common.labels import phase_codes, phase_labels
 from tokentrace.analysis.common.shape_codes import first_rows, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -153,6 +153,27 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
     keep = on_gpu & (dtype_ == dt) & (did == di)
     sel = mem if keep.all() else mem[keep]
     return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(n)}
+
+
+def _str_column(labels: np.ndarray, codes: np.ndarray) -> pd.api.extensions.ExtensionArray | None:
+    """labels[codes] (code -1: missing) as the `str` column pandas infers from those values as
+    objects, taken from the few labels: inferring the type of every row's string cost ~3 ms of
+    the timeline at 76k memory events. None where the column might not be `str` (no value at
+    all, or labels that are not all strings): the caller builds it from the values as before."""
+    if not (codes >= 0).any() or pd.api.types.infer_dtype(labels, skipna=False) != "string":
+        return None
+    return pd.array(labels, dtype="str").take(codes, allow_fill=True)
+
+
+def _op_names(trace: Trace, enc: np.ndarray) -> Any:
+    """The timeline's `op` column: the name of each enclosing op row (None without one)."""
+    col = trace.events["name"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = np.where(enc >= 0, np.asarray(col.array.codes)[np.maximum(enc, 0)], -1)
+        fast = _str_column(np.asarray(col.array.categories, dtype=object), codes)
+        if fast is not None:
+            return fast
+    return np.where(enc >= 0, trace.names[np.maximum(enc, 0)], None)
 
 
 def _timeline_points(ts: np.ndarray, alloc: np.ndarray, reserved: np.ndarray, t0: int) -> list[list[float | int | None]]:
@@ -300,7 +321,6 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if len(ops):
         is_cat[ops.index.to_numpy(np.int64)[isin_mask(ops["name"], CAT_OPS)]] = True
     in_cat = climb_to(ev["parent"].to_numpy(), enc, is_cat) >= 0
-    names = trace.names
     allocated = mem["total_allocated"].to_numpy()
     reserved = mem["total_reserved"].to_numpy().astype(float)
     # 2021-era traces carry only the signed sizes: the running sum is allocated memory relative to
@@ -309,11 +329,12 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if relative:
         allocated = np.cumsum(mem["mem_bytes"].to_numpy())
     reserved[reserved < 0] = np.nan
-    phase, _ = phase_labels(trace, segments, rows)
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    phase = _str_column(phase_u, phase_c)
     mem_bytes = mem["mem_bytes"].to_numpy()
     tl = pd.DataFrame({"ts": mem["ts"].to_numpy(np.int64), "bytes": mem_bytes,
-                       "allocated": allocated, "reserved": reserved,
-                       "op": np.where(enc >= 0, names[np.maximum(enc, 0)], None), "in_cat": in_cat, "phase": phase})
+                       "allocated": allocated, "reserved": reserved, "op": _op_names(trace, enc), "in_cat": in_cat,
+                       "phase": phase_u[phase_c].astype(object, copy=False) if phase is None else phase})
     kv = kv_cat_calls(trace, ctx.shared(op_gpu))
     steps = _steps(trace, segments, tl, kv)
 
