@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
+from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of, unique_rows
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
 from tokentrace.analysis.common.shape_codes import group_ids, value_codes
@@ -154,7 +154,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     top = root_of(ev["parent"].to_numpy(), op)
     all_names, labels = name_codes(ev["name"])
     # Shape codes once per distinct launching op, not once per kernel.
-    uniq, inv = np.unique(np.maximum(op, 0), return_inverse=True)
+    uniq, inv = unique_rows(np.maximum(op, 0))
     op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[uniq])[inv], -1)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
