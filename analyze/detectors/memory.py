@@ -132,14 +132,15 @@ class Memory:
 MEMORY_COLUMNS = ("ts", "mem_bytes", "total_allocated", "total_reserved", "device_type", "device_id")
 
 
-def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None]:
-    """The events of the accelerator with the most of them, and which it is. The few (type, id)
-    pairs are counted from comparison codes, not by a groupby over every event; the frame is
-    filtered only when some events are elsewhere (usually all are on one device)."""
+def _main_device(mem: pd.DataFrame) -> tuple[np.ndarray | None, dict[str, Any] | None]:
+    """The events of the accelerator with the most of them (a mask of mem's rows, None for all of
+    them: usually all are on one device), and which it is. The few (type, id) pairs are counted
+    from comparison codes, not by a groupby over every event; the caller takes the columns it
+    reads at the mask (filtering the frame copied every column: 1.7 ms at hf_200)."""
     dtype_, did = mem["device_type"].to_numpy(), mem["device_id"].to_numpy()
     on_gpu = dtype_ != CPU_DEVICE_TYPE
     if not on_gpu.any():
-        return mem[on_gpu], None
+        return on_gpu, None
     g_type, g_id = dtype_[on_gpu], did[on_gpu]
     codes, n = thread_codes(g_type, g_id)
     if n == 1:  # one accelerator (the usual case): nothing to rank
@@ -151,8 +152,7 @@ def _main_device(mem: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any] | None
         counts = pd.Series(np.bincount(codes, minlength=n), index=pairs).sort_index().sort_values(ascending=False)
         dt, di = counts.index[0]
     keep = on_gpu & (dtype_ == dt) & (did == di)
-    sel = mem if keep.all() else mem[keep]
-    return sel, {"device_type": int(dt), "device_id": int(di), "devices": int(n)}
+    return None if keep.all() else keep, {"device_type": int(dt), "device_id": int(di), "devices": int(n)}
 
 
 def _str_column(labels: np.ndarray, codes: np.ndarray) -> pd.api.extensions.ExtensionArray | None:
@@ -310,29 +310,31 @@ def run(trace: Trace, ctx: Context) -> Memory:
     segments = ctx.segments
     ev = trace.events
     all_mem = trace.narrow(("memory",), MEMORY_COLUMNS)
-    mem, device = _main_device(all_mem)
-    ts_mem = mem["ts"].to_numpy()
+    keep, device = _main_device(all_mem)
+    at = np.arange(len(all_mem)) if keep is None else np.flatnonzero(keep)
+    ts_mem = all_mem["ts"].to_numpy()[at]
     if not bool((ts_mem[1:] >= ts_mem[:-1]).all()):  # loaded traces are in start order already
-        mem = mem.sort_values("ts", kind="stable")
-    rows = mem.index.to_numpy(np.int64)
+        at = at[np.argsort(ts_mem, kind="stable")]
+    mem = {col: all_mem[col].to_numpy()[at] for col in ("ts", "mem_bytes", "total_allocated", "total_reserved")}
+    rows = all_mem.index.to_numpy(np.int64)[at]
     enc = enclosing_ops(trace, rows)
     is_cat = np.zeros(len(ev), dtype=bool)
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if len(ops):
         is_cat[ops.index.to_numpy(np.int64)[isin_mask(ops["name"], CAT_OPS)]] = True
     in_cat = climb_to(ev["parent"].to_numpy(), enc, is_cat) >= 0
-    allocated = mem["total_allocated"].to_numpy()
-    reserved = mem["total_reserved"].to_numpy().astype(float)
+    allocated = mem["total_allocated"]
+    reserved = mem["total_reserved"].astype(float)
     # 2021-era traces carry only the signed sizes: the running sum is allocated memory relative to
     # the trace start (what was allocated before the profiler started is not in the trace).
-    relative = bool(len(mem)) and bool((allocated < 0).all())
+    relative = bool(len(rows)) and bool((allocated < 0).all())
     if relative:
-        allocated = np.cumsum(mem["mem_bytes"].to_numpy())
+        allocated = np.cumsum(mem["mem_bytes"])
     reserved[reserved < 0] = np.nan
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
     phase = _str_column(phase_u, phase_c)
-    mem_bytes = mem["mem_bytes"].to_numpy()
-    tl = pd.DataFrame({"ts": mem["ts"].to_numpy(np.int64), "bytes": mem_bytes,
+    mem_bytes = mem["mem_bytes"]
+    tl = pd.DataFrame({"ts": mem["ts"].astype(np.int64, copy=False), "bytes": mem_bytes,
                        "allocated": allocated, "reserved": reserved, "op": _op_names(trace, enc), "in_cat": in_cat,
                        "phase": phase_u[phase_c].astype(object, copy=False) if phase is None else phase})
     kv = kv_cat_calls(trace, ctx.shared(op_gpu))
