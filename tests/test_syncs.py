@@ -10,7 +10,7 @@ from conftest import real_trace_params, shared_trace
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
 from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _at, api_kind, sync_calls
-from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, group_sums, recommendation
+from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
 
 
 def _syncs(builder, tmp_path):
@@ -262,7 +262,7 @@ def test_group_sums_are_the_groupby_sums():
     b = rng.random(200)
     keys = rng.integers(0, 7, 200)
     want = pd.DataFrame({"k": keys, "a": a, "b": b}).groupby("k")[["a", "b"]].sum()
-    got = group_sums(keys, a, b)
+    got = sorted_key_sums(keys, a, b)
     assert got.index.tolist() == want.index.tolist()
     assert got.to_numpy().tobytes() == want.to_numpy().tobytes()
 

@@ -183,7 +183,7 @@ def _result(trace: Trace, ctx: Context, items: pd.DataFrame, blocked_us: float) 
     by_kind: dict[str, dict[str, float]] = {}
     if len(items):
         kinds, code = np.unique(items["kind"].to_numpy(dtype=object), return_inverse=True)
-        sums = group_sums(code, items["blocked_us"].to_numpy(float), items["idle_caused_us"].to_numpy(float)).to_numpy(float)
+        sums = sorted_key_sums(code, items["blocked_us"].to_numpy(float), items["idle_caused_us"].to_numpy(float)).to_numpy(float)
         count = np.bincount(code, minlength=len(kinds))
         by_kind = {str(k): {"count": int(c), "blocked_us": round(float(b), 3), "idle_caused_us": round(float(i), 3)}
                    for k, c, (b, i) in zip(kinds.tolist(), count.tolist(), sums.tolist(), strict=True)}
@@ -246,7 +246,7 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
     # calls first; ties: the earliest).
     by_lead = np.lexsort((-blocked, ~blocking, pt))
     lead = it[by_lead[np.r_[0, np.flatnonzero(np.diff(pt[by_lead])) + 1]]]
-    sums = group_sums(pt, blocked, *(items[c].to_numpy(float)[it] for c in ("gpu_busy_us", "idle_caused_us"))).to_numpy(float)
+    sums = sorted_key_sums(pt, blocked, *(items[c].to_numpy(float)[it] for c in ("gpu_busy_us", "idle_caused_us"))).to_numpy(float)
     calls = [api[a:b].tolist() for a, b in runs]
     out = {
         "point": pt[first],
@@ -327,14 +327,14 @@ def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
     sel = (sync_row >= 0) & ~table["graph_replay"].to_numpy(bool)  # the real gaps (GapsResult.gaps)
     if not sel.any():
         return out
-    per_row = group_sums(sync_row[sel], table["dur_us"].to_numpy(float)[sel])
+    per_row = sorted_key_sums(sync_row[sel], table["dur_us"].to_numpy(float)[sel])
     at = np.searchsorted(per_row.index.to_numpy(np.int64), rows)
     hit = (at < len(per_row)) & (per_row.index.to_numpy(np.int64)[np.minimum(at, len(per_row) - 1)] == rows)
     out[hit] = per_row.to_numpy(float)[:, 0][at[hit]]
     return out
 
 
-def group_sums(keys: np.ndarray, *values: np.ndarray) -> pd.DataFrame:
+def sorted_key_sums(keys: np.ndarray, *values: np.ndarray) -> pd.DataFrame:
     """Per distinct key (sorted), the sum of each of `values` over its rows in their order: what
     frame.groupby(key)[cols].sum() gives (pandas' compensated sums, not numpy's), from a bare
     numeric frame grouped by an array, without the column lookups and label handling."""
