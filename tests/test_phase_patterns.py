@@ -78,22 +78,24 @@ def test_bad_mapping_values():
 @pytest.mark.parametrize("rows_per_name", [0, 10**6])
 @pytest.mark.parametrize("rows", [[], [2, -1, 0, 2], [3, 3, 1, -1, 0, 2, 4, 1] * 2])
 def test_names_matched_per_name_present_as_per_category(rows, rows_per_name, monkeypatch):
-    """A view is matched per name present or per category of the trace (step_markers.name_hits,
-    _role_hits, by rows per name): the same masks and roles either way, rows without a name included."""
+    """A view is matched per name present or per category of the trace (latency.names_to_test,
+    used by regex_mask and step_markers._role_hits, by rows per name): the same masks and roles
+    either way, rows without a name included."""
     import re
 
     import numpy as np
     import pandas as pd
 
+    from tokentrace.analysis.common import latency as lat
     from tokentrace.analysis.common import step_markers as sm
 
-    monkeypatch.setattr(sm, "_ROWS_PER_NAME_SEARCH", rows_per_name)
+    monkeypatch.setattr(lat, "_ROWS_PER_NAME", rows_per_name)
     monkeypatch.setattr(sm, "_ROWS_PER_NAME_ROLE", rows_per_name)
     cats = ["decode_step_1", "ProfilerStep#3", "aten::mm", "prefill", "generate"]
     names = pd.Series(pd.Categorical.from_codes(np.array(rows, np.int8), categories=cats))
-    assert sm._few_rows(names, rows_per_name) == (rows_per_name > 0)
+    assert isinstance(lat.names_to_test(names)[0], list) == (rows_per_name > 0)
     pattern = re.compile(r"Step|mm$")
-    assert sm.name_hits(names, pattern).tolist() == [c >= 0 and bool(pattern.search(cats[c])) for c in rows]
+    assert lat.regex_mask(names, pattern).tolist() == [c >= 0 and bool(pattern.search(cats[c])) for c in rows]
     patterns = pp.compile_patterns()
     hit, role = sm._role_hits(names, patterns)
     expect = [patterns.role_of(cats[c]) or "" if c >= 0 else "" for c in rows]

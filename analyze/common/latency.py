@@ -50,7 +50,7 @@ _ROWS_PER_NAME = 100
 def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray:
     """Boolean mask of a categorical name column against a set of names (tested once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        at, text = _names_to_test(names)
+        at, text = names_to_test(names)
         hit = np.zeros(len(names.array.categories), dtype=bool)
         hit[at] = [str(c) in wanted for c in text]
         return category_mask(names, hit)
@@ -60,18 +60,19 @@ def name_mask(names: pd.Series, wanted: frozenset[str] | set[str]) -> np.ndarray
 def regex_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of names matching a regex (searched once per category)."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        at, text = _names_to_test(names)
+        at, text = names_to_test(names)
         hit = np.zeros(len(names.array.categories), dtype=bool)
         hit[at] = [bool(pattern.search(str(c))) for c in text]
         return category_mask(names, hit)
     return names.astype(str).str.contains(pattern).to_numpy()
 
 
-def _names_to_test(names: pd.Series) -> tuple[slice | list[int], list[Any]]:
-    """Which categories of a categorical column a mask tests (positions, names): every one, or in
-    a view with few rows per category only the names present (no row reads the others)."""
+def names_to_test(names: pd.Series, rows_per_name: int | None = None) -> tuple[slice | list[int], list[Any]]:
+    """Which categories of a categorical column a per-name test needs (positions, names): every
+    one, or in a view with fewer than `rows_per_name` (default _ROWS_PER_NAME) rows per category
+    only the names present (no row reads the others)."""
     text = names.array.categories.tolist()  # a list, not the Index: ~1 us an item read from an Index
-    if len(names) >= _ROWS_PER_NAME * len(text):
+    if len(names) >= (_ROWS_PER_NAME if rows_per_name is None else rows_per_name) * len(text):
         return slice(None), text
     present = np.zeros(len(text) + 1, dtype=bool)
     present[names.array.codes] = True  # code -1 (no name) marks the last slot, which is not read

@@ -18,14 +18,12 @@ Nested matches keep the outermost range, as ProfilerStep nesting does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import engine_steps as es
-from tokentrace.analysis.common.latency import regex_mask
+from tokentrace.analysis.common.latency import names_to_test, regex_mask
 from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
 from tokentrace.analysis.loading.trace import category_mask
 
@@ -34,36 +32,10 @@ ENGINE_COLUMNS: tuple[str, ...] = ("kind", "engine", "form") + tuple(
     c for c in es.COUNT_FIELDS if c not in ("capture_size",)) + ("capture_size", "capture_mode", "note")
 _CANDIDATE = re.compile(r"^\s*(?:execute_|step\[|capture_\d)")
 _INT_COLUMNS = tuple(c for c in ENGINE_COLUMNS if c in es.COUNT_FIELDS)
-# A view is matched per name present, not per name of the trace, when it has fewer rows than this
-# many per name of the trace: marking the names present costs a few ns a row, a regex search
-# ~0.3 us a name and a phase-role match (three roles' patterns) ~1.2 us.
-_ROWS_PER_NAME_SEARCH = 100
+# A view is matched for its phase roles per name present, not per name of the trace, when it has
+# fewer rows than this many per name of the trace (latency.names_to_test): a phase-role match
+# (three roles' patterns) costs ~1.2 us a name, four times a regex search.
 _ROWS_PER_NAME_ROLE = 500
-
-
-def name_hits(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    """`regex_mask(names, pattern)`; in a view with few rows per name of the trace (user
-    annotations, the cpu ops of a small trace), only the names present are searched."""
-    if _few_rows(names, _ROWS_PER_NAME_SEARCH):
-        return category_mask(names, _per_present_name(names, lambda s: bool(pattern.search(s)), False, bool))
-    return regex_mask(names, pattern)
-
-
-def _few_rows(names: pd.Series, rows_per_name: int) -> bool:
-    return isinstance(names.dtype, pd.CategoricalDtype) and len(names) < rows_per_name * len(names.array.categories)
-
-
-def _per_present_name(names: pd.Series, value: Callable[[str], Any], absent: Any, dtype: Any) -> np.ndarray:
-    """Per category of a categorical column: value(name) for the names present in it, `absent` for
-    the others (rows read it through their codes; category_mask for a mask)."""
-    cats = names.array.categories
-    present = np.zeros(len(cats) + 1, bool)
-    present[names.array.codes] = True  # code -1 (no name) marks the last slot, which is not read
-    table = np.full(len(cats), absent, dtype=dtype)
-    at = np.flatnonzero(present[:-1]).tolist()
-    text = cats.tolist()  # a list, not the Index: ~1 us an item read from an Index
-    table[at] = [value(str(text[c])) for c in at]
-    return table
 
 
 def outermost(df: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +52,7 @@ def outermost(df: pd.DataFrame) -> pd.DataFrame:
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
     """Segment rows (start, end, name, tid, phase, batch, q_len, step and ENGINE_COLUMNS) for the
     engine step markers among `annotations` (ts, end, name, tid), None when there are none."""
-    cand = annotations[name_hits(annotations["name"], _CANDIDATE)]
+    cand = annotations[regex_mask(annotations["name"], _CANDIDATE)]
     if cand.empty:
         return None
     parsed = es.parse_names(cand["name"])
@@ -162,10 +134,9 @@ def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, n
     """(mask of the names with a role, their roles): `_roles` and `!= ""`, the mask from the
     category codes (no comparison of a text per row), or per name present in a small view."""
     if isinstance(names.dtype, pd.CategoricalDtype):
-        if _few_rows(names, _ROWS_PER_NAME_ROLE):
-            cats = _per_present_name(names, lambda s: patterns.role_of(s) or "", "", object)
-        else:
-            cats = np.array([patterns.role_of(str(c)) or "" for c in names.array.categories.tolist()], dtype=object)
+        at, text = names_to_test(names, _ROWS_PER_NAME_ROLE)
+        cats = np.full(len(names.array.categories), "", dtype=object)
+        cats[at] = [patterns.role_of(str(c)) or "" for c in text]
         hit = category_mask(names, cats != "")  # rows without a name (code -1) have no role
         return hit, cats[names.array.codes[hit]]
     role = _roles(names, patterns)

@@ -107,7 +107,7 @@ def _annotations(trace: Trace) -> pd.DataFrame:
 
 def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
     ann = _annotations(trace)
-    hit = sm.name_hits(ann["name"], _TOKENTRACE_NAME)
+    hit = lat.regex_mask(ann["name"], _TOKENTRACE_NAME)
     if not hit.any():
         return None
     mine = ann[hit]
@@ -146,7 +146,7 @@ def _any_name_matches(trace: Trace, pattern: re.Pattern[str]) -> bool:
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
     """Rows of several views whose name matches (filtered before concatenating: views are large).
     Views without a match are left out (the views share their columns' dtypes): most have none."""
-    hits = [sm.name_hits(f["name"], pattern) for f in frames]
+    hits = [lat.regex_mask(f["name"], pattern) for f in frames]
     found = [f.loc[h, ["ts", "end", "name", "tid"]] for f, h in zip(frames, hits, strict=True) if h.any()]
     if len(found) == 1:
         return found[0]
@@ -240,7 +240,7 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> d
     # Start times of the training markers only (a training trace's backward ops are most of its ops:
     # no frame of them is built, nor is each located).
     for f in (cpu, _annotations(trace)):
-        training |= segs.holds_any(f["ts"].to_numpy(np.int64)[sm.name_hits(f["name"], _TRAINING)])
+        training |= segs.holds_any(f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)])
     return {**col, "training": training}
 
 
