@@ -458,8 +458,9 @@ def test_rows_of_is_set_index_loc_as_positions():
 
     seg = pd.Series([4, 0, 2, 1])
     wanted = np.array([2, 4, 1, 0, 2])
-    expect = pd.DataFrame({"seg": seg, "row": range(4)}).set_index("seg").loc[wanted, "row"].tolist()
-    assert serving._rows_of(seg, wanted).tolist() == expect
-    assert serving._rows_of(seg, np.array([], np.int64)).tolist() == []
+    table = pd.DataFrame({"seg": seg, "row": range(4)})
+    expect = table.set_index("seg").loc[wanted, "row"].tolist()
+    assert serving._rows_of(table, wanted).tolist() == expect
+    assert serving._rows_of(table, np.array([], np.int64)).tolist() == []
     with pytest.raises(KeyError):
-        serving._rows_of(seg, np.array([3]))
+        serving._rows_of(table, np.array([3]))

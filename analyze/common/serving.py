@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.latency import percentiles
 from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
@@ -92,10 +93,10 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
     return {"calls": calls, **geo}
 
 
-def _rows_of(seg: pd.Series, wanted: np.ndarray) -> np.ndarray:
-    """Positions in `seg` (a column of distinct segment ids) of the ids `wanted`, in their order:
-    `set_index("seg").loc[wanted]` as positions (KeyError for an id that is not there)."""
-    pos = pd.Index(seg.to_numpy()).get_indexer(wanted)
+def _rows_of(frame: pd.DataFrame, wanted: np.ndarray) -> np.ndarray:
+    """Positions in `frame` (distinct segment ids in its "seg" column) of the ids `wanted`, in
+    their order: `set_index("seg").loc[wanted]` as positions (KeyError for an id that is not there)."""
+    pos = table_positions(frame, wanted)
     if (pos < 0).any():
         raise KeyError(f"segments not in the table: {wanted[pos < 0].tolist()}")
     return pos
@@ -105,7 +106,7 @@ def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.
     """Per segment (same rows as `steps`): the serving numbers (see the module docstring).
     `geometry`: attention_geometry's arrays by seg id."""
     seg = steps["seg"].to_numpy()
-    at = _rows_of(table["seg"], seg)
+    at = _rows_of(table, seg)
     t = {c: table[c].to_numpy()[at] for c in (
         "kind", "requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
         "decode_kv_tokens", "total_tokens", "prefill_sqsq", "decode_sqsq", "prefill_sqsk", "decode_sqsk", "note")}
@@ -154,7 +155,7 @@ def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[flo
     if gpu_window_us:
         t0, t1 = gpu_window_us
     else:
-        at = _rows_of(steps["seg"], serving["seg"].to_numpy()[keep])
+        at = _rows_of(steps, serving["seg"].to_numpy()[keep])
         t0, t1 = float(np.nanmin(steps["first_op_us"].to_numpy(float)[at])), float(np.nanmax(steps["token_ready_us"].to_numpy(float)[at]))
     window = max(t1 - t0, 0.0)
     columns = [c for c in PER_STEP_KEYS if c in serving]  # the columns _record reads
