@@ -57,7 +57,7 @@ from tokentrace.analysis.loading.graph_map import (
     find_graph_maps,
     read_graph_map,
 )
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, narrowed
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, isin_mask, narrowed, values_at
 from tokentrace.errors import TokentraceError, TraceError
 
 # Label of the thread that holds the ops added from graph maps.
@@ -106,17 +106,20 @@ class _Kernels:
 
 def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
     ev = trace.events
-    # Narrow views: this runs on every trace, most of which have no graph launch, and the wide
-    # runtime and GPU views cost 0.4 s on a 1 GB trace (all of a repeat run from the caches).
-    rt = trace.narrow(HOST_API_KINDS, ("name", "pid", "tid", "ts"))
-    launches = rt[rt["name"].isin(GRAPH_LAUNCH_APIS).to_numpy()]
-    l_rows = launches.index.to_numpy(np.int64)
-    gpu = trace.narrow(GPU_KINDS, ("launch",))
-    g_launch = gpu["launch"].to_numpy()
-    owned = np.isin(g_launch, l_rows)
-    rows = gpu.index.to_numpy(np.int64)[owned]
+    # Rows, not views: this runs on every trace, most of which have no graph launch, and the wide
+    # runtime and GPU views cost 0.4 s on a 1 GB trace (all of a repeat run from the caches); even
+    # narrow ones of a few columns cost 3-5 ms at 200 MB, where matching the launch names among the
+    # name categories and reading their few rows costs a mask.
+    l_rows = np.flatnonzero(isin_mask(ev["name"], GRAPH_LAUNCH_APIS) & trace.kind_mask(*HOST_API_KINDS))
+    if len(l_rows):
+        g_rows = np.flatnonzero(trace.kind_mask(*GPU_KINDS))
+        g_launch = ev["launch"].to_numpy()[g_rows]
+        owned = np.isin(g_launch, l_rows)
+        rows, g_launch = g_rows[owned], g_launch[owned]
+    else:
+        rows = g_launch = np.empty(0, np.int64)
     rep_of_launch = pd.Series(np.arange(len(l_rows)), index=l_rows)
-    rep = rep_of_launch.reindex(g_launch[owned]).to_numpy(np.int64)
+    rep = rep_of_launch.reindex(g_launch).to_numpy(np.int64)
     order = np.lexsort((rows, ev["ts"].to_numpy()[rows], rep))
     rows, rep = rows[order], rep[order]
     counts = np.bincount(rep, minlength=len(l_rows)).astype(np.int64)
@@ -135,8 +138,8 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
         st = pd.DataFrame({"r": rep, "s": ev["stream"].to_numpy()[rows]}).drop_duplicates()
         streams = np.bincount(st["r"].to_numpy(), minlength=len(l_rows)).astype(np.int64)
     table = pd.DataFrame({
-        "launch_row": l_rows, "api": launches["name"].astype(object).to_numpy(), "pid": launches["pid"].to_numpy(),
-        "tid": launches["tid"].to_numpy(), "ts": launches["ts"].to_numpy(), "kernels": counts,
+        "launch_row": l_rows, "api": values_at(ev["name"], l_rows), "pid": ev["pid"].to_numpy()[l_rows],
+        "tid": ev["tid"].to_numpy()[l_rows], "ts": ev["ts"].to_numpy()[l_rows], "kernels": counts,
         "first_ns": first, "end_ns": last, "gpu_ns": gpu_ns, "streams": streams,
         "graph": None, "label": None, "status": "no_map", "reason": None, "score": np.nan, "evidence": None,
         "equivalent": 0, "attributed": np.zeros(len(l_rows), np.int64),
