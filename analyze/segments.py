@@ -13,6 +13,7 @@ plus whatever the segmenter measured (see analyze.phases).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,13 +149,22 @@ class Segments:
         """`locate_rows` of every row of `trace.narrow_gpu` (in its order), computed once per trace
         for these segments: the utilization, steady-state, latency, critical-path and kernel-table
         work all locate the same GPU rows. Read-only."""
+        return self._per_trace(trace, "_gpu_seg", lambda: self.locate_times(gpu_launch_times(trace)))
+
+    def locate_runtime(self, trace: Trace) -> np.ndarray:
+        """`locate_times` of every row of `trace.narrow_runtime` (in its order), computed once per
+        trace for these segments: the latency and critical-path work locate the same calls. Read-only."""
+        return self._per_trace(trace, "_runtime_seg", lambda: self.locate_times(trace.narrow_runtime["ts"].to_numpy(np.int64)))
+
+    def _per_trace(self, trace: Trace, key: str, make: Callable[[], np.ndarray]) -> np.ndarray:
+        """make(), kept under `key` for one trace at a time (made read-only)."""
         # Not a dataclass field: the results cache stores the fields only, and a trace's rows are
         # no part of the segmentation.
-        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get("_gpu_seg")
-        if hit is None or hit[0] is not trace:  # one trace at a time
-            seg = self.locate_rows(trace, trace.narrow_gpu.index.to_numpy(np.int64))
-            seg.setflags(write=False)
-            self.__dict__["_gpu_seg"] = hit = (trace, seg)
+        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get(key)
+        if hit is None or hit[0] is not trace:
+            value = make()
+            value.setflags(write=False)
+            self.__dict__[key] = hit = (trace, value)
         return hit[1]
 
     def label(self, seg: int) -> tuple[str | None, int | None]:
@@ -166,6 +176,19 @@ class Segments:
 
     def of_phase(self, phase: str) -> pd.DataFrame:
         return self.table[self.table["phase"] == phase]
+
+
+def gpu_launch_times(trace: Trace) -> np.ndarray:
+    """Per row of `trace.narrow_gpu` (in its order), the start of the call that launched it, or
+    its own start where it has no launch link: the time that locates it (locate_rows) and orders
+    launches (the critical path)."""
+    gpu = trace.narrow_gpu
+    launch = gpu["launch"].to_numpy(np.int64)
+    ts = gpu["ts"].to_numpy(np.int64)
+    has = launch >= 0
+    if not has.any():
+        return ts
+    return np.where(has, trace.events["ts"].to_numpy(np.int64)[np.where(has, launch, 0)], ts)
 
 
 def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:

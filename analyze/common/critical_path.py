@@ -46,7 +46,7 @@ from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
-from tokentrace.analysis.segments import Segments
+from tokentrace.analysis.segments import Segments, gpu_launch_times
 
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built (0.2 s): never in an analysis
@@ -351,41 +351,35 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     if trace.narrow_gpu.empty or not len(seg_ids):
         return pd.DataFrame(columns=cols)
     table = segs.table
-    ev_ts = trace.events["ts"].to_numpy(np.int64)
-
     rt = trace.narrow_runtime
-    # Columns, not rt[mask]: filtering the view would copy every column of the runtime calls.
-    keep = name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)
-    r_ts = rt["ts"].to_numpy(np.int64)[keep]
-    rseg = segs.locate_times(r_ts)
-    tids = table["tid"].to_numpy(np.int64)
-    on_thread = rseg >= 0
-    on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[keep][on_thread] == tids[rseg[on_thread]]
+    # The launch and blocking calls of the listed steps on their own threads, as row positions in
+    # the view: its columns are gathered at these only (a mask over every call costs more).
+    wanted = np.zeros(len(table) + 1, dtype=bool)
+    wanted[seg_ids] = True  # no segment (-1) reads the last slot
+    rseg_all = segs.locate_runtime(trace)
+    is_block = name_mask(rt["name"], BLOCKING_APIS)
+    calls = np.flatnonzero(wanted[rseg_all] & (name_mask(rt["name"], LAUNCH_APIS) | is_block))
+    calls = calls[rt["tid"].to_numpy(np.int64)[calls] == table["tid"].to_numpy(np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.
-    hkeep = np.flatnonzero(on_thread)
-    h_cols = {"seg": rseg[hkeep], "row": rt.index.to_numpy(np.int64)[keep][hkeep], "ts": r_ts[hkeep],
-              "end": rt["end"].to_numpy(np.int64)[keep][hkeep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep][hkeep]}
+    h_cols = {"seg": rseg_all[calls], "row": rt.index.to_numpy(np.int64)[calls], "ts": rt["ts"].to_numpy(np.int64)[calls],
+              "end": rt["end"].to_numpy(np.int64)[calls], "blocking": is_block[calls]}
     horder = iv.group_start_order(h_cols["seg"], h_cols["ts"])  # sort_values(["seg", "ts"]): stable
     if horder is not None:
         h_cols = {c: v[horder] for c, v in h_cols.items()}
     h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu
-    launch = gpu["launch"].to_numpy(np.int64)
-    gts = gpu["ts"].to_numpy(np.int64)
-    g_launch_ts = np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts)
+    g_launch_ts = gpu_launch_times(trace)
     gorder = np.argsort(g_launch_ts, kind="stable")
-    g_seg, g_ts = segs.locate_gpu(trace)[gorder], gts[gorder]
+    g_seg, g_ts = segs.locate_gpu(trace)[gorder], gpu["ts"].to_numpy(np.int64)[gorder]
     # The columns step_path reads besides ts (clipped per step below).
     g_cols = {"end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
-              "launch": launch[gorder], "launch_ts": g_launch_ts[gorder]}
+              "launch": gpu["launch"].to_numpy(np.int64)[gorder], "launch_ts": g_launch_ts[gorder]}
     g_launch_ts, g_end = g_cols["launch_ts"], g_cols["end"]
 
     # Each step's GPU rows as positions in launch order (the order a groupby keeps).
-    wanted = np.zeros(len(table) + 1, dtype=bool)
-    wanted[seg_ids] = True
-    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids): no segment (-1) reads the last slot
+    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids)
     by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
     sorted_seg = g_seg[by_seg]
     starts = table["start"].to_numpy(np.int64)

@@ -114,7 +114,7 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     first_op = np.where(first != NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
-    rseg = segs.locate_times(rt_ts)
+    rseg = segs.locate_runtime(trace)
     is_block = name_mask(rt_names, BLOCKING_APIS)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
