@@ -149,7 +149,13 @@ class Segments:
         """`locate_rows` of every row of `trace.narrow_gpu` (in its order), computed once per trace
         for these segments: the utilization, steady-state, latency, critical-path and kernel-table
         work all locate the same GPU rows. Read-only."""
-        return self._per_trace(trace, "_gpu_seg", lambda: self.locate_times(gpu_launch_times(trace)))
+        return self._per_trace(trace, "_gpu_seg", lambda: self.locate_times(self.gpu_launch_times(trace)))
+
+    def gpu_launch_times(self, trace: Trace) -> np.ndarray:
+        """Per row of `trace.narrow_gpu` (in its order), the start of the call that launched it, or
+        its own start where it has no launch link: the time that locates it (locate_gpu) and orders
+        launches (the critical path). Kept with locate_gpu, once per trace. Read-only."""
+        return self._per_trace(trace, "_gpu_launch_ts", lambda: _gpu_launch_times(trace))
 
     def locate_runtime(self, trace: Trace) -> np.ndarray:
         """`locate_times` of every row of `trace.narrow_runtime` (in its order), computed once per
@@ -178,16 +184,14 @@ class Segments:
         return self.table[self.table["phase"] == phase]
 
 
-def gpu_launch_times(trace: Trace) -> np.ndarray:
-    """Per row of `trace.narrow_gpu` (in its order), the start of the call that launched it, or
-    its own start where it has no launch link: the time that locates it (locate_rows) and orders
-    launches (the critical path)."""
+def _gpu_launch_times(trace: Trace) -> np.ndarray:
+    """Segments.gpu_launch_times, made (a fresh array: it is made read-only)."""
     gpu = trace.narrow_gpu
     launch = gpu["launch"].to_numpy(np.int64)
     ts = gpu["ts"].to_numpy(np.int64)
     has = launch >= 0
     if not has.any():
-        return ts
+        return ts.copy()
     return np.where(has, trace.events["ts"].to_numpy(np.int64)[np.where(has, launch, 0)], ts)
 
 

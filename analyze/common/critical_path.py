@@ -46,7 +46,7 @@ from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
-from tokentrace.analysis.segments import Segments, gpu_launch_times
+from tokentrace.analysis.segments import Segments
 
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built (0.2 s): never in an analysis
@@ -370,7 +370,7 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu
-    g_launch_ts = gpu_launch_times(trace)
+    g_launch_ts = segs.gpu_launch_times(trace)
     gorder = np.argsort(g_launch_ts, kind="stable")
     g_seg, g_ts = segs.locate_gpu(trace)[gorder], gpu["ts"].to_numpy(np.int64)[gorder]
     # The columns step_path reads besides ts (clipped per step below).
