@@ -226,9 +226,9 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
         here = (ci >= 0) & (launch >= 0)
         here[here] = hrow[ci[here]] == launch[here]
         order = np.lexsort((gts, ci, stream))
-        streams = np.unique(stream)
-        bounds = np.searchsorted(stream[order], streams, side="left").tolist() + [ng]
-        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(streams))]  # ascending stream id
+        in_order = stream[order]  # each stream's activities are one run of it (no np.unique: a second sort)
+        bounds = [0] + (np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist() + [ng]
+        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]  # ascending stream id
         chain_ci = [ci[js] for js in chains]
     else:
         chains, chain_ci = [], []
@@ -294,20 +294,23 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
                 best, arg = d, last
     dist[iE], pred[iE] = best, arg
 
-    # The path ends at the first node, in topological order, as far from S as E is.
-    if ng:
+    # The path ends at the first node, in topological order, as far from S as E is: the order's
+    # keys (chain position, call start < its GPU work < call end, stream order) of the tied nodes only.
+    hit = np.flatnonzero(dist == best)
+    if nh:  # a non-blocking call has no end node (its slot stays unused)
+        end_slot = (hit >= nh) & (hit < base)
+        hit = hit[~end_slot | hblock[np.where(end_slot, hit - nh, 0)]]
+    on_gpu = (hit >= base) & (hit < iS)
+    k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
+    k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
+    k3 = np.zeros(len(hit), np.int64)
+    if on_gpu.any():
+        j = hit[on_gpu] - base
+        k1[on_gpu], k2[on_gpu] = ci[j], 1
         rank = np.empty(ng, np.int64)
         rank[order] = np.arange(ng)
-        gkey = ci
-    else:
-        rank = gkey = np.empty(0, np.int64)
-    blocks = np.flatnonzero(hblock) if nh else np.empty(0, np.int64)
-    cand = np.concatenate((np.arange(nh), nh + blocks, base + np.arange(ng), [iS, iE]))
-    k1 = np.concatenate((np.arange(nh), blocks, gkey, [-2, nh + 1]))
-    k2 = np.concatenate((np.zeros(nh, np.int64), np.full(len(blocks), 2), np.ones(ng, np.int64), [0, 0]))
-    k3 = np.concatenate((np.zeros(nh + len(blocks), np.int64), rank, [0, 0]))
-    hit = dist[cand] == best
-    end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
+        k3[on_gpu] = rank[j]
+    end = int(hit[np.lexsort((k3, k2, k1))[0]])
     path = [end]
     pl = pred.tolist()
     run_lo = block_lo.tolist()
@@ -325,9 +328,14 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     path.reverse()
     p = np.asarray(path, np.int64)
     step = dist[p[1:]] - dist[p[:-1]]
-    on_gpu = (p[:-1] >= base) & (p[:-1] < iS)
-    nodes_out = np.where(p == iS, S, np.where(p == iE, E, p)).tolist()
-    return StepPath(cpu_ns=int(step[~on_gpu].sum()), gpu_ns=int(step[on_gpu].sum()), nodes=nodes_out)
+    gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
+    cpu_ns = int(dist[end] - dist[path[0]]) - gpu_ns  # the rest of the path's length
+    # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
+    if path[0] == iS:
+        path[0] = S
+    if end == iE:
+        path[-1] = E
+    return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=path)
 
 
 def sample(seg_ids: np.ndarray) -> np.ndarray:
