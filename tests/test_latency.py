@@ -54,13 +54,16 @@ def _extents_by_definition(g: lat._GpuRows, n: int) -> tuple[list[int], list[int
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("backwards", [False, True])  # a row that ends before it starts
-def test_gpu_extents_equal_their_definition(seed, backwards):
-    # Rows out of segment order, ties in start, nested and touching intervals, a segment without rows.
+@pytest.mark.parametrize("disjoint", [False, True])  # rows in segment order, none overlapping the one before
+def test_gpu_extents_equal_their_definition(seed, backwards, disjoint):
+    # Rows out of segment order, ties in start, nested and touching intervals, a segment without
+    # rows; or each row starting after the one before ended, segments in order.
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, 40))
-    seg = rng.choice([0, 1, 3], k)
-    ts = np.sort(rng.integers(0, 60, k))
-    end = ts + rng.integers(0, 15, k)
+    seg = np.sort(rng.choice([0, 1, 3], k)) if disjoint else rng.choice([0, 1, 3], k)
+    dur = rng.integers(0, 15, k)
+    ts = np.cumsum(np.r_[0, (dur + rng.integers(1, 4, k))[:-1]]) if disjoint else np.sort(rng.integers(0, 60, k))
+    end = ts + dur
     if backwards:
         end[int(rng.integers(0, k))] -= 20
     g = _gpu_rows(seg=seg, ts=ts, end=end, kernel=np.ones(k), launch=-np.ones(k))
