@@ -378,12 +378,15 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu
-    g_launch_ts = segs.gpu_launch_times(trace)
-    gorder = np.argsort(g_launch_ts, kind="stable")
-    g_seg, g_ts = segs.locate_gpu(trace)[gorder], gpu["ts"].to_numpy(np.int64)[gorder]
-    # The columns step_path reads besides ts (clipped per step below).
-    g_cols = {"end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
-              "launch": gpu["launch"].to_numpy(np.int64)[gorder], "launch_ts": g_launch_ts[gorder]}
+    # The GPU rows in launch order; the columns step_path reads besides ts (clipped per step below).
+    g_seg, g_ts = segs.locate_gpu(trace), gpu["ts"].to_numpy(np.int64)
+    g_cols = {"end": gpu["end"].to_numpy(np.int64), "stream": gpu["stream"].to_numpy(np.int64),
+              "launch": gpu["launch"].to_numpy(np.int64), "launch_ts": segs.gpu_launch_times(trace)}
+    launch_ts = g_cols["launch_ts"]
+    if not bool((launch_ts[1:] >= launch_ts[:-1]).all()):  # in start order, launched out of it: reorder
+        gorder = np.argsort(launch_ts, kind="stable")
+        g_seg, g_ts = g_seg[gorder], g_ts[gorder]
+        g_cols = {c: v[gorder] for c, v in g_cols.items()}
     g_launch_ts, g_end = g_cols["launch_ts"], g_cols["end"]
 
     # Each step's GPU rows as positions in launch order (the order a groupby keeps).
