@@ -159,10 +159,17 @@ def _profiler_steps(trace: Trace) -> pd.DataFrame:
     return _outermost(ps) if not ps.empty else ps
 
 
-def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """(start ns, embedding row) of each forward pass, and the thread they run on."""
+def _op_marks(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the cpu ops' view: whether it is an attention op (`is_attention`: per event row)
+    and whether an embedding lookup; segment() hands both to each of its readers."""
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    is_emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+    return is_attention[cpu.index.to_numpy()], lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+
+
+def _forward_starts(trace: Trace, op_attention: np.ndarray, is_emb: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(start ns, embedding row) of each forward pass, and the thread they run on (the marks:
+    _op_marks)."""
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     if not is_emb.any():
         return np.empty(0, np.int64), np.empty(0, np.int64), -1
     # Columns as arrays, not frames of the rows (a frame filter copies every column).
@@ -175,7 +182,7 @@ def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray,
     emb = np.flatnonzero(is_emb & on_tid)
     emb = emb[np.argsort(all_ts[emb], kind="quicksort")]  # sort_values("ts")'s order
     ts = all_ts[emb]
-    att = on_tid & is_attention[cpu.index.to_numpy()]
+    att = on_tid & op_attention
     if att.any():
         count = np.searchsorted(np.sort(all_ts[att], kind="stable"), ts)
         new = np.r_[True, count[1:] > count[:-1]]
@@ -212,9 +219,9 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
     return _frame(starts, end, ["forward"] * n, np.full(n, tid), ["?"] * n)
 
 
-def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> dict[str, np.ndarray]:
+def _shape_evidence(trace: Trace, segs: Segments, op_attention: np.ndarray, emb: np.ndarray) -> dict[str, np.ndarray]:
     """Per segment (arrays by id): batch and tokens per sequence of the first embedding, the first
-    attention op's batch, query and key lengths, and whether it trains."""
+    attention op's batch, query and key lengths, and whether it trains (the marks: _op_marks)."""
     n = len(segs)
     col = {c: np.full(n, -1, np.int64) for c in ("emb_batch", "emb_len", "att_batch", "att_q", "att_kv")}
     training = np.zeros(n, bool)
@@ -222,12 +229,11 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> d
     rows = cpu.index.to_numpy(np.int64)
     ts = cpu["ts"].to_numpy(np.int64)
     dims_of = trace.events["input_dims"].to_numpy(object)
-    emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
     for s, row in first_rows(segs.locate_times(ts[emb]), rows[emb]):
         dims = dims_of[row]
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
             col["emb_batch"][s], col["emb_len"][s] = int(dims[1][0]), int(dims[1][1])
-    att = is_attention[rows]
+    att = op_attention
     names = trace.events["name"]
     for s, row in first_rows(segs.locate_times(ts[att]), rows[att]):
         name = str(names.iat[row])
@@ -263,6 +269,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
     `is_attention`: per event row, whether it is an attention op; `patterns`: users' phase names."""
     method = "none"
     confidence = None
+    op_attention, op_embedding = _op_marks(trace, is_attention)
     table = _tokentrace_annotations(trace)
     requests = None
     if table is not None:
@@ -278,7 +285,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
                 table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])
         if table is None:
             steps = _profiler_steps(trace)
-            starts, _, tid = _forward_starts(trace, is_attention)
+            starts, _, tid = _forward_starts(trace, op_attention, op_embedding)
             per_step = np.zeros(len(steps), np.int64)
             if len(steps) and len(starts):
                 k = np.searchsorted(steps["ts"].to_numpy(np.int64), starts, side="right") - 1
@@ -300,7 +307,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
     table["end"] = np.minimum(table["end"].to_numpy(np.int64), nxt)
     table["seg"] = np.arange(len(table), dtype=np.int64)
     segs = Segments(table=table, method=method, confidence=confidence or CONFIDENCE[method])
-    ev = _shape_evidence(trace, segs, is_attention)
+    ev = _shape_evidence(trace, segs, op_attention, op_embedding)
     # The other columns are gathered here and framed once (each column written into a frame costs
     # ~0.1 ms); the dict keeps the order the frame's columns had when they were written one by one.
     cols: dict[str, Any] = dict(table.items())
