@@ -132,9 +132,11 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     kind = gpu["kind"]
     orphan = gk & (all_launch < 0)
     gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
-    # Plain arrays over the kept rows (a frame of them cost more than all the work below).
-    g = _GpuRows(seg=gseg[gk], ts=all_ts[gk], end=gpu["end"].to_numpy(np.int64)[gk],
-                 kernel=isin_mask(kind, ("kernel",))[gk], launch=all_launch[gk])
+    # Plain arrays over the kept rows (a frame of them cost more than all the work below): the
+    # columns themselves where every GPU row is a step's (no copies; nothing below writes to them).
+    kept: slice | np.ndarray = slice(None) if gk.all() else gk
+    g = _GpuRows(seg=gseg[kept], ts=all_ts[kept], end=gpu["end"].to_numpy(np.int64)[kept],
+                 kernel=isin_mask(kind, ("kernel",))[kept], launch=all_launch[kept])
     gpu_first, gpu_last, busy = _gpu_extents(g, n)
     kernels = np.bincount(g.seg[g.kernel], minlength=n).astype(np.int64)
     # Device-to-host copies, only where the kept rows hold a copy at all (the name test is per name).
