@@ -13,6 +13,7 @@ plus whatever the segmenter measured (see analyze.phases).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,22 +44,37 @@ class Segments:
         ts = np.asarray(ts, dtype=np.int64)
         if self.table.empty:
             return np.full(len(ts), -1, dtype=np.int64)
-        starts, ends, segs = self._in_start_order()
-        if len(ts) > 4 * len(starts) and len(starts) <= _SLICE_SEGMENTS and bool((ts[1:] >= ts[:-1]).all()):
-            # Instants in order (a kind's rows in start order): each segment holds one run of
-            # them, from its start to its end or the next segment's start, found by a search per
-            # segment, not per instant (the same answer as below, without gathers over every row).
-            a = np.searchsorted(ts, starts, side="left")
-            b = np.minimum(np.searchsorted(ts, ends, side="left"), np.append(a[1:], len(ts)))
+        found = self.runs(ts)
+        if found is not None:
+            # Each segment's run, filled in (the same answer as below, without gathers over every row).
             out = np.full(len(ts), -1, dtype=np.int64)
-            for k in np.flatnonzero(b > a).tolist():
-                out[a[k]:b[k]] = segs[k]
+            for a, b, s in zip(*(v.tolist() for v in found), strict=True):
+                out[a:b] = s
             return out
+        starts, ends, segs = self._in_start_order()
         i = np.searchsorted(starts, ts, side="right") - 1
         np.maximum(i, 0, out=i)
         ok = ts < ends[i]
         ok &= ts >= starts[i]  # before the first segment (i was -1)
         return np.where(ok, segs[i], -1)
+
+    def runs(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """For instants in order (a kind's rows in start order), many per segment: (first, end,
+        seg) of each segment's run of them, in start order, runs that hold no instant left out
+        (`ts[first:end]` is what locate_times puts in segment `seg`; none outside every run).
+        None for other instants (then locate them one by one)."""
+        ts = np.asarray(ts, dtype=np.int64)
+        if self.table.empty:
+            return None
+        starts, ends, segs = self._in_start_order()
+        if not (len(ts) > 4 * len(starts) and len(starts) <= _SLICE_SEGMENTS and bool((ts[1:] >= ts[:-1]).all())):
+            return None
+        # Each segment holds one run of them, from its start to its end or the next segment's
+        # start, found by a search per segment, not per instant.
+        a = np.searchsorted(ts, starts, side="left")
+        b = np.minimum(np.searchsorted(ts, ends, side="left"), np.append(a[1:], len(ts)))
+        held = b > a
+        return a[held], b[held], segs[held]
 
     def first_on_thread(self, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray) -> np.ndarray:
         """Per segment (by id), the earliest of the instants `ts` located in it (locate_times)
@@ -135,26 +151,34 @@ class Segments:
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
         """Segment id for event rows; GPU rows with a launch link use the launch's start time."""
-        rows = np.asarray(rows, dtype=np.int64)
-        ev = trace.events
-        launch = ev["launch"].to_numpy()[rows]
-        has = launch >= 0
-        # The row whose start locates each row (its launch, else itself), then one gather of the
-        # starts (not the rows' starts and a masked overwrite of most of them). Host rows (most
-        # callers' cpu ops) have no launch: their own rows.
-        return self.locate_times(ev["ts"].to_numpy()[np.where(has, launch, rows) if has.any() else rows])
+        return self.locate_times(row_times(trace, rows))
 
     def locate_gpu(self, trace: Trace) -> np.ndarray:
         """`locate_rows` of every row of `trace.narrow_gpu` (in its order), computed once per trace
         for these segments: the utilization, steady-state, latency, critical-path and kernel-table
         work all locate the same GPU rows. Read-only."""
+        return self._per_trace(trace, "_gpu_seg", lambda: self.locate_times(self.gpu_launch_times(trace)))
+
+    def gpu_launch_times(self, trace: Trace) -> np.ndarray:
+        """Per row of `trace.narrow_gpu` (in its order), the start of the call that launched it, or
+        its own start where it has no launch link: the time that locates it (locate_gpu) and orders
+        launches (the critical path). Kept with locate_gpu, once per trace. Read-only."""
+        return self._per_trace(trace, "_gpu_launch_ts", lambda: _gpu_launch_times(trace))
+
+    def locate_runtime(self, trace: Trace) -> np.ndarray:
+        """`locate_times` of every row of `trace.narrow_runtime` (in its order), computed once per
+        trace for these segments: the latency and critical-path work locate the same calls. Read-only."""
+        return self._per_trace(trace, "_runtime_seg", lambda: self.locate_times(trace.narrow_runtime["ts"].to_numpy(np.int64)))
+
+    def _per_trace(self, trace: Trace, key: str, make: Callable[[], np.ndarray]) -> np.ndarray:
+        """make(), kept under `key` for one trace at a time (made read-only)."""
         # Not a dataclass field: the results cache stores the fields only, and a trace's rows are
         # no part of the segmentation.
-        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get("_gpu_seg")
-        if hit is None or hit[0] is not trace:  # one trace at a time
-            seg = self.locate_rows(trace, trace.narrow_gpu.index.to_numpy(np.int64))
-            seg.setflags(write=False)
-            self.__dict__["_gpu_seg"] = hit = (trace, seg)
+        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get(key)
+        if hit is None or hit[0] is not trace:
+            value = make()
+            value.setflags(write=False)
+            self.__dict__[key] = hit = (trace, value)
         return hit[1]
 
     def label(self, seg: int) -> tuple[str | None, int | None]:
@@ -166,6 +190,30 @@ class Segments:
 
     def of_phase(self, phase: str) -> pd.DataFrame:
         return self.table[self.table["phase"] == phase]
+
+
+def row_times(trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
+    """The time that locates each event row (locate_rows): its launch's start for a GPU row with
+    a launch link, else its own start."""
+    rows = np.asarray(rows, dtype=np.int64)
+    ev = trace.events
+    launch = ev["launch"].to_numpy()[rows]
+    has = launch >= 0
+    # The row whose start locates each row (its launch, else itself), then one gather of the
+    # starts (not the rows' starts and a masked overwrite of most of them). Host rows (most
+    # callers' cpu ops) have no launch: their own rows.
+    return np.asarray(ev["ts"].to_numpy()[np.where(has, launch, rows) if has.any() else rows])
+
+
+def _gpu_launch_times(trace: Trace) -> np.ndarray:
+    """Segments.gpu_launch_times, made (a fresh array: it is made read-only)."""
+    gpu = trace.narrow_gpu
+    launch = gpu["launch"].to_numpy(np.int64)
+    ts = gpu["ts"].to_numpy(np.int64)
+    has = launch >= 0
+    if not has.any():
+        return ts.copy()
+    return np.where(has, trace.events["ts"].to_numpy(np.int64)[np.where(has, launch, 0)], ts)
 
 
 def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:

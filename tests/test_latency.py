@@ -1,5 +1,6 @@
 """Known answers for the shared helpers' fast paths: the per-name masks (names present only, or
-every category), the token-ready copy of each step, and the trace's category and kind counts."""
+every category), each step's GPU extents, the token-ready copy of each step, and the trace's
+category and kind counts."""
 
 from __future__ import annotations
 
@@ -30,6 +31,49 @@ def test_name_masks_equal_pandas_on_categoricals(rows):
 def _gpu_rows(seg, ts, end, kernel, launch) -> lat._GpuRows:
     return lat._GpuRows(seg=np.array(seg, np.int64), ts=np.array(ts, np.int64), end=np.array(end, np.int64),
                         kernel=np.array(kernel, bool), launch=np.array(launch, np.int64))
+
+
+def _extents_by_definition(g: lat._GpuRows, n: int) -> tuple[list[int], list[int], list[int]]:
+    """Per segment: min start, max end (-1 without rows) and the length of the union of its rows
+    (each clipped to end no earlier than it starts), row by row."""
+    first, last, busy = [-1] * n, [-1] * n, [0] * n
+    for s in range(n):
+        at = np.flatnonzero(g.seg == s)
+        if not len(at):
+            continue
+        first[s], last[s] = int(g.ts[at].min()), int(g.end[at].max())
+        covered, reach = 0, None
+        for a, b in sorted(zip(g.ts[at].tolist(), np.maximum(g.end[at], g.ts[at]).tolist(), strict=True)):
+            if reach is None or a > reach:
+                covered, reach = covered + (b - a), b
+            elif b > reach:
+                covered, reach = covered + (b - reach), b
+        busy[s] = covered
+    return first, last, busy
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("backwards", [False, True])  # a row that ends before it starts
+@pytest.mark.parametrize("disjoint", [False, True])  # rows in segment order, none overlapping the one before
+def test_gpu_extents_equal_their_definition(seed, backwards, disjoint):
+    # Rows out of segment order, ties in start, nested and touching intervals, a segment without
+    # rows; or each row starting after the one before ended, segments in order.
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 40))
+    seg = np.sort(rng.choice([0, 1, 3], k)) if disjoint else rng.choice([0, 1, 3], k)
+    dur = rng.integers(0, 15, k)
+    ts = np.cumsum(np.r_[0, (dur + rng.integers(1, 4, k))[:-1]]) if disjoint else np.sort(rng.integers(0, 60, k))
+    end = ts + dur
+    if backwards:
+        end[int(rng.integers(0, k))] -= 20
+    g = _gpu_rows(seg=seg, ts=ts, end=end, kernel=np.ones(k), launch=-np.ones(k))
+    got = lat._gpu_extents(g, 4)
+    assert tuple(a.tolist() for a in got) == _extents_by_definition(g, 4)
+
+
+def test_gpu_extents_of_no_rows():
+    got = lat._gpu_extents(_gpu_rows(seg=[], ts=[], end=[], kernel=[], launch=[]), 2)
+    assert tuple(a.tolist() for a in got) == ([-1, -1], [-1, -1], [0, 0])
 
 
 def test_token_ready_takes_each_steps_last_copy_after_its_kernels():

@@ -106,6 +106,25 @@ def test_gpu_rows_are_located_by_their_launch_once_per_trace(tmp_path):
     assert segs.locate_gpu(other).tolist() == [0, 0, -1, 1, 1]
 
 
+def test_runtime_calls_and_launch_times_of_gpu_rows(tmp_path):
+    """locate_runtime: locate_times of every runtime call's start; gpu_launch_times: each GPU row's
+    launch start, its own start where it has no launch (a row the profiler caught without its
+    launch call); each once per trace."""
+    b = TraceBuilder()
+    b.launch("k0", 10.0, 120.0, 5.0)
+    b.launch("k1", 210.0, 215.0, 5.0)
+    b.gpu("orphan", 230.0, 5.0, corr=999)  # no launch call with its correlation
+    t = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1], "start": [0, 200_000], "end": [100_000, 300_000]}))
+    got = segs.locate_runtime(t)
+    assert got.tolist() == [0, 1]
+    assert segs.locate_runtime(t) is got and not got.flags.writeable
+    gpu = t.narrow_gpu
+    launch_ts = segs.gpu_launch_times(t)
+    assert dict(zip(gpu["name"].astype(str), launch_ts.tolist(), strict=True)) == {"k0": 10_000, "k1": 210_000, "orphan": 230_000}
+    assert segs.gpu_launch_times(t) is launch_ts and not launch_ts.flags.writeable
+
+
 def test_rows_with_and_without_a_launch_are_located_by_the_right_start(tmp_path):
     """locate_rows of host and GPU rows together (GPU rows by their launch's start, the others by
     their own), and of host rows only (no launch at all), equal locating those starts."""

@@ -226,9 +226,9 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
         here = (ci >= 0) & (launch >= 0)
         here[here] = hrow[ci[here]] == launch[here]
         order = np.lexsort((gts, ci, stream))
-        streams = np.unique(stream)
-        bounds = np.searchsorted(stream[order], streams, side="left").tolist() + [ng]
-        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(streams))]  # ascending stream id
+        in_order = stream[order]  # each stream's activities are one run of it (no np.unique: a second sort)
+        bounds = [0] + (np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist() + [ng]
+        chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]  # ascending stream id
         chain_ci = [ci[js] for js in chains]
     else:
         chains, chain_ci = [], []
@@ -294,20 +294,23 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
                 best, arg = d, last
     dist[iE], pred[iE] = best, arg
 
-    # The path ends at the first node, in topological order, as far from S as E is.
-    if ng:
+    # The path ends at the first node, in topological order, as far from S as E is: the order's
+    # keys (chain position, call start < its GPU work < call end, stream order) of the tied nodes only.
+    hit = np.flatnonzero(dist == best)
+    if nh:  # a non-blocking call has no end node (its slot stays unused)
+        end_slot = (hit >= nh) & (hit < base)
+        hit = hit[~end_slot | hblock[np.where(end_slot, hit - nh, 0)]]
+    on_gpu = (hit >= base) & (hit < iS)
+    k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
+    k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
+    k3 = np.zeros(len(hit), np.int64)
+    if on_gpu.any():
+        j = hit[on_gpu] - base
+        k1[on_gpu], k2[on_gpu] = ci[j], 1
         rank = np.empty(ng, np.int64)
         rank[order] = np.arange(ng)
-        gkey = ci
-    else:
-        rank = gkey = np.empty(0, np.int64)
-    blocks = np.flatnonzero(hblock) if nh else np.empty(0, np.int64)
-    cand = np.concatenate((np.arange(nh), nh + blocks, base + np.arange(ng), [iS, iE]))
-    k1 = np.concatenate((np.arange(nh), blocks, gkey, [-2, nh + 1]))
-    k2 = np.concatenate((np.zeros(nh, np.int64), np.full(len(blocks), 2), np.ones(ng, np.int64), [0, 0]))
-    k3 = np.concatenate((np.zeros(nh + len(blocks), np.int64), rank, [0, 0]))
-    hit = dist[cand] == best
-    end = int(cand[hit][np.lexsort((k3[hit], k2[hit], k1[hit]))[0]])
+        k3[on_gpu] = rank[j]
+    end = int(hit[np.lexsort((k3, k2, k1))[0]])
     path = [end]
     pl = pred.tolist()
     run_lo = block_lo.tolist()
@@ -325,9 +328,14 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     path.reverse()
     p = np.asarray(path, np.int64)
     step = dist[p[1:]] - dist[p[:-1]]
-    on_gpu = (p[:-1] >= base) & (p[:-1] < iS)
-    nodes_out = np.where(p == iS, S, np.where(p == iE, E, p)).tolist()
-    return StepPath(cpu_ns=int(step[~on_gpu].sum()), gpu_ns=int(step[on_gpu].sum()), nodes=nodes_out)
+    gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
+    cpu_ns = int(dist[end] - dist[path[0]]) - gpu_ns  # the rest of the path's length
+    # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
+    if path[0] == iS:
+        path[0] = S
+    if end == iE:
+        path[-1] = E
+    return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=path)
 
 
 def sample(seg_ids: np.ndarray) -> np.ndarray:
@@ -351,41 +359,38 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     if trace.narrow_gpu.empty or not len(seg_ids):
         return pd.DataFrame(columns=cols)
     table = segs.table
-    ev_ts = trace.events["ts"].to_numpy(np.int64)
-
     rt = trace.narrow_runtime
-    # Columns, not rt[mask]: filtering the view would copy every column of the runtime calls.
-    keep = name_mask(rt["name"], LAUNCH_APIS | BLOCKING_APIS)
-    r_ts = rt["ts"].to_numpy(np.int64)[keep]
-    rseg = segs.locate_times(r_ts)
-    tids = table["tid"].to_numpy(np.int64)
-    on_thread = rseg >= 0
-    on_thread[on_thread] = rt["tid"].to_numpy(np.int64)[keep][on_thread] == tids[rseg[on_thread]]
+    # The launch and blocking calls of the listed steps on their own threads, as row positions in
+    # the view: its columns are gathered at these only (a mask over every call costs more).
+    wanted = np.zeros(len(table) + 1, dtype=bool)
+    wanted[seg_ids] = True  # no segment (-1) reads the last slot
+    rseg_all = segs.locate_runtime(trace)
+    is_block = name_mask(rt["name"], BLOCKING_APIS)
+    calls = np.flatnonzero(wanted[rseg_all] & (name_mask(rt["name"], LAUNCH_APIS) | is_block))
+    calls = calls[rt["tid"].to_numpy(np.int64)[calls] == table["tid"].to_numpy(np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.
-    hkeep = np.flatnonzero(on_thread)
-    h_cols = {"seg": rseg[hkeep], "row": rt.index.to_numpy(np.int64)[keep][hkeep], "ts": r_ts[hkeep],
-              "end": rt["end"].to_numpy(np.int64)[keep][hkeep], "blocking": name_mask(rt["name"], BLOCKING_APIS)[keep][hkeep]}
+    h_cols = {"seg": rseg_all[calls], "row": rt.index.to_numpy(np.int64)[calls], "ts": rt["ts"].to_numpy(np.int64)[calls],
+              "end": rt["end"].to_numpy(np.int64)[calls], "blocking": is_block[calls]}
     horder = iv.group_start_order(h_cols["seg"], h_cols["ts"])  # sort_values(["seg", "ts"]): stable
     if horder is not None:
         h_cols = {c: v[horder] for c, v in h_cols.items()}
     h_seg = h_cols["seg"]
 
     gpu = trace.narrow_gpu
-    launch = gpu["launch"].to_numpy(np.int64)
-    gts = gpu["ts"].to_numpy(np.int64)
-    g_launch_ts = np.where(launch >= 0, ev_ts[np.maximum(launch, 0)], gts)
-    gorder = np.argsort(g_launch_ts, kind="stable")
-    g_seg, g_ts = segs.locate_gpu(trace)[gorder], gts[gorder]
-    # The columns step_path reads besides ts (clipped per step below).
-    g_cols = {"end": gpu["end"].to_numpy(np.int64)[gorder], "stream": gpu["stream"].to_numpy(np.int64)[gorder],
-              "launch": launch[gorder], "launch_ts": g_launch_ts[gorder]}
+    # The GPU rows in launch order; the columns step_path reads besides ts (clipped per step below).
+    g_seg, g_ts = segs.locate_gpu(trace), gpu["ts"].to_numpy(np.int64)
+    g_cols = {"end": gpu["end"].to_numpy(np.int64), "stream": gpu["stream"].to_numpy(np.int64),
+              "launch": gpu["launch"].to_numpy(np.int64), "launch_ts": segs.gpu_launch_times(trace)}
+    launch_ts = g_cols["launch_ts"]
+    if not bool((launch_ts[1:] >= launch_ts[:-1]).all()):  # in start order, launched out of it: reorder
+        gorder = np.argsort(launch_ts, kind="stable")
+        g_seg, g_ts = g_seg[gorder], g_ts[gorder]
+        g_cols = {c: v[gorder] for c, v in g_cols.items()}
     g_launch_ts, g_end = g_cols["launch_ts"], g_cols["end"]
 
     # Each step's GPU rows as positions in launch order (the order a groupby keeps).
-    wanted = np.zeros(len(table) + 1, dtype=bool)
-    wanted[seg_ids] = True
-    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids): no segment (-1) reads the last slot
+    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids)
     by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
     sorted_seg = g_seg[by_seg]
     starts = table["start"].to_numpy(np.int64)

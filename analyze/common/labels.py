@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.loading.trace import Trace
-from tokentrace.analysis.segments import Segments
+from tokentrace.analysis.segments import Segments, row_times
 
 # Phase label when the trace has no segmentation at all (every row belongs to one phase).
 NO_PHASE = "all"
@@ -34,18 +34,49 @@ def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndar
     if len(segments) == 0:
         labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
         return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
-    seg = segments.locate_rows(trace, rows) if seg is None else seg
     table = segments.table
     # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
     text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
     ids = table["seg"].to_numpy(np.int64)
-    if np.array_equal(ids, np.arange(len(ids))):  # as phases numbers them: the id is the position
-        pos = seg
-    else:
-        pos = pd.Index(ids).get_indexer(seg)
-    text_of_row = np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
-    codes, used = _factorize_small(text_of_row, len(texts))
+    by_position = np.array_equal(ids, np.arange(len(ids)))  # as phases numbers them: the id is the position
+
+    def text_of(seg_ids: np.ndarray) -> np.ndarray:
+        pos = seg_ids if by_position else pd.Index(ids).get_indexer(seg_ids)
+        return np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
+
+    if seg is None:
+        ts = row_times(trace, rows)
+        runs = segments.runs(ts)
+        if runs is not None:
+            return _run_codes(runs, len(rows), text_of(runs[2]), int(text_code[-1]), np.asarray(texts, dtype=object))
+        seg = segments.locate_times(ts)
+    codes, used = _factorize_small(text_of(seg), len(texts))
     return codes, np.asarray(texts, dtype=object)[used], seg
+
+
+def _run_codes(runs: tuple[np.ndarray, np.ndarray, np.ndarray], n: int, run_text: np.ndarray, outside: int,
+               texts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """phase_codes of n rows located in runs (Segments.runs: first, end, seg of each; the other
+    rows outside every segment; `run_text`: each run's text code, `outside`: the outside's): each
+    text's first row is a run's first or the first row between runs, so the codes (in order of
+    first appearance) come from the runs, and are written a run at a time."""
+    first, end, seg_of_run = runs
+    # The first row outside every run: before the first run, in the first gap, or after the last.
+    gaps = np.flatnonzero(np.append(first, n) > np.insert(end, 0, 0))
+    outside_at = int(np.insert(end, 0, 0)[gaps[0]]) if len(gaps) else n
+    first_at = np.full(len(texts), n, dtype=np.int64)
+    np.minimum.at(first_at, run_text, first)  # a handful of runs
+    first_at[outside] = min(int(first_at[outside]), outside_at)
+    used = np.flatnonzero(first_at < n)
+    used = used[np.argsort(first_at[used], kind="stable")]
+    remap = np.full(len(texts), -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    codes = np.full(n, remap[outside], dtype=np.int64)
+    seg = np.full(n, -1, dtype=np.int64)
+    for a, b, s, c in zip(first.tolist(), end.tolist(), seg_of_run.tolist(), remap[run_text].tolist(), strict=True):
+        codes[a:b] = c
+        seg[a:b] = s
+    return codes, texts[used], seg
 
 
 def _factorize_small(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -114,7 +114,7 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     first_op = np.where(first != NO_TIME, first, start)
 
     # Launch and blocking calls (all threads), located by their own start.
-    rseg = segs.locate_times(rt_ts)
+    rseg = segs.locate_runtime(trace)
     is_block = name_mask(rt_names, BLOCKING_APIS)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
@@ -132,24 +132,13 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
     kind = gpu["kind"]
     orphan = gk & (all_launch < 0)
     gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
-    # Plain arrays over the kept rows (a frame of them cost more than all the work below).
-    g = _GpuRows(seg=gseg[gk], ts=all_ts[gk], end=gpu["end"].to_numpy(np.int64)[gk],
-                 kernel=isin_mask(kind, ("kernel",))[gk], launch=all_launch[gk])
-    gpu_first = np.full(n, -1, np.int64)
-    gpu_last = np.full(n, -1, np.int64)
-    busy = np.zeros(n, np.int64)
-    kernels = np.zeros(n, np.int64)
-    if len(g.seg):
-        idx = np.flatnonzero(np.bincount(g.seg, minlength=n))
-        lo = np.full(n, NO_TIME, np.int64)
-        hi = np.full(n, -NO_TIME, np.int64)
-        np.minimum.at(lo, g.seg, g.ts)
-        np.maximum.at(hi, g.seg, g.end)
-        gpu_first[idx] = lo[idx]
-        gpu_last[idx] = hi[idx]
-        kernels[:] = np.bincount(g.seg[g.kernel], minlength=n)
-        ms, s0, e0 = iv.union_grouped(g.seg, g.ts, g.end)
-        busy[:] = np.bincount(ms, weights=(e0 - s0), minlength=n).astype(np.int64)
+    # Plain arrays over the kept rows (a frame of them cost more than all the work below): the
+    # columns themselves where every GPU row is a step's (no copies; nothing below writes to them).
+    kept: slice | np.ndarray = slice(None) if gk.all() else gk
+    g = _GpuRows(seg=gseg[kept], ts=all_ts[kept], end=gpu["end"].to_numpy(np.int64)[kept],
+                 kernel=isin_mask(kind, ("kernel",))[kept], launch=all_launch[kept])
+    gpu_first, gpu_last, busy = _gpu_extents(g, n)
+    kernels = np.bincount(g.seg[g.kernel], minlength=n).astype(np.int64)
     # Device-to-host copies, only where the kept rows hold a copy at all (the name test is per name).
     copy_rows = isin_mask(kind, ("gpu_memcpy",))
     dtoh = np.zeros(len(g.seg), dtype=bool)
@@ -173,6 +162,36 @@ class _GpuRows:
     end: np.ndarray
     kernel: np.ndarray
     launch: np.ndarray
+
+
+def _gpu_extents(g: _GpuRows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment (by id, n of them): first GPU start and last end (-1 without GPU rows), and the
+    time covered by the union of its rows (ns)."""
+    gpu_first = np.full(n, -1, np.int64)
+    gpu_last = np.full(n, -1, np.int64)
+    busy = np.zeros(n, np.int64)
+    if not len(g.seg):
+        return gpu_first, gpu_last, busy
+    # Each segment's merged intervals, in start order: the first starts at its earliest start, the
+    # last ends at its latest end (no per-segment minimum and maximum over the rows). A union
+    # interval never ends before it starts: where a row does, its latest end is the rows' own.
+    ends = np.maximum(g.end, g.ts)
+    if iv.group_start_order(g.seg, g.ts) is None and bool((g.ts[1:] > ends[:-1]).all()):
+        # Rows in segment and start order, each starting after the one before ended (a stream
+        # running one kernel at a time): each row is a merged interval of its own, no union to take.
+        merged = (g.seg, g.ts, ends)
+    else:
+        merged = iv.union_grouped(g.seg, g.ts, g.end)
+    seg_of, first_start, last_end, covered = iv.group_extents(*merged)
+    gpu_first[seg_of] = first_start
+    busy[seg_of] = covered
+    if bool((g.end >= g.ts).all()):
+        gpu_last[seg_of] = last_end
+    else:
+        hi = np.full(n, -NO_TIME, np.int64)
+        np.maximum.at(hi, g.seg, g.end)
+        gpu_last[seg_of] = hi[seg_of]
+    return gpu_first, gpu_last, busy
 
 
 def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, rt_ts: np.ndarray, rseg: np.ndarray,

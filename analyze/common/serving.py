@@ -63,10 +63,12 @@ def fill_step_columns(table: dict[str, Any]) -> None:
         table[col] = np.where(pre | dec, val, np.asarray(table[col], np.int64)).astype(np.int64)
 
 
-def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -> dict[str, np.ndarray]:
+def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray, op_attention: np.ndarray) -> dict[str, np.ndarray]:
     """Per segment (arrays by seg id): attention calls (outermost attention ops in it) and the query's
     tokens, heads and head size and the value head size from the first call's input shapes
-    (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say)."""
+    (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say).
+    `is_attention`: per event row, whether an attention op; `op_attention`: the same per row of
+    the cpu ops' view (the phases detector marks it once)."""
     n = len(segs)
     # Filled as arrays: a .loc write per segment cost ~0.1 ms each (56 ms on a serving trace of
     # 500 steps).
@@ -74,7 +76,7 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray) -
     geo = {c: np.full(n, -1, np.int64) for c in ("q_tokens", "heads", "head_dim", "head_dim_v")}
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rows = cpu.index.to_numpy(np.int64)
-    att = is_attention[rows]
+    att = op_attention
     if n and att.any():
         parent = cpu["parent"].to_numpy(np.int64)[att]
         top = ~np.where(parent >= 0, is_attention[np.maximum(parent, 0)], False)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -159,10 +159,24 @@ def _profiler_steps(trace: Trace) -> pd.DataFrame:
     return _outermost(ps) if not ps.empty else ps
 
 
-def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+class OpMarks(NamedTuple):
+    """Per row of the cpu ops' view (trace.narrow(("cpu_op",), OP_COLUMNS)): whether it is an
+    attention op, and whether an embedding lookup. Marked once for every reader."""
+
+    attention: np.ndarray
+    embedding: np.ndarray
+
+
+def op_marks(trace: Trace, is_attention: np.ndarray) -> OpMarks:
+    """The cpu ops' OpMarks (`is_attention`: per event row, whether it is an attention op)."""
+    cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
+    return OpMarks(is_attention[cpu.index.to_numpy()], lat.name_mask(cpu["name"], set(EMBEDDING_OPS)))
+
+
+def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarray, int]:
     """(start ns, embedding row) of each forward pass, and the thread they run on."""
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    is_emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+    is_emb = marks.embedding
     if not is_emb.any():
         return np.empty(0, np.int64), np.empty(0, np.int64), -1
     # Columns as arrays, not frames of the rows (a frame filter copies every column).
@@ -175,7 +189,7 @@ def _forward_starts(trace: Trace, is_attention: np.ndarray) -> tuple[np.ndarray,
     emb = np.flatnonzero(is_emb & on_tid)
     emb = emb[np.argsort(all_ts[emb], kind="quicksort")]  # sort_values("ts")'s order
     ts = all_ts[emb]
-    att = on_tid & is_attention[cpu.index.to_numpy()]
+    att = on_tid & marks.attention
     if att.any():
         count = np.searchsorted(np.sort(all_ts[att], kind="stable"), ts)
         new = np.r_[True, count[1:] > count[:-1]]
@@ -212,7 +226,7 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFra
     return _frame(starts, end, ["forward"] * n, np.full(n, tid), ["?"] * n)
 
 
-def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> dict[str, np.ndarray]:
+def _shape_evidence(trace: Trace, segs: Segments, marks: OpMarks) -> dict[str, np.ndarray]:
     """Per segment (arrays by id): batch and tokens per sequence of the first embedding, the first
     attention op's batch, query and key lengths, and whether it trains."""
     n = len(segs)
@@ -222,12 +236,12 @@ def _shape_evidence(trace: Trace, segs: Segments, is_attention: np.ndarray) -> d
     rows = cpu.index.to_numpy(np.int64)
     ts = cpu["ts"].to_numpy(np.int64)
     dims_of = trace.events["input_dims"].to_numpy(object)
-    emb = lat.name_mask(cpu["name"], set(EMBEDDING_OPS))
+    emb = marks.embedding
     for s, row in first_rows(segs.locate_times(ts[emb]), rows[emb]):
         dims = dims_of[row]
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
             col["emb_batch"][s], col["emb_len"][s] = int(dims[1][0]), int(dims[1][1])
-    att = is_attention[rows]
+    att = marks.attention
     names = trace.events["name"]
     for s, row in first_rows(segs.locate_times(ts[att]), rows[att]):
         name = str(names.iat[row])
@@ -256,11 +270,11 @@ def _cumcount(keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns | None = None) -> Segments:
+def segment(trace: Trace, marks: OpMarks, patterns: pp.PhasePatterns | None = None) -> Segments:
     """Split the trace into segments (see the module docstring); columns beyond the contract:
     tid, step (index within its request), request, batch, q_len, kv_len, and the step's kind,
     requests and tokens (analyze.common.step_markers.ENGINE_COLUMNS; -1 where unknown).
-    `is_attention`: per event row, whether it is an attention op; `patterns`: users' phase names."""
+    `marks`: the cpu ops' attention ops and embedding lookups; `patterns`: users' phase names."""
     method = "none"
     confidence = None
     table = _tokentrace_annotations(trace)
@@ -278,7 +292,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
                 table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])
         if table is None:
             steps = _profiler_steps(trace)
-            starts, _, tid = _forward_starts(trace, is_attention)
+            starts, _, tid = _forward_starts(trace, marks)
             per_step = np.zeros(len(steps), np.int64)
             if len(steps) and len(starts):
                 k = np.searchsorted(steps["ts"].to_numpy(np.int64), starts, side="right") - 1
@@ -300,7 +314,7 @@ def segment(trace: Trace, is_attention: np.ndarray, patterns: pp.PhasePatterns |
     table["end"] = np.minimum(table["end"].to_numpy(np.int64), nxt)
     table["seg"] = np.arange(len(table), dtype=np.int64)
     segs = Segments(table=table, method=method, confidence=confidence or CONFIDENCE[method])
-    ev = _shape_evidence(trace, segs, is_attention)
+    ev = _shape_evidence(trace, segs, marks)
     # The other columns are gathered here and framed once (each column written into a frame costs
     # ~0.1 ms); the dict keeps the order the frame's columns had when they were written one by one.
     cols: dict[str, Any] = dict(table.items())
@@ -648,12 +662,13 @@ def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, meth
 def run(trace: Trace, ctx: Context) -> PhasesResult:
     patterns = pp.compile_patterns(ctx.options.phases)
     is_attention = ctx.shared(attention_op_spec) >= 0
-    segs = segment(trace, is_attention, patterns)
+    marks = op_marks(trace, is_attention)
+    segs = segment(trace, marks, patterns)
     window = steady_state.steps_window(trace, segs)
     steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
-    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, is_attention))
+    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, is_attention, marks.attention))
     source = _source(segs, patterns)
     t0 = trace.span_ns[0]
     notes: list[str] = []

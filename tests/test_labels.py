@@ -1,0 +1,52 @@
+"""Phase codes of event rows: rows in start order take the run-per-segment path (Segments.runs,
+labels._run_codes), and it gives what factorizing each row's label gives (codes in order of first
+appearance, segments sharing a text sharing its code, rows outside every segment "other")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from tracebuilder import TraceBuilder
+
+from tokentrace.analysis import segments as seg_mod
+from tokentrace.analysis.common import labels
+from tokentrace.analysis.segments import Segments
+
+PHASES = ["prefill", "decode", "mixed", labels.OUTSIDE_PHASE]
+
+
+def _by_factorize(trace, segs: Segments, rows: np.ndarray) -> tuple[list[int], list[str], list[int]]:
+    """Each row's segment by a per-instant search and its label, factorized by pandas."""
+    t = segs.table
+    ts = trace.events["ts"].to_numpy()[rows]
+    start, end, ids = t["start"].to_numpy(), t["end"].to_numpy(), t["seg"].to_numpy()
+    inside = (ts[:, None] >= start[None, :]) & (ts[:, None] < end[None, :])
+    seg = np.where(inside.any(axis=1), ids[inside.argmax(axis=1)], -1)
+    phase_of = dict(zip(ids.tolist(), t["phase"].tolist(), strict=True))
+    codes, uniques = pd.factorize(np.array([phase_of.get(s, labels.OUTSIDE_PHASE) for s in seg.tolist()], dtype=object))
+    return codes.tolist(), [str(u) for u in uniques], seg.tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_phase_codes_of_rows_in_order_equal_factorizing_their_labels(tmp_path, seed, monkeypatch):
+    # Segments with gaps between them (rows outside), some holding no row, texts repeated and equal
+    # to the outside's; rows before, between and after them.
+    rng = np.random.default_rng(seed)
+    b = TraceBuilder()
+    for t in np.sort(rng.integers(0, 2000, int(rng.integers(40, 200)))).tolist():
+        b.cpu_op("aten::add", float(t), 1.0)
+    trace = b.load(tmp_path)
+    m = int(rng.integers(1, 8))
+    bounds = np.sort(rng.choice(np.arange(0, 2_000_000, 1000), 2 * m, replace=False))
+    table = pd.DataFrame({"seg": np.arange(m), "phase": rng.choice(PHASES, m), "start": bounds[0::2], "end": bounds[1::2]})
+    segs = Segments(table)
+    rows = trace.cpu_ops.index.to_numpy()
+    assert segs.runs(trace.events["ts"].to_numpy()[rows]) is not None  # the path under test
+    codes, texts, seg = labels.phase_codes(trace, segs, rows)
+    assert (codes.tolist(), texts.tolist(), seg.tolist()) == _by_factorize(trace, segs, rows)
+    # The same as the per-row path (no runs: every row located on its own).
+    monkeypatch.setattr(seg_mod, "_SLICE_SEGMENTS", 0)
+    assert segs.runs(trace.events["ts"].to_numpy()[rows]) is None
+    again = labels.phase_codes(trace, segs, rows)
+    assert [a.tolist() for a in again] == [codes.tolist(), texts.tolist(), seg.tolist()]
