@@ -75,7 +75,7 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     row), numbered in order of first appearance as DataFrame.groupby(sort=False) numbers them, and
     the first row of each group. Numpy sums over these ids replace a groupby of a million-row
     DataFrame, whose construction alone copies every column into a new block."""
-    key = np.zeros(len(keys[0]), dtype=np.int64)
+    key: np.ndarray | None = None
     top = 0  # key.max(), tracked: the keys only grow
     for k in keys:
         k = np.asarray(k)
@@ -83,6 +83,12 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             k = k.astype(np.int64)
         lo = int(k.min())
         span = int(k.max()) - lo + 1
+        if span == 1:  # one value on every row (an absent shape column) splits no group: no pass over it
+            continue
+        if key is None:  # the first key that varies is the key so far: one pass, not a zeroed array and three
+            key = np.subtract(k, lo, dtype=np.int64)
+            top = span - 1
+            continue
         if (top + 1) * span >= 2**62:  # renumber densely before the product overflows
             key = pd.factorize(key)[0].astype(np.int64)
             top = int(key.max())
@@ -91,6 +97,8 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key += k
         key -= lo
         top = top * span + span - 1
+    if key is None:
+        key = np.zeros(len(keys[0]), dtype=np.int64)
     if len(key) and top < DENSE_KEYS_PER_ROW * len(key):
         return _dense_group_ids(key, top + 1)
     gid = pd.factorize(key)[0].astype(np.int64, copy=False)
