@@ -213,6 +213,30 @@ def test_group_sums_are_pandas_groupby_sums_and_means_bit_for_bit():
     assert [a.tolist() for a in group_sums(np.empty(0, np.int64), np.empty(0), 2)] == [[0.0, 0.0], [0, 0]]
 
 
+def test_group_sums_of_whole_number_floats_are_pandas_sums_bit_for_bit():
+    # Nanoseconds held as floats take the one-pass sum (exact in any order); near 2**53 in total,
+    # or with a fraction, NaN or infinity anywhere, pandas' own summation: the same bits either way.
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 400))
+        ids = pd.factorize(rng.integers(0, int(rng.integers(1, 12)), n))[0].astype(np.int64)
+        v = (rng.integers(-10**9, 10**9, n) * rng.choice([1, 1, 0], n)).astype(float)
+        v[rng.random(n) < 0.05] = -0.0
+        if trial % 5 == 1:
+            v[0] = 2.0**53  # whole, but the total is past what every order adds exactly
+        if trial % 5 == 2:
+            v[-1] = 0.5
+        if trial % 5 == 3:
+            v[rng.random(n) < 0.1] = np.nan
+        if trial % 5 == 4:
+            v[0] = np.inf
+        k = int(ids.max()) + 1
+        sums, count = group_sums(ids, v, k)
+        g = pd.Series(v).groupby(ids)
+        assert sums.tobytes() == g.sum().to_numpy(float).tobytes()
+        assert count.tolist() == g.count().tolist()
+
+
 def _object(values: list) -> pd.Series:
     return pd.Series(np.array(values, dtype=object), dtype=object)
 

@@ -153,6 +153,11 @@ def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray,
         np.add.at(exact, ids, values.astype(np.int64, copy=False))
         return exact, np.bincount(ids, minlength=n)
     values = np.asarray(values, dtype=float)
+    if _exact_in_any_order(values):
+        # Whole numbers (nanoseconds held as floats) whose magnitudes add up below 2**52: every
+        # partial sum is exact, so every order and method gives the same bits (Kahan's
+        # compensation stays 0).
+        return np.bincount(ids, weights=values, minlength=n), np.bincount(ids, minlength=n)
     if _REDUCEAT_WHEN_SORTED and len(ids) and bool((ids[1:] >= ids[:-1]).all()) and not np.isnan(values).any():
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         sums = np.zeros(n)
@@ -170,6 +175,14 @@ def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray,
         comp[g] = c if math.isfinite(c) else 0.0  # an infinite value: its sum stays infinite, not NaN (as pandas)
         total[g] = t
     return np.array(total, dtype=float), np.array(count, dtype=np.int64)
+
+
+def _exact_in_any_order(values: np.ndarray) -> bool:
+    """Are the float values whole numbers whose absolute values sum below 2**52 (no NaN or
+    infinity)? Then any sum of any of them, in any order, is exact (below 2**53; the margin
+    covers the rounding of this check's own sum)."""
+    total = float(np.abs(values).sum())  # NaN or infinite where any value is
+    return total < 2.0**52 and bool((values == np.trunc(values)).all())
 
 
 def frame_group_ids(df: pd.DataFrame, keys: list[str], rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, sorted_codes, value_codes
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, object_ids, sorted_codes, value_codes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -133,17 +133,14 @@ class Roofline:
         }
 
 
-def _dtype_names(types: np.ndarray) -> list[str | None]:
-    """dtype_name of each row's input types, computed once per distinct list object (the loader
-    shares one object among equal texts)."""
-    seen: dict[int, str | None] = {}
-    out = []
-    for t in types.tolist():
-        k = id(t)
-        if k not in seen:
-            seen[k] = dtype_name(t)
-        out.append(seen[k])
-    return out
+def _dtype_names(types: np.ndarray) -> np.ndarray:
+    """dtype_name of each row's input types (an object array), computed once per distinct list
+    object (the loader shares one object among equal texts), the rows mapped by an integer
+    factorize of the objects' ids instead of a dict look-up per row."""
+    obj_code, uniq = pd.factorize(object_ids(types))
+    objs = np.empty(len(uniq), dtype=object)
+    objs[obj_code] = types  # any row of a code holds the same object
+    return np.array([dtype_name(t) for t in objs], dtype=object)[obj_code]
 
 
 def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
