@@ -78,15 +78,24 @@ def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: np.empty(0, dtype=object) for c in CALL_COLUMNS})  # arrays: a fifth of the cost of Series
 
 
-def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray,
-                  klib: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """GPU ns, kernel count, top kernel, kernel-named backend and library for each call id 0..n_calls-1."""
+# Backend and library of each KERNELS_RE entry, and None at index -1 (no match): a GPU row's are
+# those at its match index (match_categories), looked up for the few rows where they are read
+# rather than held as object arrays over every GPU row.
+_KERNEL_BACKENDS = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
+_KERNEL_LIBRARIES = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
+_NAMES_A_BACKEND = np.array([b is not None for b in _KERNEL_BACKENDS], dtype=bool)
+
+
+def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx: np.ndarray,
+                  libraries: bool = True) -> dict[str, np.ndarray]:
+    """GPU ns, kernel count, top kernel, kernel-named backend and library (None everywhere unless
+    `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match."""
     ok = call_of_gpu >= 0
     c = call_of_gpu[ok]
     dur = gpu["dur"].to_numpy()[ok]
     name_codes = np.asarray(gpu["name"].array.codes)[ok]
-    kb = kclass[ok]
-    kl = klib[ok] if klib is not None else np.full(len(kb), None, dtype=object)
+    kb = _KERNEL_BACKENDS[kidx[ok]]
+    kl = _KERNEL_LIBRARIES[kidx[ok]] if libraries else np.full(len(kb), None, dtype=object)
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
     count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
     top = np.full(n_calls, None, dtype=object)
@@ -128,7 +137,7 @@ def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False)
     return np.append(at, -1)[first_rows(call[at], n)]
 
 
-def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
+def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
     """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     gpu = trace.narrow_gpu
@@ -190,7 +199,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     nearest = climb_to(parent, g_op, is_att)
     call_of_gpu = np.full(len(nearest), -1, dtype=np.int64)
     call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
     # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
@@ -214,10 +223,10 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     return calls, is_att, call_of_gpu
 
 
-def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
+def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
     """Calls from attention kernels no attention op encloses (None: none): consecutive ones on a stream form one call."""
     gpu = trace.narrow_gpu
-    free = (kclass != None) & ~taken  # noqa: E711
+    free = _NAMES_A_BACKEND[kidx] & ~taken
     if not free.any():
         return None
     order = np.lexsort((gpu["ts"].to_numpy(), gpu["stream"].to_numpy(), gpu["device"].to_numpy()))
@@ -231,7 +240,7 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     call_of_gpu[order[f]] = call_sorted[f]
     n_calls = int(starts.sum())
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     rows = gpu.index.to_numpy(np.int64)
     in_call = np.flatnonzero(call_of_gpu >= 0)
     first = in_call[first_rows(call_of_gpu[in_call], n_calls)]  # every call has a kernel
@@ -239,9 +248,10 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     last_end = np.maximum.reduceat(gpu["end"].to_numpy()[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
     launch = gpu["launch"].to_numpy(np.int64)[first]
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
+    unknown = pd.array(np.full(n_calls, None), dtype="Int64")  # one for every shape column: the frame copies it into each
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
-        **{k: pd.array(np.full(n_calls, None), dtype="Int64") for k in SHAPE_KEYS}, "dtype": None,
+        **dict.fromkeys(SHAPE_KEYS, unknown), "dtype": None,
         "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
@@ -308,7 +318,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
 
 
-def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame | None:
+def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataFrame | None:
     """matmul -> softmax -> matmul on one thread, outside any attention op (None: none)."""
     ev = trace.events
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
@@ -361,7 +371,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     if not recs:
         return None
     calls = pd.DataFrame(recs)
-    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kclass)
+    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kidx, libraries=False)
     calls["gpu_us"] = per["gpu_ns"] / US
     calls["gpu_kernels"] = per["count"]
     calls["kernel"] = per["top"]
@@ -396,15 +406,9 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     if op_spec is None:
         op_spec = attention_op_spec(trace)
     gpu = trace.narrow_gpu
-    kclass = np.full(len(gpu), None, dtype=object)
-    klib = np.full(len(gpu), None, dtype=object)
-    if len(gpu):
-        kidx = match_categories(gpu["name"].array, KERNELS_RE)
-        kb = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
-        kl = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
-        kclass, klib = kb[kidx], kl[kidx]  # -1 (no match) picks the trailing None
-    op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, klib, op_spec)
-    parts = [p for p in (op_calls, _kernel_calls(trace, kclass, klib, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass))
+    kidx = match_categories(gpu["name"].array, KERNELS_RE) if len(gpu) else np.empty(0, dtype=np.int64)
+    op_calls, is_att, call_of_gpu = _op_calls(trace, kidx, op_spec)
+    parts = [p for p in (op_calls, _kernel_calls(trace, kidx, call_of_gpu >= 0), _eager_calls(trace, is_att, kidx))
              if p is not None]
     if not parts:
         return _empty_calls()

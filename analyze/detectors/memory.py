@@ -331,7 +331,10 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if relative:
         allocated = np.cumsum(mem["mem_bytes"])
     reserved[reserved < 0] = np.nan
-    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    # A memory event has no launch link: its own start locates it (locate_rows without the gather
+    # of the launch column at every event).
+    seg = segments.locate_times(mem["ts"]) if len(segments) else None
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows, seg)
     phase = _str_column(phase_u, phase_c)
     mem_bytes = mem["mem_bytes"]
     tl = pd.DataFrame({"ts": mem["ts"].astype(np.int64, copy=False), "bytes": mem_bytes,
