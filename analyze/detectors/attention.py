@@ -365,7 +365,7 @@ def run(trace: Trace, ctx: Context) -> Attention:
     steps = step_work(calls, segments, time_col)
     records = fit_calls(calls, time_col) + fit_steps(steps, time_col)
     fits = [f for f in records if f.get("status") != TOO_NARROW]
-    name, spec = spec_for_trace(trace)
+    name, spec = ctx.shared(spec_for_trace)  # attention and roofline both read it
     res = Attention(calls=calls, groups=groups, fits=fits, gpu=name,
                     too_narrow=[f for f in records if f.get("status") == TOO_NARROW], steps=steps)
     res.findings = _findings(trace, calls, fits, spec, time_col)

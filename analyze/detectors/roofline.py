@@ -384,7 +384,7 @@ def _findings(trace: Trace, phases: dict[str, dict[str, Any]]) -> list[Finding]:
 
 
 def run(trace: Trace, ctx: Context) -> Roofline:
-    name, spec = spec_for_trace(trace)
+    name, spec = ctx.shared(spec_for_trace)  # attention and roofline both read it
     att = ctx.result("attention")
     calls = att.calls
     df = _table([_gemm_rows(trace, ctx, calls), _attention_rows(calls, getattr(att, "steps", None))], spec)
