@@ -22,6 +22,7 @@ from tokentrace.analysis.common.shape_codes import (
     key_values,
     top_per_group,
     value_codes,
+    value_codes_at,
 )
 from tokentrace.analysis.detectors import shapes
 from tokentrace.analysis.segments import Segments
@@ -127,6 +128,21 @@ def test_value_codes_of_one_object_on_every_row_equal_those_of_a_copy():
     one[0] = [[2, 8], [8, 4]]
     repeated = np.broadcast_to(one, (4,))
     assert value_codes(repeated).tolist() == value_codes(repeated.copy()).tolist() == [0] * 4
+
+
+def test_value_codes_at_rows_are_those_of_the_gathered_rows():
+    """value_codes_at(values, rows) == value_codes(values[rows]): absent columns (None or one list
+    on every row) answered without the gather, ordinary ones through it; rows repeat, out of order."""
+    from tokentrace.analysis.loading.trace import absent_column
+
+    rows = np.array([3, 0, 0, 2, 4, 1])
+    lists = np.empty(5, dtype=object)
+    lists[:] = [[1, 2], None, [1, 2], [3], [[1, 2]]]
+    one = np.empty(1, dtype=object)
+    one[0] = [[2, 8], [8, 4]]
+    for values in (lists, absent_column(5, object), np.broadcast_to(one, (5,))):
+        assert value_codes_at(values, rows).tolist() == value_codes(values[rows]).tolist()
+        assert value_codes_at(values, rows[:0]).tolist() == []
 
 
 def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):

@@ -70,6 +70,15 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
     return content[obj_code].astype(np.int64, copy=False)
 
 
+def value_codes_at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """value_codes(values[rows]) (`rows`: positions), without gathering an absent column's one
+    object at every row (the gathered copy is no longer a view to recognise, and would be
+    factorized row by row)."""
+    if is_absent_column(values):
+        return np.full(len(rows), -1 if values[0] is None else 0, dtype=np.int64)
+    return value_codes(values[rows])
+
+
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Group id per row for each distinct combination of the integer key columns (at least one
     row), numbered in order of first appearance as DataFrame.groupby(sort=False) numbers them, and

@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, object_ids, sorted_codes, value_codes
+from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, object_ids, sorted_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -168,7 +168,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
         phase = inferred if inferred is not None else phase
     df = pd.DataFrame({"row": rows, "name": trace.names[rows],
-                       "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
+                       "dims_key": value_codes_at(ev["input_dims"].to_numpy(), rows),
                        "dtype": _dtype_names(ev["input_type"].to_numpy()[rows]),
                        "phase": phase, "gpu_ns": gpu_ns})
     keys = ["name", "dims_key", "dtype", "phase"]

@@ -21,7 +21,7 @@ import pandas as pd
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -169,7 +169,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     # Shape codes of each kernel's launching op: value_codes groups rows by object first, so the
     # kernels' few hundred distinct lists are encoded once each (a set of the distinct ops first
     # took a temporary over the rows' whole range).
-    op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[np.maximum(op, 0)]), -1)
+    op_dims = np.where(has, value_codes_at(ev["input_dims"].to_numpy(), np.maximum(op, 0)), -1)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
     t = np.where(has, all_names[np.maximum(top, 0)], -1)
