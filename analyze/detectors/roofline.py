@@ -30,7 +30,7 @@ from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, object_ids, sorted_codes, value_codes_at
+from tokentrace.analysis.common.shape_codes import first_known, first_rows, frame_group_ids, group_sums, key_values, object_ids, sorted_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -138,8 +138,7 @@ def _dtype_names(types: np.ndarray) -> np.ndarray:
     object (the loader shares one object among equal texts), the rows mapped by an integer
     factorize of the objects' ids instead of a dict look-up per row."""
     obj_code, uniq = pd.factorize(object_ids(types))
-    objs = np.empty(len(uniq), dtype=object)
-    objs[obj_code] = types  # any row of a code holds the same object
+    objs = types[first_rows(obj_code, len(uniq))]  # each object from its first row
     return np.array([dtype_name(t) for t in objs], dtype=object)[obj_code]
 
 
@@ -177,13 +176,13 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     # The groups' columns collected, then one frame (here and in the attention rows: a column
     # assignment each cost more than the numbers).
     cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
-    first_rows = rows[first]
+    first_op_rows = rows[first]
     dims = ev["input_dims"].to_numpy()
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
-             for nm, r, dt in zip(cols["name"].tolist(), first_rows.tolist(), cols["dtype"].tolist(), strict=True)]
-    cols |= {"first": first_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
+             for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]
+    cols |= {"first": first_op_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
              "flops": [c[0] if c else np.nan for c in costs], "bytes": [c[1] if c else np.nan for c in costs],
-             "input_dims": dims[first_rows], "kind": "gemm"}
+             "input_dims": dims[first_op_rows], "kind": "gemm"}
     return pd.DataFrame(cols)
 
 
