@@ -339,7 +339,8 @@ def run(trace: Trace, ctx: Context) -> Memory:
     mem_bytes = mem["mem_bytes"]
     tl = pd.DataFrame({"ts": mem["ts"].astype(np.int64, copy=False), "bytes": mem_bytes,
                        "allocated": allocated, "reserved": reserved, "op": _op_names(trace, enc), "in_cat": in_cat,
-                       "phase": phase_u[phase_c].astype(object, copy=False) if phase is None else phase})
+                       "phase": phase_u[phase_c].astype(object, copy=False) if phase is None else phase},
+                      copy=False)  # every column a new array of this run's: no second copy of each (0.7 ms at hf_200)
     kv = kv_cat_calls(trace, ctx.shared(op_gpu))
     steps = _steps(trace, segments, tl, kv)
 
