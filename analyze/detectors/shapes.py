@@ -106,18 +106,20 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
                            value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
+    # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
+    # att.ops in order, their values are read as they are, and no pair needs filtering out.
+    every_op = len(at_ops) == len(att.ops)
+    total_ns, self_ns, total_count = ((att.total_ns, att.self_ns, att.total_count) if every_op
+                                      else (att.total_ns[at_ops], att.self_ns[at_ops], att.total_count[at_ops]))
     # GPU sums over those ops only (every other op adds 0): no array of every op's values.
     gpu_gid = gid[at_rows]
     calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
     cpu_total = _sum(gid, n_groups, ops["dur"].to_numpy()) / US
-    gpu_total = _sum(gpu_gid, n_groups, att.total_ns[at_ops]) / US
-    gpu_self = _sum(gpu_gid, n_groups, att.self_ns[at_ops]) / US
-    kernels = _sum(gpu_gid, n_groups, att.total_count[at_ops]).astype(np.int64)
+    gpu_total = _sum(gpu_gid, n_groups, total_ns) / US
+    gpu_self = _sum(gpu_gid, n_groups, self_ns) / US
+    kernels = _sum(gpu_gid, n_groups, total_count).astype(np.int64)
     # The kernel that took most of each group's GPU time (over all nesting levels), each pair's
     # group through its op's place among the ops (no array over every event).
-    # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
-    # att.ops in order, and no pair needs filtering out.
-    every_op = len(at_ops) == len(att.ops)
     if every_op:
         group_of_op = gpu_gid
     else:
