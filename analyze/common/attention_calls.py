@@ -48,7 +48,7 @@ from tokentrace.analysis.common.attention_ops import (
 from tokentrace.analysis.common.attribution import climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes
+from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
@@ -120,12 +120,12 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
 
 
-def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
-    """Per GPU row: is it one of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
+def _pytorch_kernels(gpu: pd.DataFrame, at: np.ndarray) -> np.ndarray:
+    """Per GPU row of the mask `at`: is it one of PyTorch's own kernels (at::native elementwise,
+    fill, reduce, copy)? Only those rows' codes are read (the rows in attention calls)."""
     cats = gpu["name"].array.categories
-    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])
-    codes = np.asarray(gpu["name"].array.codes, dtype=np.int64)
-    return own[np.where(codes >= 0, codes, len(cats))].astype(float)
+    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])  # code -1 (no name) reads the last
+    return own[np.asarray(gpu["name"].array.codes)[at]]
 
 
 def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False) -> np.ndarray:
@@ -177,7 +177,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray) -> tuple[pd.Data
     concrete = ev["concrete_inputs"].to_numpy()
     # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
     # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
-    inv, first_of = group_ids(value_codes(dims[order]), value_codes(types[order]), value_codes(concrete[order]), spec_o)
+    inv, first_of = group_ids(value_codes_at(dims, order), value_codes_at(types, order), value_codes_at(concrete, order), spec_o)
     parse_rows, parse_spec = order[first_of], spec_o[first_of]
     shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)]
     causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)],
@@ -205,7 +205,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray) -> tuple[pd.Data
     # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
     # was PyTorch's own kernels (vLLM's profiling run only zero-fills the output).
     ok = call_of_gpu >= 0
-    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu)[ok], minlength=n_calls) if n_calls else np.zeros(0)
+    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu, ok).astype(float), minlength=n_calls) if n_calls else np.zeros(0)
     only_pytorch = (per["count"] > 0) & (own >= per["count"])
     otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
