@@ -184,6 +184,21 @@ def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
 
 
 
+def test_first_rows_in_blocks_are_the_first_occurrences(monkeypatch):
+    # Blocks of a few rows (the last one short), ids out of order and some absent: each id's
+    # first row, len(ids) for an absent one, as np.unique finds them.
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(2)
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_BLOCK", 7)
+    for n in (0, 1, 6, 7, 8, 50, 301):
+        ids = rng.integers(0, 12, n)[::-1].copy()
+        first = shape_codes.first_rows(ids, 14)
+        want = np.full(14, n)
+        u, at = np.unique(ids, return_index=True)
+        want[u] = at
+        assert first.tolist() == want.tolist()
+
+
 def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
     # Keys whose combined range is small take the table; the same keys with the table off take
     # the hash: the ids and first rows of both are groupby's (key values appear out of order).

@@ -132,12 +132,26 @@ def _dense_group_ids(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
     return rank[key], first[present[by_first]]
 
 
+# first_rows works through the ids in blocks of this many rows, numbering them from one small
+# buffer: a row-length np.arange was a fresh array of 8 bytes a row (page faults at 1 GB; at 4.5 M
+# rows 16.7 -> 10.3 ms).
+FIRST_ROWS_BLOCK = 1 << 16
+
+
 def first_rows(ids: np.ndarray, n: int) -> np.ndarray:
     """The first row of each id 0..n-1 (len(ids) for an id that does not occur); for ids numbered
     in order of first appearance the rows come sorted. ufunc.at takes half the time of a running
     maximum over the ids."""
     first = np.full(n, len(ids), dtype=np.int64)
-    np.minimum.at(first, ids, np.arange(len(ids), dtype=np.int64))
+    if not len(ids):
+        return first
+    block = min(FIRST_ROWS_BLOCK, len(ids))
+    numbers = np.arange(block, dtype=np.int64)
+    rows = np.empty(block, dtype=np.int64)
+    for start in range(0, len(ids), block):
+        part = ids[start:start + block]
+        np.add(numbers[:len(part)], start, out=rows[:len(part)])
+        np.minimum.at(first, part, rows[:len(part)])
     return first
 
 
