@@ -45,7 +45,7 @@ from tokentrace.analysis.common.attention_ops import (
     match_categories,
     op_shapes,
 )
-from tokentrace.analysis.common.attribution import climb_to, outermost
+from tokentrace.analysis.common.attribution import OpGpu, climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
@@ -137,7 +137,7 @@ def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False)
     return np.append(at, -1)[first_rows(call[at], n)]
 
 
-def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
+def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | None) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
     """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     gpu = trace.narrow_gpu
@@ -195,10 +195,17 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray) -> tuple[pd.Data
     at = _first_where(call_o, causal_o != None, n_calls)  # noqa: E711
     shape_cols["causal"] = [None if a < 0 else bool(causal_o[a]) for a in at.tolist()]
 
-    g_op = gpu["op"].to_numpy()
-    nearest = climb_to(parent, g_op, is_att)
-    call_of_gpu = np.full(len(nearest), -1, dtype=np.int64)
-    call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
+    call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
+    if att is None:
+        nearest = climb_to(parent, gpu["op"].to_numpy(), is_att)
+        call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
+    else:
+        # op_gpu's pairs climb the same parent links from each GPU row's op, a level at a time:
+        # a GPU row's first pair whose op is an attention op holds its nearest one (no climb of
+        # every GPU row to its root).
+        hit = np.flatnonzero(is_att[att.pair_op])
+        pos, first = np.unique(np.searchsorted(gpu.index.to_numpy(np.int64), att.pair_gpu[hit]), return_index=True)
+        call_of_gpu[pos] = call_of(att.pair_op[hit[first]])
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
@@ -399,15 +406,18 @@ def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None) -> pd.DataFrame:
+def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None,
+               att: OpGpu | None = None) -> pd.DataFrame:
     """Every attention call in the trace (one row each, columns CALL_COLUMNS), in time order.
-    `op_spec`: attention_op_spec(trace) when the caller holds it (computed here otherwise)."""
+    `op_spec`: attention_op_spec(trace) when the caller holds it (computed here otherwise); `att`:
+    op_gpu(trace) when the caller holds it (the GPU rows' attention ops are then read from its
+    pairs, not climbed to)."""
     segments = segments or Segments()
     if op_spec is None:
         op_spec = attention_op_spec(trace)
     gpu = trace.narrow_gpu
     kidx = match_categories(gpu["name"].array, KERNELS_RE) if len(gpu) else np.empty(0, dtype=np.int64)
-    op_calls, is_att, call_of_gpu = _op_calls(trace, kidx, op_spec)
+    op_calls, is_att, call_of_gpu = _op_calls(trace, kidx, op_spec, att)
     parts = [p for p in (op_calls, _kernel_calls(trace, kidx, call_of_gpu >= 0), _eager_calls(trace, is_att, kidx))
              if p is not None]
     if not parts:

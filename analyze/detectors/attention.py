@@ -29,6 +29,7 @@ from tokentrace.analysis.common.attention_calls import find_calls, time_column
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import EAGER, MATH, UNFUSED_BACKENDS, UNKNOWN, attention_op_spec
 from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_lengths, q_sources, step_points, step_work
+from tokentrace.analysis.common.attribution import op_gpu
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
@@ -358,7 +359,7 @@ def _steps_json(steps: pd.DataFrame) -> dict[str, Any]:
 def run(trace: Trace, ctx: Context) -> Attention:
     segments = ctx.segments
     phases = ctx.result("phases")
-    calls = find_calls(trace, segments, ctx.shared(attention_op_spec))
+    calls = find_calls(trace, segments, ctx.shared(attention_op_spec), ctx.shared(op_gpu))
     calls = fill_lengths(calls, segments, getattr(phases, "steps", None))
     groups = group_calls(calls)
     time_col = time_column(trace)
