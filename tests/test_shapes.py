@@ -143,6 +143,13 @@ def test_value_codes_at_rows_are_those_of_the_gathered_rows():
     for values in (lists, absent_column(5, object), np.broadcast_to(one, (5,))):
         assert value_codes_at(values, rows).tolist() == value_codes(values[rows]).tolist()
         assert value_codes_at(values, rows[:0]).tolist() == []
+    # An absent column's codes: one read-only view, a key group_ids passes over (no group split).
+    absent = value_codes(absent_column(5, object))
+    assert not absent.flags.writeable
+    keys = np.array([3, 1, 3, 2, 1])
+    assert [a.tolist() for a in group_ids(keys, absent)] == [a.tolist() for a in group_ids(absent, keys)] \
+        == [a.tolist() for a in group_ids(keys)] == [[0, 1, 0, 2, 1], [0, 1, 3]]
+    assert [a.tolist() for a in group_ids(absent)] == [[0] * 5, [0]]
 
 
 def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
