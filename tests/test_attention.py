@@ -527,3 +527,13 @@ def test_call_fits_come_per_group_in_groupby_order_with_missing_keys_last():
         mult = 1 + groups.index((*key[:2], *key[2:]))
         assert [p[1] for p in f["points"]] == [16.0 * k * mult for k in range(1, 5)]
         assert f["point_sources"] == ["shapes"] * 4 and f["x_source"] == "shapes"
+
+
+@pytest.mark.parametrize("name", ["h100_hf_qwen05b_forward_bs16.json.gz", "mi300x_vllm_mixed_prefill_decode_piecewise_graph.json.gz"])
+def test_calls_from_the_attribution_pairs_equal_those_climbed_to(name):
+    """find_calls given op_gpu (the detector: each GPU row's nearest attention op read from the
+    attribution's pairs) gives the frame it gives without (scaling: a climb of every GPU row)."""
+    from tokentrace.analysis.common.attribution import op_gpu
+
+    tr = tokentrace.load(shared_trace(name))
+    pd.testing.assert_frame_equal(find_calls(tr, att=op_gpu(tr)), find_calls(tr), check_exact=True)

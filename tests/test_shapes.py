@@ -22,6 +22,7 @@ from tokentrace.analysis.common.shape_codes import (
     key_values,
     top_per_group,
     value_codes,
+    value_codes_at,
 )
 from tokentrace.analysis.detectors import shapes
 from tokentrace.analysis.segments import Segments
@@ -129,6 +130,28 @@ def test_value_codes_of_one_object_on_every_row_equal_those_of_a_copy():
     assert value_codes(repeated).tolist() == value_codes(repeated.copy()).tolist() == [0] * 4
 
 
+def test_value_codes_at_rows_are_those_of_the_gathered_rows():
+    """value_codes_at(values, rows) == value_codes(values[rows]): absent columns (None or one list
+    on every row) answered without the gather, ordinary ones through it; rows repeat, out of order."""
+    from tokentrace.analysis.loading.trace import absent_column
+
+    rows = np.array([3, 0, 0, 2, 4, 1])
+    lists = np.empty(5, dtype=object)
+    lists[:] = [[1, 2], None, [1, 2], [3], [[1, 2]]]
+    one = np.empty(1, dtype=object)
+    one[0] = [[2, 8], [8, 4]]
+    for values in (lists, absent_column(5, object), np.broadcast_to(one, (5,))):
+        assert value_codes_at(values, rows).tolist() == value_codes(values[rows]).tolist()
+        assert value_codes_at(values, rows[:0]).tolist() == []
+    # An absent column's codes: one read-only view, a key group_ids passes over (no group split).
+    absent = value_codes(absent_column(5, object))
+    assert not absent.flags.writeable
+    keys = np.array([3, 1, 3, 2, 1])
+    assert [a.tolist() for a in group_ids(keys, absent)] == [a.tolist() for a in group_ids(absent, keys)] \
+        == [a.tolist() for a in group_ids(keys)] == [[0, 1, 0, 2, 1], [0, 1, 3]]
+    assert [a.tolist() for a in group_ids(absent)] == [[0] * 5, [0]]
+
+
 def test_phase_codes_share_label_across_segments_and_mark_outside(tmp_path):
     tr, seg = build(tmp_path)
     ops = tr.cpu_ops
@@ -166,6 +189,21 @@ def test_group_ids_number_groups_like_groupby_in_first_appearance_order():
         expect = frame.groupby(list(frame.columns), sort=False).ngroup().to_numpy()
         assert gid.tolist() == expect.tolist() and first.tolist() == np.unique(expect, return_index=True)[1].tolist()
 
+
+
+def test_first_rows_in_blocks_are_the_first_occurrences(monkeypatch):
+    # Blocks of a few rows (the last one short), ids out of order and some absent: each id's
+    # first row, len(ids) for an absent one, as np.unique finds them.
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(2)
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_BLOCK", 7)
+    for n in (0, 1, 6, 7, 8, 50, 301):
+        ids = rng.integers(0, 12, n)[::-1].copy()
+        first = shape_codes.first_rows(ids, 14)
+        want = np.full(14, n)
+        u, at = np.unique(ids, return_index=True)
+        want[u] = at
+        assert first.tolist() == want.tolist()
 
 
 def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
@@ -213,6 +251,30 @@ def test_group_sums_are_pandas_groupby_sums_and_means_bit_for_bit():
     assert [a.tolist() for a in group_sums(np.empty(0, np.int64), np.empty(0), 2)] == [[0.0, 0.0], [0, 0]]
 
 
+def test_group_sums_of_whole_number_floats_are_pandas_sums_bit_for_bit():
+    # Nanoseconds held as floats take the one-pass sum (exact in any order); near 2**53 in total,
+    # or with a fraction, NaN or infinity anywhere, pandas' own summation: the same bits either way.
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 400))
+        ids = pd.factorize(rng.integers(0, int(rng.integers(1, 12)), n))[0].astype(np.int64)
+        v = (rng.integers(-10**9, 10**9, n) * rng.choice([1, 1, 0], n)).astype(float)
+        v[rng.random(n) < 0.05] = -0.0
+        if trial % 5 == 1:
+            v[0] = 2.0**53  # whole, but the total is past what every order adds exactly
+        if trial % 5 == 2:
+            v[-1] = 0.5
+        if trial % 5 == 3:
+            v[rng.random(n) < 0.1] = np.nan
+        if trial % 5 == 4:
+            v[0] = np.inf
+        k = int(ids.max()) + 1
+        sums, count = group_sums(ids, v, k)
+        g = pd.Series(v).groupby(ids)
+        assert sums.tobytes() == g.sum().to_numpy(float).tobytes()
+        assert count.tolist() == g.count().tolist()
+
+
 def _object(values: list) -> pd.Series:
     return pd.Series(np.array(values, dtype=object), dtype=object)
 
@@ -232,8 +294,9 @@ def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
         "v": [1.0, 2.0, np.nan, 4.0, 5.0, 6.0, 7.0],
         "o": _object([na, "m", na, "n", na, na, "p"]),  # object strings and None: "first" keeps an object column
         "st": ["p", na, na, "q", "r", na, "s"],
+        "s2": ["b", "a", "a", na, "b", "x", na],  # the values of "s" and "mix" in another order: text keys factorized together
     })
-    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"]):
+    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"], ["s", "s2", "mix"], ["s2", "s"]):
         for rows in (None, np.array([6, 4, 3, 1]), np.array([0, 2, 5])):
             sub = df if rows is None else df.iloc[rows].reset_index(drop=True)
             want = sub.groupby(keys, dropna=False, sort=False).agg(o=("o", "first"), st=("st", "first"), v=("v", "first")).reset_index()

@@ -45,10 +45,10 @@ from tokentrace.analysis.common.attention_ops import (
     match_categories,
     op_shapes,
 )
-from tokentrace.analysis.common.attribution import climb_to, outermost
+from tokentrace.analysis.common.attribution import OpGpu, climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
 from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes
+from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
 from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
@@ -78,15 +78,24 @@ def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: np.empty(0, dtype=object) for c in CALL_COLUMNS})  # arrays: a fifth of the cost of Series
 
 
-def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kclass: np.ndarray,
-                  klib: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """GPU ns, kernel count, top kernel, kernel-named backend and library for each call id 0..n_calls-1."""
+# Backend and library of each KERNELS_RE entry, and None at index -1 (no match): a GPU row's are
+# those at its match index (match_categories), looked up for the few rows where they are read
+# rather than held as object arrays over every GPU row.
+_KERNEL_BACKENDS = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
+_KERNEL_LIBRARIES = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
+_NAMES_A_BACKEND = np.array([b is not None for b in _KERNEL_BACKENDS], dtype=bool)
+
+
+def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx: np.ndarray,
+                  libraries: bool = True) -> dict[str, np.ndarray]:
+    """GPU ns, kernel count, top kernel, kernel-named backend and library (None everywhere unless
+    `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match."""
     ok = call_of_gpu >= 0
     c = call_of_gpu[ok]
     dur = gpu["dur"].to_numpy()[ok]
     name_codes = np.asarray(gpu["name"].array.codes)[ok]
-    kb = kclass[ok]
-    kl = klib[ok] if klib is not None else np.full(len(kb), None, dtype=object)
+    kb = _KERNEL_BACKENDS[kidx[ok]]
+    kl = _KERNEL_LIBRARIES[kidx[ok]] if libraries else np.full(len(kb), None, dtype=object)
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
     count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
     top = np.full(n_calls, None, dtype=object)
@@ -111,12 +120,12 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kcla
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
 
 
-def _pytorch_kernels(gpu: pd.DataFrame) -> np.ndarray:
-    """Per GPU row: is it one of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
+def _pytorch_kernels(gpu: pd.DataFrame, at: np.ndarray) -> np.ndarray:
+    """Per GPU row of the mask `at`: is it one of PyTorch's own kernels (at::native elementwise,
+    fill, reduce, copy)? Only those rows' codes are read (the rows in attention calls)."""
     cats = gpu["name"].array.categories
-    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])
-    codes = np.asarray(gpu["name"].array.codes, dtype=np.int64)
-    return own[np.where(codes >= 0, codes, len(cats))].astype(float)
+    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])  # code -1 (no name) reads the last
+    return own[np.asarray(gpu["name"].array.codes)[at]]
 
 
 def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False) -> np.ndarray:
@@ -128,7 +137,7 @@ def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False)
     return np.append(at, -1)[first_rows(call[at], n)]
 
 
-def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarray) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
+def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | None) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
     """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     gpu = trace.narrow_gpu
@@ -168,7 +177,7 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     concrete = ev["concrete_inputs"].to_numpy()
     # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
     # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
-    inv, first_of = group_ids(value_codes(dims[order]), value_codes(types[order]), value_codes(concrete[order]), spec_o)
+    inv, first_of = group_ids(value_codes_at(dims, order), value_codes_at(types, order), value_codes_at(concrete, order), spec_o)
     parse_rows, parse_spec = order[first_of], spec_o[first_of]
     shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)]
     causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)],
@@ -186,17 +195,24 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     at = _first_where(call_o, causal_o != None, n_calls)  # noqa: E711
     shape_cols["causal"] = [None if a < 0 else bool(causal_o[a]) for a in at.tolist()]
 
-    g_op = gpu["op"].to_numpy()
-    nearest = climb_to(parent, g_op, is_att)
-    call_of_gpu = np.full(len(nearest), -1, dtype=np.int64)
-    call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
+    call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
+    if att is None:
+        nearest = climb_to(parent, gpu["op"].to_numpy(), is_att)
+        call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
+    else:
+        # op_gpu's pairs climb the same parent links from each GPU row's op, a level at a time:
+        # a GPU row's first pair whose op is an attention op holds its nearest one (no climb of
+        # every GPU row to its root).
+        hit = np.flatnonzero(is_att[att.pair_op])
+        pos, first = np.unique(np.searchsorted(gpu.index.to_numpy(np.int64), att.pair_gpu[hit]), return_index=True)
+        call_of_gpu[pos] = call_of(att.pair_op[hit[first]])
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
     # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
     # was PyTorch's own kernels (vLLM's profiling run only zero-fills the output).
     ok = call_of_gpu >= 0
-    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu)[ok], minlength=n_calls) if n_calls else np.zeros(0)
+    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu, ok).astype(float), minlength=n_calls) if n_calls else np.zeros(0)
     only_pytorch = (per["count"] > 0) & (own >= per["count"])
     otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
@@ -214,10 +230,10 @@ def _op_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, spec: np.ndarr
     return calls, is_att, call_of_gpu
 
 
-def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
+def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
     """Calls from attention kernels no attention op encloses (None: none): consecutive ones on a stream form one call."""
     gpu = trace.narrow_gpu
-    free = (kclass != None) & ~taken  # noqa: E711
+    free = _NAMES_A_BACKEND[kidx] & ~taken
     if not free.any():
         return None
     order = np.lexsort((gpu["ts"].to_numpy(), gpu["stream"].to_numpy(), gpu["device"].to_numpy()))
@@ -231,7 +247,7 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     call_of_gpu[order[f]] = call_sorted[f]
     n_calls = int(starts.sum())
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kclass, klib)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     rows = gpu.index.to_numpy(np.int64)
     in_call = np.flatnonzero(call_of_gpu >= 0)
     first = in_call[first_rows(call_of_gpu[in_call], n_calls)]  # every call has a kernel
@@ -239,9 +255,10 @@ def _kernel_calls(trace: Trace, kclass: np.ndarray, klib: np.ndarray, taken: np.
     last_end = np.maximum.reduceat(gpu["end"].to_numpy()[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
     launch = gpu["launch"].to_numpy(np.int64)[first]
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
+    unknown = pd.array(np.full(n_calls, None), dtype="Int64")  # one for every shape column: the frame copies it into each
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
-        **{k: pd.array(np.full(n_calls, None), dtype="Int64") for k in SHAPE_KEYS}, "dtype": None,
+        **dict.fromkeys(SHAPE_KEYS, unknown), "dtype": None,
         "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
@@ -308,7 +325,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
 
 
-def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.DataFrame | None:
+def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataFrame | None:
     """matmul -> softmax -> matmul on one thread, outside any attention op (None: none)."""
     ev = trace.events
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
@@ -361,7 +378,7 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kclass: np.ndarray) -> pd.Dat
     if not recs:
         return None
     calls = pd.DataFrame(recs)
-    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kclass)
+    per = _gpu_per_call(_eager_call_of_gpu(trace, calls), trace.narrow_gpu, len(calls), kidx, libraries=False)
     calls["gpu_us"] = per["gpu_ns"] / US
     calls["gpu_kernels"] = per["count"]
     calls["kernel"] = per["top"]
@@ -389,22 +406,19 @@ def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None) -> pd.DataFrame:
+def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None,
+               att: OpGpu | None = None) -> pd.DataFrame:
     """Every attention call in the trace (one row each, columns CALL_COLUMNS), in time order.
-    `op_spec`: attention_op_spec(trace) when the caller holds it (computed here otherwise)."""
+    `op_spec`: attention_op_spec(trace) when the caller holds it (computed here otherwise); `att`:
+    op_gpu(trace) when the caller holds it (the GPU rows' attention ops are then read from its
+    pairs, not climbed to)."""
     segments = segments or Segments()
     if op_spec is None:
         op_spec = attention_op_spec(trace)
     gpu = trace.narrow_gpu
-    kclass = np.full(len(gpu), None, dtype=object)
-    klib = np.full(len(gpu), None, dtype=object)
-    if len(gpu):
-        kidx = match_categories(gpu["name"].array, KERNELS_RE)
-        kb = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
-        kl = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
-        kclass, klib = kb[kidx], kl[kidx]  # -1 (no match) picks the trailing None
-    op_calls, is_att, call_of_gpu = _op_calls(trace, kclass, klib, op_spec)
-    parts = [p for p in (op_calls, _kernel_calls(trace, kclass, klib, call_of_gpu >= 0), _eager_calls(trace, is_att, kclass))
+    kidx = match_categories(gpu["name"].array, KERNELS_RE) if len(gpu) else np.empty(0, dtype=np.int64)
+    op_calls, is_att, call_of_gpu = _op_calls(trace, kidx, op_spec, att)
+    parts = [p for p in (op_calls, _kernel_calls(trace, kidx, call_of_gpu >= 0), _eager_calls(trace, is_att, kidx))
              if p is not None]
     if not parts:
         return _empty_calls()

@@ -110,7 +110,8 @@ def _chosen_properties(trace: Any) -> dict[str, Any] | None:
 
 def spec_for_trace(trace: Any) -> tuple[str | None, GpuSpec | None]:
     """(name, spec) of the GPU that ran most of the trace's kernels: the reported name, or the
-    inferred one (see `identify`) when deviceProperties has none."""
+    inferred one (see `identify`) when deviceProperties has none. A pure function of the trace:
+    the detectors share it (`ctx.shared(spec_for_trace)`)."""
     chosen = _chosen_properties(trace)
     if chosen is not None and chosen.get("name"):
         mem = chosen.get("totalGlobalMem")

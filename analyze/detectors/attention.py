@@ -29,6 +29,7 @@ from tokentrace.analysis.common.attention_calls import find_calls, time_column
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import EAGER, MATH, UNFUSED_BACKENDS, UNKNOWN, attention_op_spec
 from tokentrace.analysis.common.attention_steps import STEP_COLUMNS, fill_lengths, q_sources, step_points, step_work
+from tokentrace.analysis.common.attribution import op_gpu
 from tokentrace.analysis.common.fits import TOO_NARROW, power_law, range_text
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
@@ -358,14 +359,14 @@ def _steps_json(steps: pd.DataFrame) -> dict[str, Any]:
 def run(trace: Trace, ctx: Context) -> Attention:
     segments = ctx.segments
     phases = ctx.result("phases")
-    calls = find_calls(trace, segments, ctx.shared(attention_op_spec))
+    calls = find_calls(trace, segments, ctx.shared(attention_op_spec), ctx.shared(op_gpu))
     calls = fill_lengths(calls, segments, getattr(phases, "steps", None))
     groups = group_calls(calls)
     time_col = time_column(trace)
     steps = step_work(calls, segments, time_col)
     records = fit_calls(calls, time_col) + fit_steps(steps, time_col)
     fits = [f for f in records if f.get("status") != TOO_NARROW]
-    name, spec = spec_for_trace(trace)
+    name, spec = ctx.shared(spec_for_trace)  # attention and roofline both read it
     res = Attention(calls=calls, groups=groups, fits=fits, gpu=name,
                     too_narrow=[f for f in records if f.get("status") == TOO_NARROW], steps=steps)
     res.findings = _findings(trace, calls, fits, spec, time_col)

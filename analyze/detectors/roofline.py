@@ -29,8 +29,18 @@ from tokentrace.analysis.common.attribution import op_gpu, outermost
 from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids, group_sums, key_values, sorted_codes, value_codes
+from tokentrace.analysis.common.labels import phase_codes
+from tokentrace.analysis.common.shape_codes import (
+    first_known,
+    first_rows,
+    frame_group_ids,
+    group_ids,
+    group_sums,
+    key_values,
+    object_ids,
+    sorted_codes,
+    value_codes_at,
+)
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -133,17 +143,15 @@ class Roofline:
         }
 
 
-def _dtype_names(types: np.ndarray) -> list[str | None]:
-    """dtype_name of each row's input types, computed once per distinct list object (the loader
-    shares one object among equal texts)."""
-    seen: dict[int, str | None] = {}
-    out = []
-    for t in types.tolist():
-        k = id(t)
-        if k not in seen:
-            seen[k] = dtype_name(t)
-        out.append(seen[k])
-    return out
+def _dtype_names(types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dtype_name of each row's input types (an object array) and a code per row (equal names
+    share one, -1 for None: pd.factorize's classes), computed once per distinct list object (the
+    loader shares one object among equal texts), the rows mapped by an integer factorize of the
+    objects' ids instead of a dict look-up per row."""
+    obj_code, uniq = pd.factorize(object_ids(types))
+    objs = types[first_rows(obj_code, len(uniq))]  # each object from its first row
+    names = np.array([dtype_name(t) for t in objs], dtype=object)
+    return names[obj_code], pd.factorize(names)[0][obj_code]
 
 
 def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
@@ -166,27 +174,30 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     rows = rows[keep]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
-    phase, _ = phase_labels(trace, segments, rows)
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    phase = phase_u[phase_c].astype(object, copy=False)
     if len(segments) == 0:
         inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
-        phase = inferred if inferred is not None else phase
-    df = pd.DataFrame({"row": rows, "name": trace.names[rows],
-                       "dims_key": value_codes(ev["input_dims"].to_numpy()[rows]),
-                       "dtype": _dtype_names(ev["input_type"].to_numpy()[rows]),
-                       "phase": phase, "gpu_ns": gpu_ns})
+        if inferred is not None:
+            phase, phase_c = inferred, pd.factorize(inferred)[0]
+    dims_key = value_codes_at(ev["input_dims"].to_numpy(), rows)
+    dtype, dtype_c = _dtype_names(ev["input_type"].to_numpy()[rows])
+    df = pd.DataFrame({"row": rows, "name": trace.names[rows], "dims_key": dims_key, "dtype": dtype, "phase": phase, "gpu_ns": gpu_ns})
     keys = ["name", "dims_key", "dtype", "phase"]
-    gid, first = frame_group_ids(df, keys)
+    # The groups of frame_group_ids(df, keys) from the integer codes each key already has (the
+    # names' category codes, the phases' and dtypes' codes), not a factorize of every key column.
+    gid, first = group_ids(np.asarray(ev["name"].array.codes)[rows], dims_key, dtype_c, phase_c)
     n_groups = len(first)
     # The groups' columns collected, then one frame (here and in the attention rows: a column
     # assignment each cost more than the numbers).
     cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
-    first_rows = rows[first]
+    first_op_rows = rows[first]
     dims = ev["input_dims"].to_numpy()
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
-             for nm, r, dt in zip(cols["name"].tolist(), first_rows.tolist(), cols["dtype"].tolist(), strict=True)]
-    cols |= {"first": first_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
+             for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]
+    cols |= {"first": first_op_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
              "flops": [c[0] if c else np.nan for c in costs], "bytes": [c[1] if c else np.nan for c in costs],
-             "input_dims": dims[first_rows], "kind": "gemm"}
+             "input_dims": dims[first_op_rows], "kind": "gemm"}
     return pd.DataFrame(cols)
 
 
@@ -387,7 +398,7 @@ def _findings(trace: Trace, phases: dict[str, dict[str, Any]]) -> list[Finding]:
 
 
 def run(trace: Trace, ctx: Context) -> Roofline:
-    name, spec = spec_for_trace(trace)
+    name, spec = ctx.shared(spec_for_trace)  # attention and roofline both read it
     att = ctx.result("attention")
     calls = att.calls
     df = _table([_gemm_rows(trace, ctx, calls), _attention_rows(calls, getattr(att, "steps", None))], spec)

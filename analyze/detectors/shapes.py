@@ -18,10 +18,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of, unique_rows
+from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes
+from tokentrace.analysis.common.shape_codes import group_ids, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -94,30 +94,45 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ev = trace.events
     rows = ops.index.to_numpy(np.int64)
-    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    # A cpu op has no launch link: its own start locates it (locate_rows without the gather of the
+    # launch column at every op).
+    seg = segments.locate_times(ops["ts"].to_numpy()) if len(segments) else None
+    phase_c, phase_u, _ = phase_codes(trace, segments, rows, seg)
     all_names, labels = name_codes(ev["name"])
+    # The narrow frame's names are the events' categorical (same codes), already gathered.
+    op_names = name_codes(ops["name"])[0]
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    gid, first = group_ids(all_names[rows], value_codes(ops["input_dims"].to_numpy()),
+    gid, first = group_ids(op_names, value_codes(ops["input_dims"].to_numpy()),
                            value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
+    # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
+    # att.ops in order, their values are read as they are, and no pair needs filtering out.
+    every_op = len(at_ops) == len(att.ops)
+    total_ns, self_ns, total_count = ((att.total_ns, att.self_ns, att.total_count) if every_op
+                                      else (att.total_ns[at_ops], att.self_ns[at_ops], att.total_count[at_ops]))
     # GPU sums over those ops only (every other op adds 0): no array of every op's values.
     gpu_gid = gid[at_rows]
     calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
     cpu_total = _sum(gid, n_groups, ops["dur"].to_numpy()) / US
-    gpu_total = _sum(gpu_gid, n_groups, att.total_ns[at_ops]) / US
-    gpu_self = _sum(gpu_gid, n_groups, att.self_ns[at_ops]) / US
-    kernels = _sum(gpu_gid, n_groups, att.total_count[at_ops]).astype(np.int64)
+    gpu_total = _sum(gpu_gid, n_groups, total_ns) / US
+    gpu_self = _sum(gpu_gid, n_groups, self_ns) / US
+    kernels = _sum(gpu_gid, n_groups, total_count).astype(np.int64)
     # The kernel that took most of each group's GPU time (over all nesting levels), each pair's
     # group through its op's place among the ops (no array over every event).
-    group_of_op = np.full(len(att.ops), -1, dtype=np.int64)
-    group_of_op[at_ops] = gid[at_rows]
+    if every_op:
+        group_of_op = gpu_gid
+    else:
+        group_of_op = np.full(len(att.ops), -1, dtype=np.int64)
+        group_of_op[at_ops] = gpu_gid
     top_kernel = np.full(n_groups, None, dtype=object)
     top_us = np.full(n_groups, np.nan)
     if len(att.pair_op):
-        g = group_of_op[att.pair_at]
-        keep = g >= 0
-        g, k, d = g[keep], all_names[att.pair_gpu[keep]], ev["dur"].to_numpy()[att.pair_gpu[keep]]
+        g, pair_gpu = group_of_op[att.pair_at], att.pair_gpu
+        if not every_op:
+            keep = g >= 0
+            g, pair_gpu = g[keep], pair_gpu[keep]
+        k, d = all_names[pair_gpu], ev["dur"].to_numpy()[pair_gpu]
         top_k = np.full(n_groups, -1, dtype=np.int64)
         if len(g):
             pair, pair_first = group_ids(g, k)
@@ -134,7 +149,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     order = np.lexsort((-cpu_total, -gpu_total))
     first_row = rows[first][order]
     return pd.DataFrame({
-        "name": _label(labels, all_names[first_row]), "input_dims": ev["input_dims"].to_numpy()[first_row],
+        "name": _label(labels, op_names[first][order]), "input_dims": ev["input_dims"].to_numpy()[first_row],
         "input_types": ev["input_type"].to_numpy()[first_row], "phase": np.asarray(phase_u, dtype=object)[phase_c[first][order]],
         "calls": calls[order], "cpu_total_us": cpu_total[order], "gpu_total_us": gpu_total[order], "gpu_self_us": gpu_self[order],
         "gpu_mean_us": (gpu_total / calls)[order], "kernels": kernels[order], "top_kernel": top_kernel[order],
@@ -153,13 +168,15 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     has = op >= 0
     top = root_of(ev["parent"].to_numpy(), op)
     all_names, labels = name_codes(ev["name"])
-    # Shape codes once per distinct launching op, not once per kernel.
-    uniq, inv = unique_rows(np.maximum(op, 0))
-    op_dims = np.where(has, value_codes(ev["input_dims"].to_numpy()[uniq])[inv], -1)
+    # Shape codes of each kernel's launching op: value_codes groups rows by object first, so the
+    # kernels' few hundred distinct lists are encoded once each (a set of the distinct ops first
+    # took a temporary over the rows' whole range).
+    op_dims = np.where(has, value_codes_at(ev["input_dims"].to_numpy(), np.maximum(op, 0)), -1)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
     t = np.where(has, all_names[np.maximum(top, 0)], -1)
-    gid, first = group_ids(all_names[rows], o, op_dims, t, phase_c)
+    k_names = name_codes(gpu["name"])[0]
+    gid, first = group_ids(k_names, o, op_dims, t, phase_c)
     n_groups = len(first)
     dur = gpu["dur"].to_numpy()
     gpu_max = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
@@ -170,7 +187,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     at = first[order]
     op_row = op[at]
     return pd.DataFrame({
-        "name": _label(labels, all_names[rows[at]]), "op": _label(labels, o[at]),
+        "name": _label(labels, k_names[at]), "op": _label(labels, o[at]),
         "op_input_dims": np.where(op_row >= 0, dims_text(ev["input_dims"].to_numpy()[np.maximum(op_row, 0)]), ""),
         "top_op": _label(labels, t[at]), "phase": np.asarray(phase_u, dtype=object)[phase_c[at]], "calls": calls[order], "gpu_total_us": gpu_total[order],
         "gpu_mean_us": (gpu_total / calls)[order], "gpu_max_us": (gpu_max / US)[order],
