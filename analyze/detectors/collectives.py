@@ -648,11 +648,13 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, compute: dict[int, tuple[np.ndarr
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
-    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-    kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
-    kname = trace.names[k.index.to_numpy(np.int64)[comp]]
     dev = inst["device"].to_numpy(np.int64)
-    for d in np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist():
+    devices = np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist()
+    if devices:  # else host-side collectives only (gloo): no device to look back on, no kernel read
+        k = trace.narrow(("kernel",), KERNEL_COLUMNS)
+        kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
+        kname = trace.names[k.index.to_numpy(np.int64)[comp]]
+    for d in devices:
         idx = np.flatnonzero((dev == d) & (inst["kind"].to_numpy() == "gpu"))
         idx = idx[np.argsort(inst["start"].to_numpy(np.int64)[idx], kind="stable")]
         st = inst["start"].to_numpy(np.int64)[idx]
@@ -885,8 +887,10 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
                                for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
-    comp = _compute_kernels(trace, coll)
-    compute = _compute_union(trace, comp)
+    # Compute is read only against collective kernels (their overlap, lead-ins and steps): a trace
+    # whose collectives all run on the host (gloo) needs none of it.
+    comp = _compute_kernels(trace, coll) if len(kern) else np.zeros(0, bool)
+    compute = _compute_union(trace, comp) if len(kern) else {}
     ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
     is_gpu = inst["kind"].to_numpy() == "gpu"
     inst["overlap_us"] = np.where(is_gpu, ov, np.nan)
