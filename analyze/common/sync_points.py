@@ -171,11 +171,14 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     op_col = ev["op"].to_numpy()
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
-    rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
-    talks = iv.with_ancestors(parent, op_col[rt_rows]) if len(rt_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
-    cand = sync_rows[talks[sync_rows] & ~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
-    if not len(cand):
+    cand = sync_rows[~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
+    # Of those, the ones that called the runtime: every runtime call's ops marked (the costly
+    # test, so made only when a candidate is left: most sync-causing ops enclose their sync call).
+    rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
+    if len(cand) and len(rt_rows):
+        cand = cand[iv.with_ancestors(parent, op_col[rt_rows])[cand]]
+    if not len(cand) or not len(rt_rows):
         return _empty_calls()
     return pd.DataFrame({
         "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
