@@ -161,19 +161,21 @@ class _Cols:
         api = trace.kind_mask(*HOST_API_KINDS)
         ts = ev["ts"].to_numpy(np.int64)
         end = ev["end"].to_numpy(np.int64)
-        gpu = trace.kind_mask(*GPU_KINDS)
+        # The rows from the narrow GPU and runtime views the detectors share (those kinds' rows
+        # in order), not from passes over every event.
+        rt = trace.narrow_runtime
+        rt_rows = rt.index.to_numpy(np.int64)
 
         def api_calls(names: tuple[str, ...]) -> np.ndarray:
-            rows = np.flatnonzero(isin_mask(ev["name"], names))
-            return rows[api[rows]]
+            return rt_rows[isin_mask(rt["name"], names)]
 
         return cls(
             ts=ts, end=end, dur=ev["dur"].to_numpy(np.int64),
             launch=ev["launch"].to_numpy(), names=trace.names,
-            timed=~trace.kind_mask("flow", "metadata"), gpu=gpu, api=api,
+            timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
             op=trace.kind_mask("cpu_op"),
             host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
-            gpu_rows=np.flatnonzero(gpu), launch_rows=api_calls(LAUNCH_APIS),
+            gpu_rows=trace.narrow_gpu.index.to_numpy(np.int64), launch_rows=api_calls(LAUNCH_APIS),
             capture_begin=api_calls(GRAPH_CAPTURE_BEGIN_APIS), capture_end=api_calls(GRAPH_CAPTURE_END_APIS),
             ts_sorted=bool((ts[1:] >= ts[:-1]).all()),
             last_end=int(end.argmax()) if len(end) else 0,
