@@ -117,6 +117,16 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, dtype=I64), np.empty((0, 2), dtype=I64)
     # np.unique(axis=0) gives the same answer but sorts rows as opaque records, ten times slower.
     a, b = _arr(a), _arr(b)
+    a0, b0 = int(a.min()), int(b.min())
+    width, height = int(b.max()) - b0 + 1, int(a.max()) - a0 + 1
+    if width * height <= max(4 * len(a), 1024):
+        # Few possible pairs (devices and streams are small numbers): each pair's rank among
+        # those present from a count per possible pair, without sorting the rows.
+        key = (a - a0) * width + (b - b0)
+        present = np.flatnonzero(np.bincount(key, minlength=width * height))
+        rank = np.empty(width * height, dtype=I64)
+        rank[present] = np.arange(len(present), dtype=I64)
+        return rank[key], np.stack([present // width + a0, present % width + b0], axis=1)
     order = np.lexsort((b, a))
     sa, sb = a[order], b[order]
     first = np.r_[True, (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])]
