@@ -23,6 +23,7 @@ aside. Needs the phases section's segments for the cropped-step check (skipped w
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,7 @@ class _Cols:
         rt = trace.narrow_runtime
         rt_rows = rt.index.to_numpy(np.int64)
 
-        def api_calls(names: tuple[str, ...]) -> np.ndarray:
+        def api_calls(names: Collection[str]) -> np.ndarray:
             return rt_rows[isin_mask(rt["name"], names)]
 
         return cls(
