@@ -1,6 +1,6 @@
 """intervals.with_ancestors against a plain walk up each chain, on random forests (many siblings
-sharing parents, repeated and absent rows, int32 and int64 parents): the narrow scratch it drops
-repeats with must not change the marks."""
+sharing parents, repeated and absent rows, int32 and int64 parents): dropping each level's
+repeats (by neighbours, sorted when out of order) must not change the marks."""
 
 from __future__ import annotations
 

@@ -265,27 +265,19 @@ def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
     mark = np.zeros(len(parent), dtype=bool)
     cur = np.asarray(rows, dtype=I64)
     cur = cur[cur >= 0]
-    # Scratch for dropping repeats without sorting (made when first needed), as narrow as the
-    # positions written to it allow (no level has more than `cur` has now): half the memory an
-    # int64 one touches.
-    slot: np.ndarray | None = None
     while len(cur):
         mark[cur] = True
         nxt = parent[cur]
         nxt = nxt[nxt >= 0]
         nxt = nxt[~mark[nxt]]
-        if len(nxt) < 2 or bool((nxt[1:] >= nxt[:-1]).all()):
-            # In order (a level's parents often are, as rows of one thread come in start order):
-            # the repeats are runs, dropped by one comparison with the neighbour.
-            keep = np.empty(len(nxt), dtype=bool)
-            keep[:1] = True
-            np.not_equal(nxt[1:], nxt[:-1], out=keep[1:])
-            cur = nxt[keep]
-            continue
-        if slot is None:
-            slot = np.empty(len(parent), dtype=np.int32 if len(cur) < 2**31 else I64)
-        # One of each position (siblings share a parent): the last write to a slot wins.
-        pos = np.arange(len(nxt), dtype=slot.dtype)
-        slot[nxt] = pos
-        cur = nxt[slot[nxt] == pos]
+        # One of each position (siblings share a parent): in order, repeats are runs dropped by
+        # comparing neighbours. A level's parents often come in order already (rows of one thread
+        # in start order); else a sort of the level puts them so, cheaper than a scratch array
+        # over every row scattered into (its pages touched afresh on each call).
+        if len(nxt) > 1 and not bool((nxt[1:] >= nxt[:-1]).all()):
+            nxt = np.sort(nxt)
+        keep = np.empty(len(nxt), dtype=bool)
+        keep[:1] = True
+        np.not_equal(nxt[1:], nxt[:-1], out=keep[1:])
+        cur = nxt[keep]
     return mark
