@@ -71,7 +71,7 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
         "row": call_rows, "api": names[call_rows], "ts": call_ts, "dur_us": ev["dur"].to_numpy()[call_rows] / US,
         "graph": is_graph[call_rows],
         "seg": segments.locate_times(call_ts) if segments is not None and len(segments) else np.full(len(call_rows), -1, np.int64),
-    })
+    }, copy=False)  # new arrays of this call's: not copied again
     act, streams = _activities(trace, names, is_graph)
     summary = _summary(trace, calls, act, streams, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
@@ -107,14 +107,15 @@ def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd
     counts_launch = ~graph
     counts_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
     streams = iv.pair_codes(device, stream)
-    # One frame built from all its columns: adding them one by one cost a copy and a check each.
+    # One frame built from all its columns: adding them one by one cost a copy and a check each;
+    # every column a new array of this call's, so not copied again (copy=False).
     act = pd.DataFrame({
         "row": gpu.index.to_numpy(np.int64)[keep], "kind": values_at(gpu["kind"], np.flatnonzero(keep)),
         "device": device, "stream": stream, "ts": ts, "end": end, "dur_us": gpu["dur"].to_numpy()[keep] / US,
         "launch": ln, "api": names[ln], "graph": graph, "launch_ts": launch_ts, "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
         "counts_launch": counts_launch, "delay_us": np.where(counts_launch, (ts - launch_ts) / US, np.nan),
         "depth": _queue_depth(launch_ts, end, streams[0]),
-    })
+    }, copy=False)
     return act, streams
 
 
