@@ -21,7 +21,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask, values_at
+from tokentrace.analysis.loading.trace import Trace, isin_mask, values_at
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -61,18 +61,17 @@ class LaunchesResult:
 
 def run(trace: Trace, ctx: Context) -> LaunchesResult:
     ev = trace.events
-    names = trace.names
     rt = trace.narrow_runtime
     call_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
     is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)  # per event row, from the category codes
     segments = ctx.segments
     call_ts = ev["ts"].to_numpy()[call_rows]
     calls = pd.DataFrame({
-        "row": call_rows, "api": names[call_rows], "ts": call_ts, "dur_us": ev["dur"].to_numpy()[call_rows] / US,
+        "row": call_rows, "api": _text_at(ev["name"], call_rows), "ts": call_ts, "dur_us": ev["dur"].to_numpy()[call_rows] / US,
         "graph": is_graph[call_rows],
         "seg": segments.locate_times(call_ts) if segments is not None and len(segments) else np.full(len(call_rows), -1, np.int64),
     }, copy=False)  # new arrays of this call's: not copied again
-    act, streams = _activities(trace, names, is_graph)
+    act, streams = _activities(trace, is_graph)
     summary = _summary(trace, calls, act, streams, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
     res.small, res.small_rows = _small_kernels(trace, act, summary)
@@ -86,7 +85,7 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+def _activities(trace: Trace, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
     """One row per GPU activity with a launch, and the (device, stream) of each as
     iv.pair_codes gives them (the code per row, the distinct pairs): the queue depth and the
     per-stream figures group by them."""
@@ -110,13 +109,25 @@ def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd
     # One frame built from all its columns: adding them one by one cost a copy and a check each;
     # every column a new array of this call's, so not copied again (copy=False).
     act = pd.DataFrame({
-        "row": gpu.index.to_numpy(np.int64)[keep], "kind": values_at(gpu["kind"], np.flatnonzero(keep)),
+        "row": gpu.index.to_numpy(np.int64)[keep], "kind": _text_at(gpu["kind"], np.flatnonzero(keep)),
         "device": device, "stream": stream, "ts": ts, "end": end, "dur_us": gpu["dur"].to_numpy()[keep] / US,
-        "launch": ln, "api": names[ln], "graph": graph, "launch_ts": launch_ts, "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
+        "launch": ln, "api": _text_at(ev["name"], ln), "graph": graph, "launch_ts": launch_ts, "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
         "counts_launch": counts_launch, "delay_us": np.where(counts_launch, (ts - launch_ts) / US, np.nan),
         "depth": _queue_depth(launch_ts, end, streams[0]),
     }, copy=False)
     return act, streams
+
+
+def _text_at(col: pd.Series, rows: np.ndarray) -> Any:
+    """A categorical text column's values at `rows` as a frame's column of them: a frame infers
+    the str dtype from the rows' strings, checking each; the categories made that column once and
+    taken by the rows' codes give the same column. Rows without a value, no rows, more categories
+    than rows or categories not all text go the frame's way (values_at)."""
+    codes = np.asarray(col.array.codes)[rows]
+    cats = col.array.categories.tolist()
+    if not len(rows) or len(cats) > len(rows) or (codes < 0).any() or not all(isinstance(c, str) for c in cats):
+        return values_at(col, rows)
+    return pd.Series(np.array(cats, dtype=object)).array.take(codes)
 
 
 def _queue_depth(launch_ts: np.ndarray, end: np.ndarray, code: np.ndarray) -> np.ndarray:
