@@ -68,6 +68,10 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
     if len(s) == 0:
         return g.copy(), s.copy(), e.copy()
     order = group_start_order(g, s)
+    if order is None and g[0] == g[-1]:
+        # One group (one stream, as most traces have): its union, without the per-group lifts.
+        s, e = union(s, e)
+        return np.full(len(s), g[0], dtype=g.dtype), s, e
     if order is None:
         e = np.maximum(e, s)
     else:
