@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import SAMPLE_TRACES, shared_trace
 from tracebuilder import TraceBuilder
 
 import tokentrace
-from tokentrace.analysis.detectors.health import _Cols
+from tokentrace.analysis.detectors.health import _before_window, _clocks, _Cols, _cropped_step, _gpu_beyond_host
 from tokentrace.cli import main
 
 # A real profiler clock: microseconds since boot or the epoch, far from zero.
@@ -222,3 +223,16 @@ def test_max_end_of_a_mask_with_and_without_the_row_that_ends_last():
     for mask in (c.gpu, c.host, c.api, c.op, c.gpu | c.op):
         if mask.any():
             assert c.max_end(mask) == int(c.end[mask].max())
+
+
+def test_checks_without_a_mask_of_real_times_equal_those_with_an_all_true_one():
+    # run() passes real=None when every event's times are real: the checks then skip the mask,
+    # which must not change what they find.
+    trace = tokentrace.load(shared_trace("h100_hf_qwen05b_forward_bs16.json.gz"), cache=False, progress=False)
+    segments = tokentrace.analyze(trace).results["phases"].segments
+    c = _Cols.of(trace)
+    real = np.ones(len(c.ts), dtype=bool)
+    for check in (_before_window, _gpu_beyond_host, _clocks):
+        assert check(c, None).to_json() == check(c, real).to_json()
+    cropped = _cropped_step(c, None, segments)
+    assert cropped.status != "skipped" and cropped.to_json() == _cropped_step(c, real, segments).to_json()

@@ -8,7 +8,8 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _groups
+from tokentrace.analysis.detectors.launches import _groups, _text_at
+from tokentrace.analysis.loading.trace import values_at
 
 
 def _launches(builder, tmp_path):
@@ -134,3 +135,19 @@ def test_groups_are_the_groupby_groups_in_key_order():
         got = _groups(key)
         assert [key[g[0]] for g in got] == sorted(want)
         assert all(g.tolist() == want[key[g[0]]].tolist() for g in got)
+
+
+@pytest.mark.parametrize("values, rows", [
+    (["b", "a", "b", "c", "a", "a"], [0, 1, 2, 3, 4, 5, 5, 0]),  # taken from the categories
+    (["b", None, "a", "b"], [0, 1, 2, 3]),  # a row without a value: the frame's way
+    (["b", "a"], []),  # no rows
+    ([3, 1, 3, 2], [0, 1, 2, 3]),  # categories not text
+    (["x", "y", "z", "w"], [0, 0]),  # more categories than rows
+])
+def test_text_at_is_the_column_a_frame_makes_of_the_values(values, rows):
+    col = pd.Series(values, dtype="category")
+    rows = np.array(rows, dtype=np.int64)
+    got = pd.DataFrame({"c": _text_at(col, rows)}, copy=False)
+    want = pd.DataFrame({"c": values_at(col, rows)})
+    pd.testing.assert_frame_equal(got, want)
+    assert got["c"].dtype == want["c"].dtype

@@ -47,6 +47,22 @@ def test_union_grouped_matches_per_group_union(order):
         assert ms[gg == k].tolist() == a.tolist() and me[gg == k].tolist() == b.tolist()
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_union_grouped_of_one_group_is_its_union(in_order):
+    # One group (one stream) in start order takes the plain union; out of order, the general way.
+    rng = np.random.default_rng(1)
+    s = rng.integers(0, 10_000, 500)
+    e = s + rng.integers(-5, 300, 500)
+    if in_order:
+        at = np.argsort(s, kind="stable")
+        s, e = s[at], e[at]
+    g = np.full(500, 3, dtype=np.int64)
+    gg, ms, me = iv.union_grouped(g, s, e)
+    a, b = iv.union(s, e)
+    assert gg.dtype == np.int64 and gg.tolist() == [3] * len(a)
+    assert ms.tolist() == a.tolist() and me.tolist() == b.tolist()
+
+
 def test_union_with_last_names_the_rows_that_open_and_close():
     s = np.array([0, 10, 20, 200], dtype=np.int64)
     e = np.array([100, 50, 150, 210], dtype=np.int64)

@@ -1,6 +1,6 @@
 """intervals.with_ancestors against a plain walk up each chain, on random forests (many siblings
-sharing parents, repeated and absent rows, int32 and int64 parents): the narrow scratch it drops
-repeats with must not change the marks."""
+sharing parents, repeated and absent rows, int32 and int64 parents): dropping each level's
+repeats (by neighbours, sorted when out of order) must not change the marks."""
 
 from __future__ import annotations
 
@@ -41,3 +41,14 @@ def test_with_ancestors_of_nothing():
     assert not iv.with_ancestors(parent, np.array([], dtype=np.int32)).any()
     assert not iv.with_ancestors(parent, np.array([-1, -1])).any()
     assert iv.with_ancestors(np.zeros(0, np.int64), np.zeros(0, np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_ancestors_of_rows_in_order(seed):
+    # Rows in order (one thread's launches): levels come in order and drop repeats by neighbours.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 400))
+    parent = _forest(rng, n, np.int32)
+    parent[1:] = np.maximum(parent[1:], np.maximum.accumulate(parent[:-1]))  # parents in order too
+    rows = np.sort(rng.integers(-1, n, size=int(rng.integers(1, 3 * n))))
+    np.testing.assert_array_equal(iv.with_ancestors(parent, rows), _walk(parent, rows))

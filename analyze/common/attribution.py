@@ -31,15 +31,16 @@ def climb_to(parent: np.ndarray, start: np.ndarray, target: np.ndarray) -> np.nd
 
 def outermost(parent: np.ndarray, start: np.ndarray, target: np.ndarray) -> np.ndarray:
     """For each start row, the topmost ancestor-or-self row with target[row] True (-1: none)."""
-    cur = np.asarray(start, dtype=np.int64).copy()
+    cur = np.asarray(start, dtype=np.int64)
     best = np.full(len(cur), -1, dtype=np.int64)
     todo = np.flatnonzero(cur >= 0)
+    c = cur[todo]  # the rows reached, carried from level to level
     while len(todo):
-        c = cur[todo]
         hit = target[c]
         best[todo[hit]] = c[hit]
-        cur[todo] = parent[c]
-        todo = todo[cur[todo] >= 0]
+        up = parent[c]
+        more = up >= 0
+        todo, c = todo[more], up[more]
     return best
 
 

@@ -21,7 +21,7 @@ from tokentrace.analysis.apis import (
     HOST_COLLECTIVE_PREFIXES,
     RECORD_PARAM_COMMS,
 )
-from tokentrace.analysis.loading.trace import Trace, category_mask
+from tokentrace.analysis.loading.trace import Trace, category_mask, isin_mask
 
 # Canonical collective types, in the order tables list them.
 TYPES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
@@ -166,15 +166,20 @@ def host_type(name: str) -> str | None:
 def collective_kernel_mask(trace: Trace) -> np.ndarray:
     """Per event row: a kernel recognised as collective communication."""
     col = trace.events["name"]
-    kernel = trace.kind_mask("kernel")
+    # The kernels' rows from the narrow GPU view (a pass over its rows, not over every event's).
+    gpu = trace.narrow_gpu
+    kernel = gpu.index.to_numpy(np.int64)[isin_mask(gpu["kind"], ("kernel",))]
+    codes = np.asarray(col.array.codes)[kernel]
     # Only the names kernels carry are matched (the column's categories are every event's names:
     # ops, Python frames, ...), each once.
     cats = col.array.categories.tolist()
-    used = np.bincount(col.array.codes[kernel] + 1, minlength=len(cats) + 1)[1:] > 0  # code -1: no name
-    hit = np.zeros(len(cats), dtype=bool)
+    used = np.bincount(codes + 1, minlength=len(cats) + 1)[1:] > 0  # code -1: no name
+    hit = np.zeros(len(cats) + 1, dtype=bool)  # code -1 reads the last slot: no name, no match
     for i in np.flatnonzero(used).tolist():
         hit[i] = kernel_match(str(cats[i])) is not None
-    return category_mask(col, hit) & kernel
+    out = np.zeros(len(col), dtype=bool)
+    out[kernel[hit[codes]]] = True
+    return out
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:

@@ -68,6 +68,10 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
     if len(s) == 0:
         return g.copy(), s.copy(), e.copy()
     order = group_start_order(g, s)
+    if order is None and g[0] == g[-1]:
+        # One group (one stream, as most traces have): its union, without the per-group lifts.
+        s, e = union(s, e)
+        return np.full(len(s), g[0], dtype=g.dtype), s, e
     if order is None:
         e = np.maximum(e, s)
     else:
@@ -117,6 +121,16 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, dtype=I64), np.empty((0, 2), dtype=I64)
     # np.unique(axis=0) gives the same answer but sorts rows as opaque records, ten times slower.
     a, b = _arr(a), _arr(b)
+    a0, b0 = int(a.min()), int(b.min())
+    width, height = int(b.max()) - b0 + 1, int(a.max()) - a0 + 1
+    if width * height <= max(4 * len(a), 1024):
+        # Few possible pairs (devices and streams are small numbers): each pair's rank among
+        # those present from a count per possible pair, without sorting the rows.
+        key = (a - a0) * width + (b - b0)
+        present = np.flatnonzero(np.bincount(key, minlength=width * height))
+        rank = np.empty(width * height, dtype=I64)
+        rank[present] = np.arange(len(present), dtype=I64)
+        return rank[key], np.stack([present // width + a0, present % width + b0], axis=1)
     order = np.lexsort((b, a))
     sa, sb = a[order], b[order]
     first = np.r_[True, (sa[1:] != sa[:-1]) | (sb[1:] != sb[:-1])]
@@ -255,17 +269,19 @@ def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
     mark = np.zeros(len(parent), dtype=bool)
     cur = np.asarray(rows, dtype=I64)
     cur = cur[cur >= 0]
-    # Scratch for dropping repeats without sorting, as narrow as the positions written to it
-    # allow (no level has more than `cur` has now): half the memory an int64 one touches.
-    pos_type = np.int32 if len(cur) < 2**31 else I64
-    slot = np.empty(len(parent), dtype=pos_type)
     while len(cur):
         mark[cur] = True
         nxt = parent[cur]
         nxt = nxt[nxt >= 0]
         nxt = nxt[~mark[nxt]]
-        # One of each position (siblings share a parent): the last write to a slot wins.
-        pos = np.arange(len(nxt), dtype=pos_type)
-        slot[nxt] = pos
-        cur = nxt[slot[nxt] == pos]
+        # One of each position (siblings share a parent): in order, repeats are runs dropped by
+        # comparing neighbours. A level's parents often come in order already (rows of one thread
+        # in start order); else a sort of the level puts them so, cheaper than a scratch array
+        # over every row scattered into (its pages touched afresh on each call).
+        if len(nxt) > 1 and not bool((nxt[1:] >= nxt[:-1]).all()):
+            nxt = np.sort(nxt)
+        keep = np.empty(len(nxt), dtype=bool)
+        keep[:1] = True
+        np.not_equal(nxt[1:], nxt[:-1], out=keep[1:])
+        cur = nxt[keep]
     return mark

@@ -80,11 +80,21 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     unnamed = (by_cat == None)[codes]  # noqa: E711  (per category, then per row: no comparison per row)
     # The GPU side of each launch: the device and stream of its first memcpy, memset or cuda_sync
     # activity, and the name of its first memcpy (launch rows sorted, for lookups).
+    # Those activities' rows (ascending) from the narrow GPU and cuda_sync views, not from passes
+    # over every event; whether each is a memcpy alongside.
     launch = ev["launch"].to_numpy()
-    targets = np.flatnonzero(trace.kind_mask("gpu_memcpy", "gpu_memset", "cuda_sync") & (launch >= 0))
+    gpu = trace.narrow_gpu
+    cs = trace.narrow(("cuda_sync",), _CUDA_SYNC_COLUMNS)
+    is_mc, is_ms = isin_mask(gpu["kind"], ("gpu_memcpy",)), isin_mask(gpu["kind"], ("gpu_memset",))
+    copying = is_mc | is_ms
+    rows_of = np.r_[gpu.index.to_numpy(np.int64)[copying], cs.index.to_numpy(np.int64)]
+    order = np.argsort(rows_of, kind="stable")
+    targets, target_mc = rows_of[order], np.r_[is_mc[copying], np.zeros(len(cs), dtype=bool)][order]
+    linked = launch[targets] >= 0
+    targets, target_mc = targets[linked], target_mc[linked]
     gpu_launch, first = np.unique(launch[targets], return_index=True)
     gpu_dev, gpu_stream = ev["device"].to_numpy()[targets[first]], ev["stream"].to_numpy()[targets[first]]
-    mc = targets[trace.kind_mask("gpu_memcpy")[targets]]
+    mc = targets[target_mc]
     copy_launch, first = np.unique(launch[mc], return_index=True)
     copy_name = names[mc[first]]
     pageable_memcpy = np.zeros(len(rows), dtype=bool)
@@ -108,7 +118,6 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
             "source": "api",
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
-    cs = trace.narrow(("cuda_sync",), _CUDA_SYNC_COLUMNS)
     if len(cs):
         linked = cs["launch"].to_numpy()
         covered = np.isin(linked, rows[keep]) if keep.any() else np.zeros(len(cs), dtype=bool)
@@ -171,11 +180,14 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     op_col = ev["op"].to_numpy()
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
-    rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
-    talks = iv.with_ancestors(parent, op_col[rt_rows]) if len(rt_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
-    cand = sync_rows[talks[sync_rows] & ~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
-    if not len(cand):
+    cand = sync_rows[~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
+    # Of those, the ones that called the runtime: every runtime call's ops marked (the costly
+    # test, so made only when a candidate is left: most sync-causing ops enclose their sync call).
+    rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
+    if len(cand) and len(rt_rows):
+        cand = cand[iv.with_ancestors(parent, op_col[rt_rows])[cand]]
+    if not len(cand) or not len(rt_rows):
         return _empty_calls()
     return pd.DataFrame({
         "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],

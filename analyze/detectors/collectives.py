@@ -246,17 +246,20 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     new = first | (ts >= np.r_[0, reach[:-1]])
     call = np.cumsum(new) - 1
     names = trace.names[rows]
-    m = _args_frame(ev, rows)
-    m["call"] = call
+    args = _args_frame(ev, rows)
+    # The members' own columns as Series (the dtypes a frame's columns of these lists would
+    # take), beside the args' frame rather than inserted into it one by one.
+    m: dict[str, pd.Series] = {c: args[c] for c in (*ARG_STR, *ARG_INT)}
     # Type of each member and how sure it is: the args' collective name, then the backend's own
     # range (nccl:all_reduce), then the framework op (c10d::allreduce_, vllm::all_reduce).
     arg_type = _per_distinct(m["coll_name"].to_numpy(dtype=object), cc.normalise_type)
     name_type = _per_distinct(names, lambda x: cc.host_type(str(x)))
     backend = _per_distinct(names, lambda x: str(x).split(":", 1)[0] if ":" in str(x) and "::" not in str(x) else None)
-    m["type"] = [a or b for a, b in zip(arg_type, name_type, strict=True)]
-    m["prio"] = [0 if a else (1 if bk else 2) if b else 9 for a, b, bk in zip(arg_type, name_type, backend, strict=True)]
-    m["type_source"] = ["args" if a else ("op" if b else None) for a, b in zip(arg_type, name_type, strict=True)]
-    m["backend"] = backend
+    m["type"] = pd.Series([a or b for a, b in zip(arg_type, name_type, strict=True)])
+    prio = np.array([0 if a else (1 if bk else 2) if b else 9 for a, b, bk in zip(arg_type, name_type, backend, strict=True)],
+                    dtype=np.int64)
+    m["type_source"] = pd.Series(["args" if a else ("op" if b else None) for a, b in zip(arg_type, name_type, strict=True)])
+    m["backend"] = pd.Series(backend)
     dims = ev["input_dims"].to_numpy()[rows]
     types = ev["input_type"].to_numpy()[rows]
     cache: dict[tuple[int, int], tuple[int | None, str | None, float | None]] = {}
@@ -269,16 +272,14 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
         sizes.append(b)
         dts.append(dt)
         ratios.append(ra)
-    m["dims_bytes"] = pd.array(sizes, dtype="Float64").astype(float)
-    m["dims_dtype"] = dts
-    m["ratio"] = pd.array(ratios, dtype="Float64").astype(float)
+    m["dims_dtype"] = pd.Series(dts)
+    sized = {"dims_bytes": pd.array(sizes, dtype="Float64").astype(float), "ratio": pd.array(ratios, dtype="Float64").astype(float)}
     fp = first_pos(call)
     n = len(fp)
     out: dict[str, Any] = {"root": rows[fp], "pid": pid[fp], "tid": tid[fp], "start": ts[fp],
                            "end": np.maximum.reduceat(end, fp) if n else end[:0]}
     # Each call's type from its surest member (lowest prio; ties: the first), NaN for a call
     # without one: what sorting the members by (call, prio) and keeping each call's first gives.
-    prio = m["prio"].to_numpy()
     cand = np.flatnonzero(prio < 9)
     cand = cand[np.lexsort((prio[cand], call[cand]))]
     best = cand[np.r_[True, call[cand][1:] != call[cand][:-1]]] if len(cand) else cand
@@ -289,9 +290,9 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     # Each call's first present value (the args sit on one member) and largest size.
     for c in ("backend", "dims_dtype", *ARG_STR, *ARG_INT):
         out[c] = _first_per_call(m[c], call, n)
-    for c in ("dims_bytes", "ratio"):
-        out[c] = np.fmax.reduceat(m[c].to_numpy(float), fp) if n else np.zeros(0)
-    return pd.DataFrame(out)[cols]
+    for c, v in sized.items():
+        out[c] = np.fmax.reduceat(v, fp) if n else np.zeros(0)
+    return pd.DataFrame({c: out[c] for c in cols})
 
 
 def _first_per_call(col: pd.Series, call: np.ndarray, n: int) -> Any:
@@ -648,11 +649,13 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, compute: dict[int, tuple[np.ndarr
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
-    k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-    kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
-    kname = trace.names[k.index.to_numpy(np.int64)[comp]]
     dev = inst["device"].to_numpy(np.int64)
-    for d in np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist():
+    devices = np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist()
+    if devices:  # else host-side collectives only (gloo): no device to look back on, no kernel read
+        k = trace.narrow(("kernel",), KERNEL_COLUMNS)
+        kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
+        kname = trace.names[k.index.to_numpy(np.int64)[comp]]
+    for d in devices:
         idx = np.flatnonzero((dev == d) & (inst["kind"].to_numpy() == "gpu"))
         idx = idx[np.argsort(inst["start"].to_numpy(np.int64)[idx], kind="stable")]
         st = inst["start"].to_numpy(np.int64)[idx]
@@ -885,8 +888,10 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
                                for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
-    comp = _compute_kernels(trace, coll)
-    compute = _compute_union(trace, comp)
+    # Compute is read only against collective kernels (their overlap, lead-ins and steps): a trace
+    # whose collectives all run on the host (gloo) needs none of it.
+    comp = _compute_kernels(trace, coll) if len(kern) else np.zeros(0, bool)
+    compute = _compute_union(trace, comp) if len(kern) else {}
     ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
     is_gpu = inst["kind"].to_numpy() == "gpu"
     inst["overlap_us"] = np.where(is_gpu, ov, np.nan)

@@ -325,17 +325,23 @@ class _ThreadIntervals:
         rt = trace.narrow_runtime
         rt_rows, rt_op = rt.index.to_numpy(np.int64), rt["op"].to_numpy()
         outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
-        native = np.sort(np.r_[op_rows[op_parent < 0], rt_rows[outlasts]], kind="stable")
         # Ops that launched GPU work themselves or through a descendant; of the others, those
         # whose parent launched (or that have none): an op's descendants launch only if it does.
         launch_rows = rt_rows[isin_mask(rt["name"], LAUNCH_APIS)]
         launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
         free = ~launching[op_rows]
-        nolaunch = op_rows[free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])]
-        # Each set's pid, tid, ts and end gathered once (in row order: a thread's in start order),
-        # not once per thread asked for: a thread's members are then a mask over them.
-        self.sets = {name: (pid[r], tid[r], ts[r], end[r])
-                     for name, r in (("native", native), ("nolaunch", nolaunch), ("coll", np.flatnonzero(host_coll)))}
+        nolaunch = free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])
+        # Each set as parts, a part a mask over the columns of a frame whose rows are in start
+        # order (the ops', the runtime calls', the collective rows'): a thread's members are read
+        # with a mask there, not gathered from the events' columns up front. A set's union is
+        # that of its parts' unions (union is associative).
+        op_cols = tuple(ops[c].to_numpy() for c in ("pid", "tid", "ts", "end"))
+        rt_cols = tuple(rt[c].to_numpy() for c in ("pid", "tid", "ts", "end"))
+        coll = np.flatnonzero(host_coll)  # a few rows: gathered
+        self.frames = {"op": op_cols, "rt": rt_cols, "coll": (pid[coll], tid[coll], ts[coll], end[coll])}
+        self.sets: dict[str, list[tuple[str, np.ndarray]]] = {
+            "native": [("op", op_parent < 0), ("rt", outlasts)], "nolaunch": [("op", nolaunch)],
+            "coll": [("coll", np.ones(len(coll), dtype=bool))]}
         # The sync calls as arrays (few rows: a frame filter per thread cost more than the work).
         self.call_pid, self.call_tid = calls["pid"].to_numpy(), calls["tid"].to_numpy()
         self.call_ts, self.call_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
@@ -348,9 +354,15 @@ class _ThreadIntervals:
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
         """The thread's merged intervals, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
-        for name, (sp, st, s, e) in self.sets.items():
-            on = (sp == p) & (st == t)
-            u[f"{name}_s"], u[f"{name}_e"] = iv.union(s[on], e[on])
+        on = {f: (fp == p) & (ft == t) for f, (fp, ft, _, _) in self.frames.items()}
+        for name, parts in self.sets.items():
+            s, e = [], []
+            for f, keep in parts:
+                m = keep & on[f]
+                ps, pe = iv.union(self.frames[f][2][m], self.frames[f][3][m])
+                s.append(ps)
+                e.append(pe)
+            u[f"{name}_s"], u[f"{name}_e"] = (s[0], e[0]) if len(parts) == 1 else iv.union(np.concatenate(s), np.concatenate(e))
         mine = (self.call_pid == p) & (self.call_tid == t)
         c = np.flatnonzero(mine & self.blocking)
         xfer = self.xfer[c]

@@ -398,16 +398,20 @@ def _idle(trace: Trace, rows: np.ndarray, rep: np.ndarray, op: np.ndarray, attri
     at = np.flatnonzero(gap > 0)
     if not len(at):
         return {"total_us": 0.0, "count": 0, "by_boundary": []}
-    codes = ev["name"].cat.codes.to_numpy().astype(np.int64)
+    all_codes = np.asarray(ev["name"].array.codes)  # read at the few rows asked, not converted whole
+
+    def codes(r: np.ndarray) -> np.ndarray:
+        return all_codes[r].astype(np.int64)
+
     labels = ev["name"].cat.categories.to_numpy(dtype=object)
     # The kernel before the gap: the one whose end the running end is.
     holder = pd.Series(np.where(end == reach, np.arange(len(rows)), -1)).groupby(rep).cummax().to_numpy()
     before, after = holder[at], at + 1
 
     def op_code(i: np.ndarray) -> np.ndarray:
-        return np.where(attributed[i], codes[np.maximum(op[i], 0)], -1)
+        return np.where(attributed[i], codes(np.maximum(op[i], 0)), -1)
 
-    keys = (op_code(before), op_code(after), codes[rows[before]], codes[rows[after]])
+    keys = (op_code(before), op_code(after), codes(rows[before]), codes(rows[after]))
     gid, first = _group(*keys)
     sums = np.bincount(gid, weights=gap[at].astype(float), minlength=len(first))
     counts = np.bincount(gid, minlength=len(first))

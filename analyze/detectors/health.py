@@ -23,6 +23,7 @@ aside. Needs the phases section's segments for the cropped-step check (skipped w
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,7 +130,10 @@ class _Cols:
     api: np.ndarray
     op: np.ndarray
     host: np.ndarray
-    launch_call: np.ndarray
+    # Rows (ascending) of the GPU activity, of the launch calls and of the capture begin and end
+    # calls: the checks read a few columns at them, a pass over these instead of over every event.
+    gpu_rows: np.ndarray
+    launch_rows: np.ndarray
     capture_begin: np.ndarray
     capture_end: np.ndarray
     ts_sorted: bool  # the events' start order (as the loader writes them): a mask's earliest start is its first row
@@ -144,6 +148,10 @@ class _Cols:
         ends last is one of them (the GPU's or the host's last event: one of any two disjoint masks)."""
         return int(self.end[self.last_end]) if mask[self.last_end] else int(self.end[mask].max())
 
+    def min_ts_at(self, rows: np.ndarray) -> int:
+        """`ts[rows].min()` for ascending rows (at least one)."""
+        return int(self.ts[rows[0]]) if self.ts_sorted else int(self.ts[rows].min())
+
     def max_ts(self, mask: np.ndarray) -> int:
         """`ts[mask].max()` (mask has a True), likewise."""
         return int(self.ts[len(mask) - 1 - int(mask[::-1].argmax())]) if self.ts_sorted else int(self.ts[mask].max())
@@ -154,15 +162,22 @@ class _Cols:
         api = trace.kind_mask(*HOST_API_KINDS)
         ts = ev["ts"].to_numpy(np.int64)
         end = ev["end"].to_numpy(np.int64)
+        # The rows from the narrow GPU and runtime views the detectors share (those kinds' rows
+        # in order), not from passes over every event.
+        rt = trace.narrow_runtime
+        rt_rows = rt.index.to_numpy(np.int64)
+
+        def api_calls(names: Collection[str]) -> np.ndarray:
+            return rt_rows[isin_mask(rt["name"], names)]
+
         return cls(
             ts=ts, end=end, dur=ev["dur"].to_numpy(np.int64),
             launch=ev["launch"].to_numpy(), names=trace.names,
             timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
             op=trace.kind_mask("cpu_op"),
             host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
-            launch_call=api & isin_mask(ev["name"], LAUNCH_APIS),
-            capture_begin=api & isin_mask(ev["name"], GRAPH_CAPTURE_BEGIN_APIS),
-            capture_end=api & isin_mask(ev["name"], GRAPH_CAPTURE_END_APIS),
+            gpu_rows=trace.narrow_gpu.index.to_numpy(np.int64), launch_rows=api_calls(LAUNCH_APIS),
+            capture_begin=api_calls(GRAPH_CAPTURE_BEGIN_APIS), capture_end=api_calls(GRAPH_CAPTURE_END_APIS),
             ts_sorted=bool((ts[1:] >= ts[:-1]).all()),
             last_end=int(end.argmax()) if len(end) else 0,
         )
@@ -226,11 +241,11 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
 
 def _gpu_activity(c: _Cols) -> HealthCheck:
     """Launch calls without GPU activity: all of it (CUPTI off) or too much of it (dropped events)."""
-    launches = np.flatnonzero(c.launch_call)
+    launches = c.launch_rows
     launches = launches[~c.in_capture(launches)]  # captured into a graph: they do not run
     if not len(launches):
         return _ok("gpu_activity", "no launch calls that run work (a CPU trace, or graph capture only)")
-    gpu_rows = np.flatnonzero(c.gpu)
+    gpu_rows = c.gpu_rows
     if not len(gpu_rows):
         msg = (f"{_plural(len(launches), 'launch call')} but no GPU activity at all: CUDA/HIP activity was not "
                "recorded (CUPTI/roctracer unavailable or disabled), so nothing on the GPU side can be measured")
@@ -255,23 +270,30 @@ def _top_names(values: np.ndarray, n: int = 2) -> str:
     return ", ".join(f"{uniq[i]} x{counts[i]}" for i in order)
 
 
-def _gpu_and_host(c: _Cols, real: np.ndarray, host_kinds: np.ndarray, check_id: str) -> tuple[np.ndarray, np.ndarray] | HealthCheck:
-    """Masks of the real GPU activity and host events a check compares, or the check skipped without them."""
-    gpu, host = c.gpu & real, host_kinds & real
-    if not gpu.any() or not host.any():
+def _real_rows(rows: np.ndarray, real: np.ndarray | None) -> np.ndarray:
+    """The rows whose times are real (`real` None: every row's are)."""
+    return rows if real is None else rows[real[rows]]
+
+
+def _gpu_and_host(c: _Cols, real: np.ndarray | None, host_kinds: np.ndarray,
+                  check_id: str) -> tuple[np.ndarray, np.ndarray] | HealthCheck:
+    """The rows of the real GPU activity and the mask of the real host events a check compares, or
+    the check skipped without them."""
+    gpu, host = _real_rows(c.gpu_rows, real), host_kinds if real is None else host_kinds & real
+    if not len(gpu) or not host.any():
         return HealthCheck(check_id, "skipped", "no GPU activity or host events to compare")
     return gpu, host
 
 
-def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
+def _before_window(c: _Cols, real: np.ndarray | None) -> HealthCheck:
     """GPU activity without a launch call that starts before the first host call: launched before the profiler started."""
     masks = _gpu_and_host(c, real, c.api, "launched_before_window")
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = masks
     first_host = c.min_ts(host)
-    early = gpu & (c.launch < 0) & (c.ts < first_host)
-    n = int(np.count_nonzero(early))
+    early = gpu[(c.launch[gpu] < 0) & (c.ts[gpu] < first_host)]
+    n = len(early)
     if not n:
         return _ok("launched_before_window", "no GPU activity from launches before the window")
     busy_us = float((c.end[early] - c.ts[early]).sum()) / US
@@ -281,24 +303,23 @@ def _before_window(c: _Cols, real: np.ndarray) -> HealthCheck:
                        {"gpu_activities": n, "busy_us": round(busy_us, 3)})
 
 
-def _gpu_beyond_host(c: _Cols, real: np.ndarray) -> HealthCheck:
+def _gpu_beyond_host(c: _Cols, real: np.ndarray | None) -> HealthCheck:
     """GPU activity running well past the last host event: the host side of the window was cut first."""
     masks = _gpu_and_host(c, real, c.host, "gpu_beyond_host")
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = masks
     host_end = c.max_end(host)
-    gpu_end = c.max_end(gpu)
-    span = max(gpu_end, host_end) - min(c.min_ts(gpu), c.min_ts(host))
+    gpu_end = int(c.end[gpu].max())
+    span = max(gpu_end, host_end) - min(c.min_ts_at(gpu), c.min_ts(host))
     tail = gpu_end - host_end
-    after = gpu & (c.ts > host_end)
-    n_after = int(np.count_nonzero(after))
+    n_after = int(np.count_nonzero(c.ts[gpu] > host_end))
     evidence = {"gpu_end_after_host_us": round(tail / US, 3), "activities_after_host": n_after}
     if tail <= max(GPU_TAIL_MIN_NS, GPU_TAIL_SHARE * span):
         return HealthCheck("gpu_beyond_host", "ok", "GPU activity ends with the host events", 0, [], evidence)
-    if n_after == int(np.count_nonzero(gpu)):
+    if n_after == len(gpu):
         # Not one GPU activity overlaps the host side: a clock offset is as likely as a cut window.
-        lag = c.min_ts(gpu) - host_end
+        lag = c.min_ts_at(gpu) - host_end
         msg = (f"all {n_after} GPU activities start after the last CPU event (the first {lag / US:.1f} us after it): "
                "the GPU and CPU clocks disagree or the host side of the window was cut, so launch-to-GPU times, gaps "
                "and step times are unreliable")
@@ -317,13 +338,13 @@ def _damaged(trace: Trace) -> HealthCheck:
     return HealthCheck("damaged_file", "warning", msg, len(trace.warnings), [COUNTS, STEPS], {"loader": list(trace.warnings)})
 
 
-def _cropped_step(c: _Cols, real: np.ndarray, segments: Any) -> HealthCheck:
+def _cropped_step(c: _Cols, real: np.ndarray | None, segments: Any) -> HealthCheck:
     """Launches before the first or after the last step that add up to a step the window cut."""
     table = getattr(segments, "table", None)
     steps = table[table["phase"].isin(("prefill", "decode", "step", "mixed"))] if table is not None and len(table) else None
     if steps is None or steps.empty:
         return HealthCheck("cropped_step", "skipped", "no steps found to check the window against")
-    lts = np.sort(c.ts[c.launch_call & real], kind="stable")  # in order already: stable sorts take one pass
+    lts = np.sort(c.ts[_real_rows(c.launch_rows, real)], kind="stable")  # in order already: stable sorts take one pass
     if not len(lts):
         return HealthCheck("cropped_step", "skipped", "no launch calls to count")
     starts = steps["start"].to_numpy(np.int64)
@@ -347,13 +368,13 @@ def _cropped_step(c: _Cols, real: np.ndarray, segments: Any) -> HealthCheck:
     return HealthCheck("cropped_step", "warning", msg, head + tail, [STEPS, LATENCY], evidence)
 
 
-def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
+def _clocks(c: _Cols, real: np.ndarray | None) -> HealthCheck:
     """GPU activity before its own launch call, or GPU and host times that never overlap."""
     masks = _gpu_and_host(c, real, c.op | c.api, "clocks")
     if isinstance(masks, HealthCheck):
         return masks
-    gpu, host = np.flatnonzero(masks[0]), masks[1]
-    g1 = c.max_end(masks[0])
+    gpu, host = masks
+    g1 = int(c.end[gpu].max())
     h0 = c.min_ts(host)
     if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock
         msg = (f"all GPU activity ends {(h0 - g1) / US:.1f} us before the first host event: GPU and CPU timestamps are "
@@ -361,7 +382,8 @@ def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
         return HealthCheck("clocks", "error", msg, int(len(gpu)), [GPU_TIMES, LATENCY, ATTRIBUTION],
                            {"gpu_end_us": g1 / US, "host_start_us": h0 / US})
     linked = gpu[c.launch[gpu] >= 0]
-    linked = linked[real[c.launch[linked]]]
+    if real is not None:
+        linked = linked[real[c.launch[linked]]]
     if not len(linked):
         return HealthCheck("clocks", "skipped", "no GPU activity linked to its launch call")
     lead = c.ts[c.launch[linked]] - c.ts[linked]  # > 0: the activity started before its launch
@@ -379,7 +401,9 @@ def _clocks(c: _Cols, real: np.ndarray) -> HealthCheck:
 def run(trace: Trace, ctx: Context) -> Health:
     c = _Cols.of(trace)
     stamps, bad = _timestamps(trace, c)
-    real = ~bad  # later checks look only at events whose times are real
+    # Later checks look only at events whose times are real (None: all are, as in most traces,
+    # so no pass over every event applies the mask).
+    real = ~bad if bad.any() else None
     segments = ctx.segments
     return Health([
         stamps,

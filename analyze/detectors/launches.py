@@ -21,7 +21,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask, values_at
+from tokentrace.analysis.loading.trace import Trace, isin_mask, values_at
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -61,18 +61,17 @@ class LaunchesResult:
 
 def run(trace: Trace, ctx: Context) -> LaunchesResult:
     ev = trace.events
-    names = trace.names
     rt = trace.narrow_runtime
     call_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
     is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)  # per event row, from the category codes
     segments = ctx.segments
+    call_ts = ev["ts"].to_numpy()[call_rows]
     calls = pd.DataFrame({
-        "row": call_rows, "api": names[call_rows], "ts": ev["ts"].to_numpy()[call_rows],
-        "dur_us": ev["dur"].to_numpy()[call_rows] / US,
-    })
-    calls["graph"] = is_graph[call_rows]
-    calls["seg"] = segments.locate_times(calls["ts"].to_numpy()) if segments is not None and len(segments) else -1
-    act, streams = _activities(trace, names, is_graph)
+        "row": call_rows, "api": _text_at(ev["name"], call_rows), "ts": call_ts, "dur_us": ev["dur"].to_numpy()[call_rows] / US,
+        "graph": is_graph[call_rows],
+        "seg": segments.locate_times(call_ts) if segments is not None and len(segments) else np.full(len(call_rows), -1, np.int64),
+    }, copy=False)  # new arrays of this call's: not copied again
+    act, streams = _activities(trace, is_graph)
     summary = _summary(trace, calls, act, streams, segments)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
     res.small, res.small_rows = _small_kernels(trace, act, summary)
@@ -86,7 +85,7 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
+def _activities(trace: Trace, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
     """One row per GPU activity with a launch, and the (device, stream) of each as
     iv.pair_codes gives them (the code per row, the distinct pairs): the queue depth and the
     per-stream figures group by them."""
@@ -95,36 +94,50 @@ def _activities(trace: Trace, names: RowNames, is_graph: np.ndarray) -> tuple[pd
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
     keep = gpu["launch"].to_numpy() >= 0
     ln = gpu["launch"].to_numpy(np.int64)[keep]
-    api = names[ln]
     graph = is_graph[ln]
-    act = pd.DataFrame({
-        "row": gpu.index.to_numpy(np.int64)[keep], "kind": values_at(gpu["kind"], np.flatnonzero(keep)),
-        "device": gpu["device"].to_numpy()[keep], "stream": gpu["stream"].to_numpy()[keep], "ts": gpu["ts"].to_numpy()[keep],
-        "end": gpu["end"].to_numpy()[keep], "dur_us": gpu["dur"].to_numpy()[keep] / US, "launch": ln, "api": api, "graph": graph,
-        "launch_ts": ev["ts"].to_numpy()[ln], "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
-    })
+    device, stream = gpu["device"].to_numpy()[keep], gpu["stream"].to_numpy()[keep]
+    ts, end = gpu["ts"].to_numpy()[keep], gpu["end"].to_numpy()[keep]
+    launch_ts = ev["ts"].to_numpy()[ln]
     # A graph replay's kernels share one launch: only the first one started "because of" it.
     # (In start order, stable: the launch column's first appearances among the graph kernels,
     # put back in row order; any other activity has a launch of its own.)
     at = np.flatnonzero(graph)
-    order = at[np.argsort(act["ts"].to_numpy()[at], kind="stable")]
+    order = at[np.argsort(ts[at], kind="stable")]
     counts_launch = ~graph
     counts_launch[order] = ~pd.Series(ln[order]).duplicated().to_numpy()
-    act["counts_launch"] = counts_launch
-    act["delay_us"] = np.where(counts_launch, (act["ts"].to_numpy() - act["launch_ts"].to_numpy()) / US, np.nan)
-    streams = iv.pair_codes(act["device"].to_numpy(), act["stream"].to_numpy())
-    act["depth"] = _queue_depth(act, streams[0])
+    streams = iv.pair_codes(device, stream)
+    # One frame built from all its columns: adding them one by one cost a copy and a check each;
+    # every column a new array of this call's, so not copied again (copy=False).
+    act = pd.DataFrame({
+        "row": gpu.index.to_numpy(np.int64)[keep], "kind": _text_at(gpu["kind"], np.flatnonzero(keep)),
+        "device": device, "stream": stream, "ts": ts, "end": end, "dur_us": gpu["dur"].to_numpy()[keep] / US,
+        "launch": ln, "api": _text_at(ev["name"], ln), "graph": graph, "launch_ts": launch_ts, "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
+        "counts_launch": counts_launch, "delay_us": np.where(counts_launch, (ts - launch_ts) / US, np.nan),
+        "depth": _queue_depth(launch_ts, end, streams[0]),
+    }, copy=False)
     return act, streams
 
 
-def _queue_depth(act: pd.DataFrame, code: np.ndarray) -> np.ndarray:
+def _text_at(col: pd.Series, rows: np.ndarray) -> Any:
+    """A categorical text column's values at `rows` as a frame's column of them: a frame infers
+    the str dtype from the rows' strings, checking each; the categories made that column once and
+    taken by the rows' codes give the same column. Rows without a value, no rows, more categories
+    than rows or categories not all text go the frame's way (values_at)."""
+    codes = np.asarray(col.array.codes)[rows]
+    cats = col.array.categories.tolist()
+    if not len(rows) or len(cats) > len(rows) or (codes < 0).any() or not all(isinstance(c, str) for c in cats):
+        return values_at(col, rows)
+    return pd.Series(np.array(cats, dtype=object)).array.take(codes)
+
+
+def _queue_depth(launch_ts: np.ndarray, end: np.ndarray, code: np.ndarray) -> np.ndarray:
     """Activities already launched on the same stream and not yet finished when each one's launch
-    call began. Graph kernels enter the queue together with their replay's launch."""
-    depth = np.zeros(len(act), dtype=np.int64)
-    if act.empty:
+    call began (activities' launch times, ends and stream codes). Graph kernels enter the queue
+    together with their replay's launch."""
+    depth = np.zeros(len(code), dtype=np.int64)
+    if not len(code):
         return depth
     by_stream = np.argsort(code, kind="stable")  # each stream's activities in row order
-    launch_ts, end = act["launch_ts"].to_numpy(), act["end"].to_numpy()
     for idx in np.split(by_stream, np.flatnonzero(np.diff(code[by_stream])) + 1):
         lt = launch_ts[idx]
         en = end[idx]

@@ -35,7 +35,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_ca
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -58,13 +58,18 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # The categorical's rows first, then to objects: converting the whole column costs.
     kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
     inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
-    is_sync_op = isin_mask(ev["name"], SYNC_CAUSING_OPS) & trace.kind_mask("cpu_op")
+    # The sync-causing ops' rows (ascending) from the narrow op view, looked up by the few rows
+    # climbed, not a mask over every event.
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
+    sync_rows = ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
     parent = ev["parent"].to_numpy()
     out = inner.copy()
     cur = inner.copy()
     todo = np.flatnonzero(cur >= 0)
     while len(todo):
-        hit = is_sync_op[cur[todo]]
+        at = cur[todo]
+        hit = sync_rows[np.minimum(np.searchsorted(sync_rows, at), len(sync_rows) - 1)] == at if len(sync_rows) \
+            else np.zeros(len(todo), dtype=bool)
         out[todo[hit]] = cur[todo[hit]]  # keeps overwriting upwards: ends at the outermost
         cur[todo] = parent[cur[todo]]
         todo = todo[cur[todo] >= 0]
