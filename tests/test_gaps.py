@@ -287,5 +287,6 @@ def test_segment_labels_read_the_table_by_segment_id():
     phase, step, region = segment_labels(Segments(table), seg, pd.RangeIndex(len(seg)))
     assert phase.tolist()[:4] == ["decode", None, "prefill", "decode"] and pd.isna(phase[4]) and phase[5] == "prefill"
     assert step.tolist() == [None, None, 0, 1, None, 0]
+    assert {type(v) for v in step.tolist() if v is not None} == {int}  # Python ints, as the JSON writes them
     assert region.tolist()[:4] == ["s2", OUTSIDE_REGION, "s0", "s1"] and pd.isna(region[4]) and region[5] == "s0"
     assert str(phase.dtype) == str(step.dtype) == str(region.dtype) == "object"

@@ -118,7 +118,11 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
         pos = table_positions(t, seg[at])
         found, pos = at[pos >= 0], pos[pos >= 0]
         phase[at], region[at] = np.nan, np.nan  # an id not in the table reads as missing, as reindex gives it
-        step[found] = [None if v != v else int(v) for v in t["index"].to_numpy()[pos].tolist()]
+        # Each segment's step as a Python int (None when missing) made once per segment, then
+        # gathered per row (a conversion per row was 1.3-1.8 ms of train_200's gaps and syncs).
+        steps = np.empty(len(t), dtype=object)
+        steps[:] = [None if v != v else int(v) for v in t["index"].to_numpy().tolist()]
+        step[found] = steps[pos]
         phase[found] = t["phase"].to_numpy(object)[pos]
         region[found] = t["name"].to_numpy(object)[pos]
     return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
