@@ -537,3 +537,28 @@ def test_calls_from_the_attribution_pairs_equal_those_climbed_to(name):
 
     tr = tokentrace.load(shared_trace(name))
     pd.testing.assert_frame_equal(find_calls(tr, att=op_gpu(tr)), find_calls(tr), check_exact=True)
+
+
+def test_attention_op_spec_is_each_cpu_ops_first_matching_pattern(tmp_path):
+    # Per event row: the index of the first ATTENTION_OPS pattern a cpu op's name matches; -1 for
+    # other ops and for any other kind of event with an attention op's name.
+    from tokentrace.analysis.common.attention_ops import ATTENTION_OPS, OPS_RE, attention_op_spec
+
+    b = TraceBuilder()
+    names = ["aten::scaled_dot_product_attention", "aten::add", "aten::_flash_attention_forward",
+             "flash_attn_2_cuda::varlen_fwd", "vllm::unified_attention", "aten::scaled_dot_product_attention"]
+    for i, name in enumerate(names):
+        b.cpu_op(name, 100.0 * i, 10.0)
+    b.annotation("aten::scaled_dot_product_attention", 700.0, 10.0)
+    b.python("vllm::unified_attention", 800.0, 10.0)
+    trace = b.load(tmp_path)
+    spec = attention_op_spec(trace)
+    ev = trace.events
+    got = {(str(n), str(k)): int(s) for n, k, s in zip(ev["name"].astype(object), ev["kind"].astype(object), spec, strict=True)}
+    first = {n: next((j for j, (rx, _) in enumerate(OPS_RE) if rx.search(n)), -1) for n in names}
+    assert len(spec) == len(ev) and not spec.flags.writeable
+    for n in set(names):
+        assert got[(n, "cpu_op")] == first[n]
+    assert first["aten::add"] == -1 and ATTENTION_OPS[first["aten::_flash_attention_forward"]][0].startswith("^aten::_flash")
+    assert got[("aten::scaled_dot_product_attention", "user_annotation")] == -1
+    assert got[("vllm::unified_attention", "python_function")] == -1

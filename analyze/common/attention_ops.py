@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common.dtypes import DTYPE_NAMES
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
 
 FLASH, EFFICIENT, CUDNN, MATH, EAGER = "flash", "efficient", "cudnn", "math", "eager"
 FLASHINFER, PAGED, CK, TRITON, FUSED, UNKNOWN = "flashinfer", "paged", "ck", "triton", "fused", "unknown"
@@ -195,8 +195,11 @@ def match_categories(names: pd.Categorical, compiled: list, where: np.ndarray | 
 def attention_op_spec(trace: Trace) -> np.ndarray:
     """Per event row, the index of the ATTENTION_OPS entry its cpu_op name matches (-1: none).
     Read-only: callers derive masks from it."""
-    ev = trace.events
-    spec = match_categories(ev["name"].array, OPS_RE, trace.kind_mask("cpu_op"))  # -1 off the cpu ops
+    # The cpu ops' name codes from their narrow view (shared, built for the detectors anyway), not
+    # a kind mask, a compress and a masked scatter over every event (3-5 ms at 200 MB).
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
+    spec = np.full(len(trace.events), -1, dtype=np.int64)  # -1 off the cpu ops
+    spec[ops.index.to_numpy(np.int64)] = match_categories(ops["name"].array, OPS_RE)
     spec.setflags(write=False)
     return spec
 
