@@ -90,7 +90,7 @@ def load_all(*paths: PathLike, progress: bool | None = None, max_trace_size: int
 def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: int | str | None = None,
               cache: bool | PathLike | None = None, defer: bool = False, _warn: bool = True) -> Trace:
     path = Path(path)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     limit = max_trace_bytes(max_trace_size)
     regular_file_size(path)  # devices, FIFOs and sockets are refused before anything reads them
     store = trace_cache.open_store(cache)
@@ -118,8 +118,10 @@ def load_file(path: PathLike, *, progress: bool | None = None, max_trace_size: i
     finally:
         _set_numpy_hugepages(hugepages)
     meter.done(nbytes)
-    trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "bytes": nbytes, "cache": "off" if store is None else "miss",
-                           **trace.meta.get("_load", {})}
+    # CPU seconds too: what `analyze` costs beyond its own load is read within one process
+    # (benchmarks/bench_load.py), free of the load's variation from one process to the next.
+    trace.meta["_load"] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0, "bytes": nbytes,
+                           "cache": "off" if store is None else "miss", **trace.meta.get("_load", {})}
     if key is not None:  # also keys the results of this trace (analysis.result_cache)
         trace.meta["_load"]["key"] = key
     if store is not None and store.put(path, trace, key):
