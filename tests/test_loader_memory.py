@@ -80,6 +80,11 @@ def test_take_rows_is_iloc_with_or_without_absent_columns(tmp_path):
     cols = ("name", "ts", "correlation")  # none absent
     pd.testing.assert_frame_equal(take_rows(ev, rows, cols), ev.iloc[rows][list(cols)])
     pd.testing.assert_frame_equal(take_rows(ev, rows[:0]), ev.iloc[rows[:0]])
+    # The rows are the index only for a RangeIndex from 0 in steps of 1 (the loaded frame's):
+    # any other index is indexed by them.
+    for index in (pd.RangeIndex(5, 5 + len(ev)), pd.RangeIndex(0, 2 * len(ev), 2), pd.Index(np.arange(len(ev))[::-1])):
+        moved = ev.set_axis(index)
+        pd.testing.assert_frame_equal(take_rows(moved, rows, cols), moved.iloc[rows][list(cols)])
 
 
 def test_take_rows_keeps_object_columns_object_whatever_the_rows_hold():
