@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -375,6 +376,14 @@ def test_span_excludes_flows_and_metadata_even_when_they_end_last(tmp_path):
     b2.launch("gemm_kernel", 20.0, 30.0, 80.0)  # the kernel ends last, at 110 us
     t2 = b2.load(tmp_path, "second.pt.trace.json")
     assert t2.duration_ns == 100_000
+    assert t2.in_start_order and t2.last_end_row == int(t2.events["end"].to_numpy().argmax())
+
+    # The same events out of start order (a frame not made by the loader): the span is the same,
+    # read by the masked path, and the first row is not taken for the earliest.
+    shuffled = dataclasses.replace(t2, events=t2.events.iloc[::-1].reset_index(drop=True))
+    assert not shuffled.in_start_order
+    assert shuffled.span_ns == t2.span_ns == (10_000, 110_000)
+    assert shuffled.events["end"].iloc[shuffled.last_end_row] == 110_000
 
 
 @pytest.mark.parametrize("values", [

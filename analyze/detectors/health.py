@@ -178,8 +178,7 @@ class _Cols:
             host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
             gpu_rows=trace.narrow_gpu.index.to_numpy(np.int64), launch_rows=api_calls(LAUNCH_APIS),
             capture_begin=api_calls(GRAPH_CAPTURE_BEGIN_APIS), capture_end=api_calls(GRAPH_CAPTURE_END_APIS),
-            ts_sorted=bool((ts[1:] >= ts[:-1]).all()),
-            last_end=int(end.argmax()) if len(end) else 0,
+            ts_sorted=trace.in_start_order, last_end=trace.last_end_row,
         )
 
     def in_capture(self, rows: np.ndarray) -> np.ndarray:
