@@ -464,3 +464,28 @@ def test_rows_of_is_set_index_loc_as_positions():
     assert serving._rows_of(table, np.array([], np.int64)).tolist() == []
     with pytest.raises(KeyError):
         serving._rows_of(table, np.array([3]))
+
+
+def test_the_device_that_ran_most_kernels_names_the_gpu(tmp_path):
+    """spec_for_trace takes the deviceProperties of the device with the most kernels (copies do
+    not count); on equal counts, the device whose kernel comes first (value_counts' order)."""
+    from tokentrace.analysis.common.gpu_specs import spec_for_trace
+
+    props = [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000},
+             {"id": 1, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85_000_000_000}]
+
+    def named(kernels: list[int], copies: int = 0, name: str = "t.json") -> str | None:
+        b = TraceBuilder(gpu_name=None)
+        b.top["deviceProperties"] = props
+        for i, device in enumerate(kernels):
+            b.launch("k", 10.0 * i, 10.0 * i + 2, 5.0, device=device)
+        for i in range(copies):  # device 0's copies outnumber device 1's kernels
+            b.launch("Memcpy HtoD (Pageable -> Device)", 500.0 + 10 * i, 502.0 + 10 * i, 5.0, device=0,
+                     api="cudaMemcpyAsync", cat="gpu_memcpy")
+        return spec_for_trace(b.load(tmp_path, name))[0]
+
+    assert named([0, 1, 1]) == "NVIDIA A100-SXM4-80GB"
+    assert named([1, 0, 0, 1, 0]) == "NVIDIA H100 80GB HBM3"
+    assert named([1, 0, 0, 1], name="tie.json") == "NVIDIA A100-SXM4-80GB"  # device 1's kernel came first
+    assert named([0, 1, 1, 0], name="tie2.json") == "NVIDIA H100 80GB HBM3"
+    assert named([0, 1, 1], copies=4, name="copies.json") == "NVIDIA A100-SXM4-80GB"

@@ -21,7 +21,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from tokentrace.analysis.loading.trace import isin_mask
 
 GIB = 1 << 30
 
@@ -101,10 +104,14 @@ def _chosen_properties(trace: Any) -> dict[str, Any] | None:
     """deviceProperties of the GPU that ran most of the trace's kernels (the first one without kernels)."""
     props = [p for p in trace.device_properties if isinstance(p, dict)]
     device = None
-    kernels = trace.narrow(("kernel",), ("device",))  # not trace.kernels: one column is enough
-    if not kernels.empty:
-        counts = kernels["device"].value_counts()
-        device = int(counts.index[0]) if len(counts) else None
+    # The kernels' devices from the GPU view the detectors share (not trace.kernels, nor a view
+    # of its own: a pass over every event's kind).
+    gpu = trace.narrow_gpu
+    devices = gpu["device"].to_numpy()[isin_mask(gpu["kind"], ("kernel",))]
+    if len(devices):
+        # value_counts' first: the most kernels, equal counts in order of first appearance.
+        values, first, counts = np.unique(devices, return_index=True, return_counts=True)
+        device = int(values[np.lexsort((first, -counts))[0]])
     return next((p for p in props if p.get("id") == device), props[0] if props else None)
 
 
