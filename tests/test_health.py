@@ -236,3 +236,17 @@ def test_checks_without_a_mask_of_real_times_equal_those_with_an_all_true_one():
         assert check(c, None).to_json() == check(c, real).to_json()
     cropped = _cropped_step(c, None, segments)
     assert cropped.status != "skipped" and cropped.to_json() == _cropped_step(c, real, segments).to_json()
+
+
+@pytest.mark.parametrize("rows", [[0], [6], [2, 3], [0, 9], [4, 5, 17], [17], list(range(18))])
+def test_last_true_is_the_last_row_of_the_mask_in_every_chunk(rows):
+    """health's last-True search by chunks from the end (chunk of 4 over 18 rows: the last chunk
+    partial) gives the same row as flatnonzero, in the first, a middle or the last chunk."""
+    from tokentrace.analysis.detectors.health import _last_true
+
+    mask = np.zeros(18, dtype=bool)
+    mask[rows] = True
+    assert _last_true(mask, chunk=4) == int(np.flatnonzero(mask)[-1]) == max(rows)
+    assert _last_true(mask) == max(rows)
+    with pytest.raises(ValueError):
+        _last_true(np.zeros(5, dtype=bool), chunk=2)
