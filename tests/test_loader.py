@@ -402,3 +402,26 @@ def test_isin_mask_equals_pandas_isin(values):
     assert got.dtype == bool
     assert got.tolist() == col.isin(list(values)).tolist()
     assert got.any() == bool(set(values) & (set(raw) | ({None} if None in raw else set())))
+
+
+def test_kind_masks_and_rows_are_made_once_per_set_of_kinds(tmp_path):
+    """A kind mask is pandas' isin of the kind column; the same kinds in any order give the same
+    kept, read-only array (asked again, not made again); the rows are its flatnonzero; events
+    replaced on the trace are masked afresh."""
+    t = tokentrace.load(small_trace().write(tmp_path / "t.json"))
+    kind = t.events["kind"]
+    for kinds in [("kernel",), ("cpu_op", "runtime"), ("flow", "metadata"), ("no_such_kind",)]:
+        mask = t.kind_mask(*kinds)
+        assert mask.tolist() == kind.isin(kinds).to_numpy().tolist()
+        assert t.kind_mask(*reversed(kinds)) is mask
+        assert not mask.flags.writeable
+        rows = t.kind_rows(*kinds)
+        assert rows.tolist() == np.flatnonzero(mask).tolist() and t.kind_rows(*kinds) is rows
+        assert not rows.flags.writeable
+    assert t.kind_mask("kernel").any() and not t.kind_mask("no_such_kind").any()
+    # A view is the events at those rows.
+    assert t.kernels.index.tolist() == t.kind_rows("kernel").tolist()
+    old = t.kind_mask("kernel")
+    t.events = t.events.iloc[::-1].reset_index(drop=True)
+    assert t.kind_mask("kernel") is not old
+    assert t.kind_mask("kernel").tolist() == old[::-1].tolist()

@@ -112,7 +112,7 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
     # name categories and reading their few rows costs a mask.
     l_rows = np.flatnonzero(isin_mask(ev["name"], GRAPH_LAUNCH_APIS) & trace.kind_mask(*HOST_API_KINDS))
     if len(l_rows):
-        g_rows = np.flatnonzero(trace.kind_mask(*GPU_KINDS))
+        g_rows = trace.kind_rows(*GPU_KINDS)
         g_launch = ev["launch"].to_numpy()[g_rows]
         owned = np.isin(g_launch, l_rows)
         rows, g_launch = g_rows[owned], g_launch[owned]

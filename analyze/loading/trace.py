@@ -82,12 +82,38 @@ class Trace:
 
     # ---- views -------------------------------------------------------------------------
     def _kind(self, *kinds: str) -> pd.DataFrame:
-        return take_rows(self.events, np.flatnonzero(self.kind_mask(*kinds)))
+        return take_rows(self.events, self.kind_rows(*kinds))
 
     def kind_mask(self, *kinds: str) -> np.ndarray:
         """`events["kind"].isin(kinds).to_numpy()`, from the category codes (a few times faster on
-        a large trace; the detectors ask for a dozen such masks)."""
-        return isin_mask(self.events["kind"], kinds)
+        a large trace), made once per set of kinds and kept: the detectors and the views ask for
+        a dozen such masks, several of them two or three times (a pass over every event each,
+        ~0.5 ms per million). Read-only: combine it into a new array, never in place."""
+        return self._kind_memo("mask", kinds)
+
+    def kind_rows(self, *kinds: str) -> np.ndarray:
+        """`np.flatnonzero(self.kind_mask(*kinds))`, made once per set of kinds and kept
+        (read-only): the rows of a view, which a wide view, its narrow views and the graph-replay
+        look-up each take."""
+        return self._kind_memo("rows", kinds)
+
+    def _kind_memo(self, what: str, kinds: tuple[str, ...]) -> np.ndarray:
+        memo = self._kind_cache
+        if memo.get("events") is not self.events:  # the events were replaced: nothing kept holds
+            memo.clear()
+            memo["events"] = self.events
+        key = (what, frozenset(kinds))
+        got = memo.get(key)
+        if got is None:
+            # Two threads may both make it; they make the same array and either may be kept.
+            got = isin_mask(self.events["kind"], kinds) if what == "mask" else np.flatnonzero(self.kind_mask(*kinds))
+            got.setflags(write=False)
+            memo[key] = got
+        return got
+
+    @cached_property
+    def _kind_cache(self) -> dict[Any, Any]:
+        return {}
 
     @cached_property
     def gpu(self) -> pd.DataFrame:
@@ -153,7 +179,7 @@ class Trace:
         if key not in cache:
             with self._narrow_lock:  # detectors in other threads wait for it rather than repeat it
                 if key not in cache:
-                    cache[key] = take_rows(self.events, np.flatnonzero(self.kind_mask(*kinds)), columns)
+                    cache[key] = take_rows(self.events, self.kind_rows(*kinds), columns)
         return cache[key]
 
     @cached_property
