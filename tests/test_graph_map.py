@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 from graph_traces import (
@@ -395,3 +396,25 @@ def test_attention_inside_graph_replays_gets_its_calls_and_shapes(tmp_path):
     lengths = att.to_json()["lengths"]
     assert lengths == {"in_graph_calls": 3, "kv_sources": {"capture_annotations": 3}, "in_engine_steps": 0,
                        "kv_unknown_in_graph": 0}
+
+
+def test_a_trace_without_graph_launches_gets_the_replay_table_with_no_rows(pair, tmp_path):
+    """The table made once for traces without a graph launch has the general path's columns and
+    dtypes (those of a trace with launches, cut to no rows), and each trace gets its own copy."""
+    from tokentrace.analysis.loading.graph_replay import _replays
+
+    _, rep = pair
+    with_launches, _ = _replays(tokentrace.load(rep))
+    assert len(with_launches) == 2
+    b = TraceBuilder(gpu_name=MI300X)
+    b.launch("gemm_kernel", 20.0, 30.0, 25.0)  # an eager launch, no graph
+    plain = b.load(tmp_path, "plain.pt.trace.json")
+    empty, k = _replays(plain)
+    assert len(k.rows) == len(k.starts) == 0
+    # pandas makes the launch names' column str from its values; with no values it stays object.
+    none = with_launches.iloc[:0].astype({"api": object})
+    pd.testing.assert_frame_equal(empty, none)
+    empty["status"] = "changed"
+    again, _ = _replays(plain)
+    assert list(again.columns) == list(with_launches.columns) and again is not empty
+    pd.testing.assert_frame_equal(again, none)

@@ -30,6 +30,7 @@ the graph launch as their parent, so totals of enclosing ops are unchanged.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
@@ -111,13 +112,16 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
     # narrow ones of a few columns cost 3-5 ms at 200 MB, where matching the launch names among the
     # name categories and reading their few rows costs a mask.
     l_rows = np.flatnonzero(isin_mask(ev["name"], GRAPH_LAUNCH_APIS) & trace.kind_mask(*HOST_API_KINDS))
-    if len(l_rows):
-        g_rows = trace.kind_rows(*GPU_KINDS)
-        g_launch = ev["launch"].to_numpy()[g_rows]
-        owned = np.isin(g_launch, l_rows)
-        rows, g_launch = g_rows[owned], g_launch[owned]
-    else:
-        rows = g_launch = np.empty(0, np.int64)
+    if not len(l_rows):
+        # Most traces: no graph launch. Their (empty) table is made once per column dtypes: its
+        # build, a Series and a reindex are ~2 ms of pandas per trace, whatever its size.
+        dtypes = tuple(ev[c].to_numpy().dtype.str for c in ("pid", "tid", "ts"))
+        none = np.empty(0, np.int64)
+        return _no_replays(dtypes).copy(), _Kernels(rows=none, replay=none, pos=none, starts=none)
+    g_rows = trace.kind_rows(*GPU_KINDS)
+    g_launch = ev["launch"].to_numpy()[g_rows]
+    owned = np.isin(g_launch, l_rows)
+    rows, g_launch = g_rows[owned], g_launch[owned]
     rep_of_launch = pd.Series(np.arange(len(l_rows)), index=l_rows)
     rep = rep_of_launch.reindex(g_launch).to_numpy(np.int64)
     order = np.lexsort((rows, ev["ts"].to_numpy()[rows], rep))
@@ -137,14 +141,29 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
         gpu_ns[has] = np.add.reduceat(g_dur, starts[has])
         st = pd.DataFrame({"r": rep, "s": ev["stream"].to_numpy()[rows]}).drop_duplicates()
         streams = np.bincount(st["r"].to_numpy(), minlength=len(l_rows)).astype(np.int64)
-    table = pd.DataFrame({
+    table = _replay_table(ev, l_rows, counts, first, last, gpu_ns, streams)
+    return table, _Kernels(rows=rows, replay=rep, pos=pos, starts=starts)
+
+
+def _replay_table(ev: pd.DataFrame, l_rows: np.ndarray, counts: np.ndarray, first: np.ndarray, last: np.ndarray,
+                  gpu_ns: np.ndarray, streams: np.ndarray) -> pd.DataFrame:
+    """One row per graph launch (at `l_rows` of `ev`), before any map is matched."""
+    return pd.DataFrame({
         "launch_row": l_rows, "api": values_at(ev["name"], l_rows), "pid": ev["pid"].to_numpy()[l_rows],
         "tid": ev["tid"].to_numpy()[l_rows], "ts": ev["ts"].to_numpy()[l_rows], "kernels": counts,
         "first_ns": first, "end_ns": last, "gpu_ns": gpu_ns, "streams": streams,
         "graph": None, "label": None, "status": "no_map", "reason": None, "score": np.nan, "evidence": None,
         "equivalent": 0, "attributed": np.zeros(len(l_rows), np.int64),
     })
-    return table, _Kernels(rows=rows, replay=rep, pos=pos, starts=starts)
+
+
+@functools.cache
+def _no_replays(dtypes: tuple[str, str, str]) -> pd.DataFrame:
+    """The replay table of a trace without graph launches whose pid, tid and ts columns have these
+    dtypes (kept: copy it before changing it)."""
+    none = np.empty(0, np.int64)
+    ev = pd.DataFrame({"name": pd.Categorical([]), **{c: np.empty(0, np.dtype(d)) for c, d in zip(("pid", "tid", "ts"), dtypes, strict=True)}})
+    return _replay_table(ev, none, none, none, none, none, none)
 
 
 def _object_codes(values: np.ndarray) -> np.ndarray:
