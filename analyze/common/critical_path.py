@@ -304,38 +304,61 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
     k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
     k3 = np.zeros(len(hit), np.int64)
+    if ng:
+        rank, queue_lo = _queued_runs(pred, order, in_order, base)
     if on_gpu.any():
         j = hit[on_gpu] - base
         k1[on_gpu], k2[on_gpu] = ci[j], 1
-        rank = np.empty(ng, np.int64)
-        rank[order] = np.arange(ng)
         k3[on_gpu] = rank[j]
     end = int(hit[np.lexsort((k3, k2, k1))[0]])
-    path = [end]
-    pl = pred.tolist()
-    run_lo = block_lo.tolist()
+    # Predecessors followed back to S (its own predecessor), a run at a time: the path backwards,
+    # in pieces. Runs (a host run, a stream's queue) are most of a path and a few dozen in number.
+    back: list[np.ndarray | list[int]] = [[end]]
     cur = end
-    while True:  # follow predecessors back to S (its own predecessor)
-        if cur < nh and run_lo[cur] < cur:  # a run of host starts, each preceded by the one before
-            path.extend(range(cur - 1, run_lo[cur] - 1, -1))
-            cur = run_lo[cur]
+    while True:
+        if cur < nh and block_lo[cur] < cur:  # a run of host starts, each preceded by the one before
+            lo_h = int(block_lo[cur])
+            back.append(np.arange(cur - 1, lo_h - 1, -1))
+            cur = lo_h
             continue
-        nxt = pl[cur]
+        if base <= cur < iS and queue_lo[rank[cur - base]] < rank[cur - base]:
+            # A run of a stream's activities, each queued behind the one before it (a GPU-bound
+            # step's path runs through thousands).
+            r = int(rank[cur - base])
+            lo_r = int(queue_lo[r])
+            back.append(base + order[lo_r:r][::-1])
+            cur = base + int(order[lo_r])
+            continue
+        nxt = int(pred[cur])
         if nxt == cur:
             break
-        path.append(nxt)
+        back.append([nxt])
         cur = nxt
-    path.reverse()
-    p = np.asarray(path, np.int64)
+    p = np.concatenate(back)[::-1]
     step = dist[p[1:]] - dist[p[:-1]]
     gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
-    cpu_ns = int(dist[end] - dist[path[0]]) - gpu_ns  # the rest of the path's length
+    cpu_ns = int(dist[end] - dist[p[0]]) - gpu_ns  # the rest of the path's length
+    path = p.tolist()
     # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
     if path[0] == iS:
         path[0] = S
     if end == iE:
         path[-1] = E
     return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=path)
+
+
+def _queued_runs(pred: np.ndarray, order: np.ndarray, stream_in_order: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """For step_path's GPU nodes (activity j is node base + j; `order`: the activities in stream
+    order, `stream_in_order` their streams): each activity's position in `order`, and per position
+    the first of its run of activities each preceded on the path by the one before it on its
+    stream (queued behind it, not waiting on its launch)."""
+    ng = len(order)
+    rank = np.empty(ng, np.int64)
+    rank[order] = np.arange(ng)
+    queued = np.zeros(ng, dtype=bool)
+    queued[1:] = (pred[base + order[1:]] == base + order[:-1]) & (stream_in_order[1:] == stream_in_order[:-1])
+    lo = np.maximum.accumulate(np.where(queued, 0, np.arange(ng)))
+    return rank, lo
 
 
 def sample(seg_ids: np.ndarray) -> np.ndarray:
