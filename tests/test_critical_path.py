@@ -14,6 +14,7 @@ from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.detectors import phases
 
 
@@ -154,7 +155,7 @@ def test_step_path_equals_networkx_longest_path_on_random_steps():
 def _all_paths(trace, segs, monkeypatch, use_networkx: bool) -> pd.DataFrame:
     monkeypatch.setattr(cp, "USE_NETWORKX", use_networkx)
     end = segs.table["end"].to_numpy(np.int64)
-    return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64))
+    return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64), lat.call_masks(trace))
 
 
 SAMPLE_GPU_TRACES = sorted((Path(__file__).parent.parent / "sample_traces").glob("gpu_*/*/*.json.gz"))

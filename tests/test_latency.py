@@ -117,3 +117,18 @@ def test_counts_equal_value_counts(missing, extra):
     assert trace.category_counts() == dict(sorted(want.items(), key=lambda kv: (-kv[1], kv[0])))
     want_kinds = {str(k): int(v) for k, v in ev["kind"].value_counts().items() if v}
     assert list(trace.kind_counts().items()) == list(want_kinds.items())
+
+
+def test_call_masks_mark_launch_and_blocking_calls(tmp_path):
+    from tracebuilder import TraceBuilder
+    b = TraceBuilder()
+    b.runtime("cudaLaunchKernel", 0, 2)
+    b.runtime("cudaDeviceSynchronize", 10, 5)
+    b.runtime("cudaGetDevice", 20, 1)
+    b.runtime("cudaStreamSynchronize", 30, 4)
+    trace = b.load(tmp_path)
+    launch, block = lat.call_masks(trace)
+    names = trace.narrow_runtime["name"].astype(str).tolist()
+    assert names == ["cudaLaunchKernel", "cudaDeviceSynchronize", "cudaGetDevice", "cudaStreamSynchronize"]
+    assert launch.tolist() == [True, False, False, False]
+    assert block.tolist() == [False, True, False, True]

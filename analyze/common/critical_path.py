@@ -42,9 +42,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
@@ -369,12 +367,14 @@ def sample(seg_ids: np.ndarray) -> np.ndarray:
     return seg_ids[np.unique(np.linspace(0, len(seg_ids) - 1, MAX_GRAPH_STEPS).round().astype(int))]
 
 
-def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.ndarray, seg_ids: np.ndarray) -> pd.DataFrame:
+def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.ndarray, seg_ids: np.ndarray,
+            masks: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
     """Critical path of each listed segment: columns seg, cp_cpu, cp_gpu, cp_wait (ns), cpu_share,
     gpu_share, bound.
 
     host_end: per seg id, when the host's part of the step ends (its range's end); step_end: when
-    the step is over (its token ready, or the host end if later). Segments of a trace without GPU
+    the step is over (its token ready, or the host end if later); masks: latency.call_masks(trace)
+    (which runtime calls launch, which block). Segments of a trace without GPU
     activity get no row: there is nothing to weigh the host against.
     """
     cols = ["seg", "cp_cpu", "cp_gpu", "cp_wait", "cpu_share", "gpu_share", "bound"]
@@ -388,8 +388,8 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     wanted = np.zeros(len(table) + 1, dtype=bool)
     wanted[seg_ids] = True  # no segment (-1) reads the last slot
     rseg_all = segs.locate_runtime(trace)
-    is_block = name_mask(rt["name"], BLOCKING_APIS)
-    calls = np.flatnonzero(wanted[rseg_all] & (name_mask(rt["name"], LAUNCH_APIS) | is_block))
+    is_launch, is_block = masks
+    calls = np.flatnonzero(wanted[rseg_all] & (is_launch | is_block))
     calls = calls[rt["tid"].to_numpy(np.int64)[calls] == table["tid"].to_numpy(np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.

@@ -544,17 +544,18 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
     """Every segment with its measures in microseconds (the `steps` DataFrame). A step whose work
     sat queued until the steady state began is timed from there (`queued_us` says how long)."""
     t = segs.table
-    m = lat.measure(trace, segs)
+    masks = lat.call_masks(trace)
+    m = lat.measure(trace, segs, masks)
     origin = trace.span_ns[0]
-    host_first_op = m["first_op"].to_numpy(np.int64)
-    ready = m["token_ready"].to_numpy(np.int64)
+    host_first_op = m["first_op"]
+    ready = m["token_ready"]
     first_op = host_first_op
     if window is not None and window.queued:
         first_op = np.where(ready > window.start, np.maximum(host_first_op, window.start), host_first_op)
     phase = t["phase"].to_numpy()
     # A mixed step gives its decoding requests their next token, as a decode step does.
     request, interval, has_prev = lat.token_intervals(np.where(phase == "mixed", "decode", phase), ready, first_op)
-    has_gpu = m["gpu_first"].to_numpy() >= 0
+    has_gpu = m["gpu_first"] >= 0
     gspan = np.where(has_gpu, m["gpu_last"] - m["gpu_first"], 0)
     capture_prompt = trace.capture.get("prompt_len")
     q = t["q_len"].to_numpy(np.int64)
@@ -567,7 +568,7 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         batch = np.where(batch <= 0, capture_batch, batch)
     measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
     host_end = t["end"].to_numpy(np.int64)
-    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
+    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured, masks)
     # The critical path's columns as arrays by segment (NaN / None where no path was analysed).
     on_path = {c: np.full(len(t), np.nan) for c in ("cp_cpu_us", "cp_gpu_us", "cp_wait_us", "cpu_share", "gpu_share")}
     bound = np.full(len(t), None, object)
@@ -586,18 +587,18 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         "first_op_us": (first_op - origin) / US,
         "queued_us": (first_op - host_first_op) / US,
         "token_ready_us": (ready - origin) / US,
-        "token_source": m["token_source"].to_numpy(),
+        "token_source": m["token_source"],
         "step_us": (ready - first_op) / US,
         "ttft_us": np.where(phase == "prefill", (ready - first_op) / US, np.nan),
         "tpot_us": np.where(np.isin(phase, ("decode", "mixed")), interval / US, np.nan),
         "tpot_is_interval": has_prev,
         "cpu_span_us": (t["end"] - t["start"]).to_numpy(np.int64) / US,
         "gpu_span_us": gspan / US,
-        "gpu_busy_us": m["gpu_busy"].to_numpy(np.int64) / US,
-        "gpu_idle_us": (gspan - m["gpu_busy"].to_numpy(np.int64)) / US,
-        "kernels": m["kernels"].to_numpy(np.int64),
-        "launches": m["launches"].to_numpy(np.int64),
-        "sync_blocked_us": m["sync_blocked"].to_numpy(np.int64) / US,
+        "gpu_busy_us": m["gpu_busy"] / US,
+        "gpu_idle_us": (gspan - m["gpu_busy"]) / US,
+        "kernels": m["kernels"],
+        "launches": m["launches"],
+        "sync_blocked_us": m["sync_blocked"] / US,
         **on_path,
         # An object column (None where no path), as writing the verdicts into a column of None made it.
         "bound": pd.Series(bound, index=t.index, dtype=object),
