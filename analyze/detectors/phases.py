@@ -42,7 +42,7 @@ from tokentrace.analysis.common import fits, serving, steady_state
 from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.common import phase_patterns as pp
 from tokentrace.analysis.common import step_markers as sm
-from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, parse_shapes
+from tokentrace.analysis.common.attention_ops import OPS_RE, attention_at, attention_op_spec, parse_shapes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -167,10 +167,10 @@ class OpMarks(NamedTuple):
     embedding: np.ndarray
 
 
-def op_marks(trace: Trace, is_attention: np.ndarray) -> OpMarks:
-    """The cpu ops' OpMarks (`is_attention`: per event row, whether it is an attention op)."""
+def op_marks(trace: Trace, spec: np.ndarray) -> OpMarks:
+    """The cpu ops' OpMarks (`spec`: attention_op_spec(trace))."""
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    return OpMarks(is_attention[cpu.index.to_numpy()], lat.name_mask(cpu["name"], set(EMBEDDING_OPS)))
+    return OpMarks(attention_at(spec, cpu.index.to_numpy()), lat.name_mask(cpu["name"], set(EMBEDDING_OPS)))
 
 
 def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarray, int]:
@@ -662,14 +662,14 @@ def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, meth
 
 def run(trace: Trace, ctx: Context) -> PhasesResult:
     patterns = pp.compile_patterns(ctx.options.phases)
-    is_attention = ctx.shared(attention_op_spec) >= 0
-    marks = op_marks(trace, is_attention)
+    spec = ctx.shared(attention_op_spec)
+    marks = op_marks(trace, spec)
     segs = segment(trace, marks, patterns)
     window = steady_state.steps_window(trace, segs)
     steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
-    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, is_attention, marks.attention))
+    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
     source = _source(segs, patterns)
     t0 = trace.span_ns[0]
     notes: list[str] = []
