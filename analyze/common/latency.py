@@ -178,14 +178,7 @@ def _gpu_extents(g: _GpuRows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     # Each segment's merged intervals, in start order: the first starts at its earliest start, the
     # last ends at its latest end (no per-segment minimum and maximum over the rows). A union
     # interval never ends before it starts: where a row does, its latest end is the rows' own.
-    ends = np.maximum(g.end, g.ts)
-    if iv.group_start_order(g.seg, g.ts) is None and bool((g.ts[1:] > ends[:-1]).all()):
-        # Rows in segment and start order, each starting after the one before ended (a stream
-        # running one kernel at a time): each row is a merged interval of its own, no union to take.
-        merged = (g.seg, g.ts, ends)
-    else:
-        merged = iv.union_grouped(g.seg, g.ts, g.end)
-    seg_of, first_start, last_end, covered = iv.group_extents(*merged)
+    seg_of, first_start, last_end, covered = iv.group_extents(*iv.union_grouped(g.seg, g.ts, g.end))
     gpu_first[seg_of] = first_start
     busy[seg_of] = covered
     if bool((g.end >= g.ts).all()):
