@@ -121,14 +121,10 @@ def test_counts_equal_value_counts(missing, extra):
 
 def test_call_masks_mark_launch_and_blocking_calls(tmp_path):
     from tracebuilder import TraceBuilder
+    calls = ["cudaLaunchKernel", "cudaDeviceSynchronize", "cudaGetDevice", "cudaStreamSynchronize"]
     b = TraceBuilder()
-    b.runtime("cudaLaunchKernel", 0, 2)
-    b.runtime("cudaDeviceSynchronize", 10, 5)
-    b.runtime("cudaGetDevice", 20, 1)
-    b.runtime("cudaStreamSynchronize", 30, 4)
-    trace = b.load(tmp_path)
-    launch, block = lat.call_masks(trace)
-    names = trace.narrow_runtime["name"].astype(str).tolist()
-    assert names == ["cudaLaunchKernel", "cudaDeviceSynchronize", "cudaGetDevice", "cudaStreamSynchronize"]
+    for i, name in enumerate(calls):
+        b.runtime(name, 10 * i, 2)
+    launch, block = lat.call_masks(b.load(tmp_path))
     assert launch.tolist() == [True, False, False, False]
     assert block.tolist() == [False, True, False, True]
