@@ -51,6 +51,14 @@ class Segments:
             for a, b, s in zip(*(v.tolist() for v in found), strict=True):
                 out[a:b] = s
             return out
+        return self.locate_each(ts)
+
+    def locate_each(self, ts: np.ndarray) -> np.ndarray:
+        """`locate_times` by a search per instant: for instants out of order or few per segment,
+        where a caller already knows `runs` has no answer (locate_times would ask it again)."""
+        ts = np.asarray(ts, dtype=np.int64)
+        if self.table.empty:
+            return np.full(len(ts), -1, dtype=np.int64)
         starts, ends, segs = self._in_start_order()
         i = np.searchsorted(starts, ts, side="right") - 1
         np.maximum(i, 0, out=i)
@@ -92,7 +100,7 @@ class Segments:
         starts, ends, segs = self._in_start_order()
         want = np.asarray(seg_tid)[segs]
         if len(starts) > _SLICE_SEGMENTS or not bool((ts[1:] >= ts[:-1]).all()):
-            seg = self.locate_times(ts)
+            seg = self.locate_each(ts)  # locate_times' runs need instants in order and few segments
             ok = seg >= 0
             ok[ok] = np.asarray(tid)[ok] == np.asarray(seg_tid)[seg[ok]]
             np.minimum.at(out, seg[ok], ts[ok])
@@ -142,8 +150,12 @@ class Segments:
         if hit is None or hit[0] is not self.table:
             t = self.table
             starts = t["start"].to_numpy(np.int64)
-            order = np.argsort(starts, kind="quicksort")
-            cols = (starts[order], t["end"].to_numpy(np.int64)[order], t["seg"].to_numpy(np.int64)[order])
+            ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
+            if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
+                cols = (starts.copy(), ends.copy(), ids.copy())
+            else:
+                order = np.argsort(starts, kind="quicksort")
+                cols = (starts[order], ends[order], ids[order])
             for c in cols:
                 c.setflags(write=False)
             self.__dict__["_in_order"] = hit = (t, cols)
@@ -221,5 +233,10 @@ def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
     `seg` is each row's segment (-1: none)."""
     ok = seg >= 0
     seg, rows = seg[ok], rows[ok]
-    _, first = np.unique(seg, return_index=True)
+    if bool((seg[1:] >= seg[:-1]).all()):
+        # Rows in time order lie in segments in order: each segment's first is where the id
+        # changes (np.unique's first positions, without its sort).
+        first = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]]) if len(seg) else np.empty(0, np.int64)
+    else:
+        _, first = np.unique(seg, return_index=True)
     return list(zip(seg[first].tolist(), rows[first].tolist(), strict=True))

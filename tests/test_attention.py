@@ -562,3 +562,19 @@ def test_attention_op_spec_is_each_cpu_ops_first_matching_pattern(tmp_path):
     assert first["aten::add"] == -1 and ATTENTION_OPS[first["aten::_flash_attention_forward"]][0].startswith("^aten::_flash")
     assert got[("aten::scaled_dot_product_attention", "user_annotation")] == -1
     assert got[("vllm::unified_attention", "python_function")] == -1
+
+
+def test_attention_at_answers_at_the_rows_asked(tmp_path):
+    from tokentrace.analysis.common.attention_ops import attention_at, attention_op_spec
+    b = TraceBuilder()
+    b.cpu_op("aten::mm", 0, 5)
+    b.cpu_op("aten::_scaled_dot_product_flash_attention", 10, 5)
+    b.cpu_op("aten::softmax", 20, 5)
+    b.cpu_op("aten::scaled_dot_product_attention", 30, 5)
+    trace = b.load(tmp_path)
+    spec = attention_op_spec(trace)
+    names = trace.events["name"].astype(str).tolist()
+    rows = np.array([names.index("aten::scaled_dot_product_attention"), names.index("aten::mm"),
+                     names.index("aten::_scaled_dot_product_flash_attention")])
+    assert attention_at(spec, rows).tolist() == [True, False, True]
+    assert attention_at(spec, rows[:0]).tolist() == []

@@ -14,6 +14,7 @@ from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.detectors import phases
 
 
@@ -63,6 +64,30 @@ def test_blocking_copy_launched_by_the_waiting_call_stays_acyclic():
     assert nx.is_directed_acyclic_graph(G)
     p = cp.longest_path(G)
     assert (p.cpu_ns, p.gpu_ns) == (2, 56)  # kernel 48 + copy 8 on the GPU, 2 of host after the sync
+
+
+def test_queued_runs_known_answer():
+    # Activities 0..4 in stream order [3, 0, 1 | 4, 2] (streams 7, 7, 7 | 9, 9); base 10. On the
+    # path 0 is queued behind 3 and 1 behind 0; 2 behind 4. Runs: positions 0-2 from 0, 3-4 from 3.
+    pred = np.arange(20)
+    pred[10 + 0], pred[10 + 1], pred[10 + 2] = 10 + 3, 10 + 0, 10 + 4
+    pred[10 + 4] = 10 + 1  # the previous activity in `order`, but on another stream: not queued
+    order = np.array([3, 0, 1, 4, 2])
+    rank, lo = cp._queued_runs(pred, order, np.array([7, 7, 7, 9, 9]), 10)
+    assert rank.tolist() == [1, 2, 4, 0, 3]
+    assert lo.tolist() == [0, 0, 0, 3, 3]
+
+
+def test_step_path_follows_long_queued_chains_on_two_streams():
+    # One launch each, 50 back-to-back kernels per stream: the path runs through a whole stream.
+    h = host((1, 0, 1, False), (2, 2, 3, False), (3, 4, 400, True))
+    acts = [(10 + 5 * i, 15 + 5 * i, 7, 1 if i == 0 else -1) for i in range(50)]
+    acts += [(10 + 4 * i, 14 + 4 * i, 8, 2 if i == 0 else -1) for i in range(50)]
+    g = with_launch_ts(gpu(*acts), h)
+    want = cp.longest_path(cp.step_graph(h, g, start=0, host_end=410))
+    got = cp.step_path(h, g, start=0, host_end=410)
+    assert (got.cpu_ns, got.gpu_ns, got.nodes) == (want.cpu_ns, want.gpu_ns, want.nodes)
+    assert got.gpu_ns == 250
 
 
 def test_verdict_thresholds():
@@ -130,7 +155,7 @@ def test_step_path_equals_networkx_longest_path_on_random_steps():
 def _all_paths(trace, segs, monkeypatch, use_networkx: bool) -> pd.DataFrame:
     monkeypatch.setattr(cp, "USE_NETWORKX", use_networkx)
     end = segs.table["end"].to_numpy(np.int64)
-    return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64))
+    return cp.analyse(trace, segs, end, end, segs.table["seg"].to_numpy(np.int64), lat.call_masks(trace))
 
 
 SAMPLE_GPU_TRACES = sorted((Path(__file__).parent.parent / "sample_traces").glob("gpu_*/*/*.json.gz"))

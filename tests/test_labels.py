@@ -50,3 +50,26 @@ def test_phase_codes_of_rows_in_order_equal_factorizing_their_labels(tmp_path, s
     assert segs.runs(trace.events["ts"].to_numpy()[rows]) is None
     again = labels.phase_codes(trace, segs, rows)
     assert [a.tolist() for a in again] == [codes.tolist(), texts.tolist(), seg.tolist()]
+
+
+def test_table_positions_of_ids_that_are_positions_and_of_others():
+    by_position = pd.DataFrame({"seg": [0, 1, 2, 3]})
+    assert labels.table_positions(by_position, np.array([2, -1, 0, 4, 3])).tolist() == [2, -1, 0, -1, 3]
+    other = pd.DataFrame({"seg": [5, 2, 9]})
+    assert labels.table_positions(other, np.array([9, -1, 2, 0, 5])).tolist() == [2, -1, 1, -1, 0]
+    assert labels.table_positions(pd.DataFrame({"seg": [0, 2, 1]}), np.array([1, 2])).tolist() == [2, 1]
+
+
+def test_phase_codes_from_the_times_the_caller_holds(tmp_path):
+    b = TraceBuilder()
+    for t in (5.0, 15.0, 25.0, 35.0):
+        b.cpu_op("aten::add", t, 1.0)
+    trace = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1], "phase": ["prefill", "decode"], "start": [10_000, 20_000],
+                                  "end": [20_000, 30_000]}))
+    rows = trace.cpu_ops.index.to_numpy()
+    ts = trace.events["ts"].to_numpy()[rows]
+    codes, texts, seg = labels.phase_codes(trace, segs, rows, ts=ts[::-1].copy())  # the times given are used
+    assert (texts[codes].tolist(), seg.tolist()) == (["other", "decode", "prefill", "other"], [-1, 1, 0, -1])
+    codes, texts, seg = labels.phase_codes(trace, segs, rows, ts=ts)
+    assert (texts[codes].tolist(), seg.tolist()) == (["other", "prefill", "decode", "other"], [-1, 0, 1, -1])

@@ -117,3 +117,14 @@ def test_counts_equal_value_counts(missing, extra):
     assert trace.category_counts() == dict(sorted(want.items(), key=lambda kv: (-kv[1], kv[0])))
     want_kinds = {str(k): int(v) for k, v in ev["kind"].value_counts().items() if v}
     assert list(trace.kind_counts().items()) == list(want_kinds.items())
+
+
+def test_call_masks_mark_launch_and_blocking_calls(tmp_path):
+    from tracebuilder import TraceBuilder
+    calls = ["cudaLaunchKernel", "cudaDeviceSynchronize", "cudaGetDevice", "cudaStreamSynchronize"]
+    b = TraceBuilder()
+    for i, name in enumerate(calls):
+        b.runtime(name, 10 * i, 2)
+    launch, block = lat.call_masks(b.load(tmp_path))
+    assert launch.tolist() == [True, False, False, False]
+    assert block.tolist() == [False, True, False, True]

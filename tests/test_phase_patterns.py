@@ -101,3 +101,25 @@ def test_names_matched_per_name_present_as_per_category(rows, rows_per_name, mon
     expect = [patterns.role_of(cats[c]) or "" if c >= 0 else "" for c in rows]
     assert hit.tolist() == [r != "" for r in expect]
     assert role.tolist() == [r for r in expect if r]
+
+
+@pytest.mark.parametrize("specs", [(), (("decode", r"gen_step_\d+"), ("prefill", "decode_step_1")),
+                                   (("request", "prefill"), ("decode", "pre.*")), (("prefill", r"(a)\1"),),
+                                   (("decode", "x|y"), ("request", "(?i)gen"))])
+def test_one_combined_regex_gives_each_names_role_as_testing_each_pattern(specs):
+    # The first role (in ROLES order) with a pattern matching the whole name: from one combined
+    # regex where the patterns have no groups of their own, else pattern by pattern.
+    pats = pp.compile_patterns(specs)
+    assert (pats.combined is None) == any(r in ("(a)\\1", "(?i)gen") for _, r in specs)
+    names = ["prefill", " Prefill ", "decode_step_1", "decode", "gen_step_5", "GEN", "generate", "aa", "x", "y",
+             "## decode ##", "prefilled", "pre", ""]
+    for name in names:
+        want = next((role for role in pp.ROLES if any(p.fullmatch(name.strip()) for p in pats.patterns.get(role, ()))), None)
+        assert pats.role_of(name) == want, name
+    assert [pats.role_of(n) for n in ("prefill", "decode_step_1", "generate")] == {
+        (): ["prefill", "decode", "request"],
+        (("decode", r"gen_step_\d+"), ("prefill", "decode_step_1")): [None, "prefill", "request"],
+        (("request", "prefill"), ("decode", "pre.*")): ["prefill", None, None],
+        (("prefill", r"(a)\1"),): [None, "decode", "request"],
+        (("decode", "x|y"), ("request", "(?i)gen")): ["prefill", None, None],
+    }[specs]

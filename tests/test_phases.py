@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -436,3 +437,14 @@ def test_outermost_equals_sorting_then_filtering(seed):
     reach = np.maximum.accumulate(ref["end"].to_numpy())
     ref = ref[np.r_[True, ref["ts"].to_numpy()[1:] >= reach[:-1]]]
     pd.testing.assert_frame_equal(phases._outermost(df), ref)
+
+
+def test_any_name_matches_tests_the_needle_then_the_pattern(tmp_path):
+    b = TraceBuilder()
+    b.annotation("worker.execute_model", 0, 10)
+    b.annotation("execute_model_helper", 20, 10)
+    trace = b.load(tmp_path)
+    assert phases._any_name_matches(trace, phases._VLLM_STEP, "execute_model")
+    assert phases._any_name_matches(trace, phases._VLLM_STEP)
+    assert not phases._any_name_matches(trace, re.compile(r"helper$"), "execute_model_x")
+    assert not phases._any_name_matches(trace, re.compile(r"^nothing"), "")

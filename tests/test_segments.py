@@ -37,6 +37,8 @@ def test_known_segments_of_instants_in_order(ts):
     segs = Segments(pd.DataFrame({"seg": [7, 3], "start": [10, 20], "end": [15, 30]}))
     want = [7 if 10 <= t < 15 else 3 if 20 <= t < 30 else -1 for t in ts]
     assert segs.locate_times(np.asarray(ts)).tolist() == want
+    assert segs.locate_each(np.asarray(ts)).tolist() == want  # the per-instant search, asked directly
+    assert segs.locate_each(np.asarray(ts[::-1])).tolist() == want[::-1]
 
 
 def _first_by_location(segs: Segments, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray) -> np.ndarray:
@@ -172,3 +174,11 @@ def test_holds_any_marks_what_locate_times_locates(seed):
         located = segs.locate_times(ts)
         expect[located[located >= 0]] = True
         assert segs.holds_any(ts).tolist() == expect.tolist()
+
+
+@pytest.mark.parametrize("seg", [[-1, 0, 0, -1, 2, 2, 5], [2, -1, 0, 2, 0, 5, -1], [-1, -1], []])
+def test_first_rows_of_each_segment_in_order_and_out_of_it(seg):
+    seg_a = np.asarray(seg, dtype=np.int64)
+    rows = np.arange(100, 100 + len(seg), dtype=np.int64)
+    want = sorted({s: 100 + i for i, s in reversed(list(enumerate(seg))) if s >= 0}.items())
+    assert seg_mod.first_rows(seg_a, rows) == want

@@ -63,6 +63,21 @@ def test_union_grouped_of_one_group_is_its_union(in_order):
     assert ms.tolist() == a.tolist() and me.tolist() == b.tolist()
 
 
+@pytest.mark.parametrize("touch", [False, True])
+def test_union_grouped_of_intervals_apart_in_each_group(touch):
+    # In (group, start) order, none reaching the next of its group: each is its own merged
+    # interval (one ending before its start counts as empty). A touching pair joins instead.
+    g = np.array([0, 0, 0, 2, 2, 5], dtype=np.int64)
+    s = np.array([0, 10, 30, 5, 40, 0], dtype=np.int64)
+    e = np.array([5, 20 if not touch else 30, 25, 30, 50, 9], dtype=np.int64)
+    gg, ms, me = iv.union_grouped(g, s, e)
+    if touch:
+        assert (gg.tolist(), ms.tolist(), me.tolist()) == ([0, 0, 2, 2, 5], [0, 10, 5, 40, 0], [5, 30, 30, 50, 9])
+    else:
+        assert (gg.tolist(), ms.tolist(), me.tolist()) == (g.tolist(), s.tolist(), [5, 20, 30, 30, 50, 9])
+    assert gg is not g and ms is not s  # fresh arrays, as every other path gives
+
+
 def test_union_with_last_names_the_rows_that_open_and_close():
     s = np.array([0, 10, 20, 200], dtype=np.int64)
     e = np.array([100, 50, 150, 210], dtype=np.int64)

@@ -204,6 +204,13 @@ def attention_op_spec(trace: Trace) -> np.ndarray:
     return spec
 
 
+def attention_at(spec: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per event row of `rows`: is it an attention op, from attention_op_spec(trace) (`spec`),
+    evaluated at those rows only: `(spec >= 0)[rows]` without the mask over every event (a
+    million rows, 0.3-0.4 ms at 200 MB, for a caller that asks about a few)."""
+    return spec[rows] >= 0
+
+
 def attention_op_mask(trace: Trace) -> np.ndarray:
     """Per event row: is it an attention op (any of ATTENTION_OPS)?"""
     return attention_op_spec(trace) >= 0

@@ -42,9 +42,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.common.latency import name_mask
 from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
@@ -304,38 +302,61 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
     k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
     k3 = np.zeros(len(hit), np.int64)
+    if ng:
+        rank, queue_lo = _queued_runs(pred, order, in_order, base)
     if on_gpu.any():
         j = hit[on_gpu] - base
         k1[on_gpu], k2[on_gpu] = ci[j], 1
-        rank = np.empty(ng, np.int64)
-        rank[order] = np.arange(ng)
         k3[on_gpu] = rank[j]
     end = int(hit[np.lexsort((k3, k2, k1))[0]])
-    path = [end]
-    pl = pred.tolist()
-    run_lo = block_lo.tolist()
+    # Predecessors followed back to S (its own predecessor), a run at a time: the path backwards,
+    # in pieces. Runs (a host run, a stream's queue) are most of a path and a few dozen in number.
+    back: list[np.ndarray | list[int]] = [[end]]
     cur = end
-    while True:  # follow predecessors back to S (its own predecessor)
-        if cur < nh and run_lo[cur] < cur:  # a run of host starts, each preceded by the one before
-            path.extend(range(cur - 1, run_lo[cur] - 1, -1))
-            cur = run_lo[cur]
+    while True:
+        if cur < nh and block_lo[cur] < cur:  # a run of host starts, each preceded by the one before
+            lo_h = int(block_lo[cur])
+            back.append(np.arange(cur - 1, lo_h - 1, -1))
+            cur = lo_h
             continue
-        nxt = pl[cur]
+        if base <= cur < iS and queue_lo[rank[cur - base]] < rank[cur - base]:
+            # A run of a stream's activities, each queued behind the one before it (a GPU-bound
+            # step's path runs through thousands).
+            r = int(rank[cur - base])
+            lo_r = int(queue_lo[r])
+            back.append(base + order[lo_r:r][::-1])
+            cur = base + int(order[lo_r])
+            continue
+        nxt = int(pred[cur])
         if nxt == cur:
             break
-        path.append(nxt)
+        back.append([nxt])
         cur = nxt
-    path.reverse()
-    p = np.asarray(path, np.int64)
+    p = np.concatenate(back)[::-1]
     step = dist[p[1:]] - dist[p[:-1]]
     gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
-    cpu_ns = int(dist[end] - dist[path[0]]) - gpu_ns  # the rest of the path's length
+    cpu_ns = int(dist[end] - dist[p[0]]) - gpu_ns  # the rest of the path's length
+    path = p.tolist()
     # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
     if path[0] == iS:
         path[0] = S
     if end == iE:
         path[-1] = E
     return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=path)
+
+
+def _queued_runs(pred: np.ndarray, order: np.ndarray, stream_in_order: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """For step_path's GPU nodes (activity j is node base + j; `order`: the activities in stream
+    order, `stream_in_order` their streams): each activity's position in `order`, and per position
+    the first of its run of activities each preceded on the path by the one before it on its
+    stream (queued behind it, not waiting on its launch)."""
+    ng = len(order)
+    rank = np.empty(ng, np.int64)
+    rank[order] = np.arange(ng)
+    queued = np.zeros(ng, dtype=bool)
+    queued[1:] = (pred[base + order[1:]] == base + order[:-1]) & (stream_in_order[1:] == stream_in_order[:-1])
+    lo = np.maximum.accumulate(np.where(queued, 0, np.arange(ng)))
+    return rank, lo
 
 
 def sample(seg_ids: np.ndarray) -> np.ndarray:
@@ -346,12 +367,14 @@ def sample(seg_ids: np.ndarray) -> np.ndarray:
     return seg_ids[np.unique(np.linspace(0, len(seg_ids) - 1, MAX_GRAPH_STEPS).round().astype(int))]
 
 
-def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.ndarray, seg_ids: np.ndarray) -> pd.DataFrame:
+def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.ndarray, seg_ids: np.ndarray,
+            masks: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
     """Critical path of each listed segment: columns seg, cp_cpu, cp_gpu, cp_wait (ns), cpu_share,
     gpu_share, bound.
 
     host_end: per seg id, when the host's part of the step ends (its range's end); step_end: when
-    the step is over (its token ready, or the host end if later). Segments of a trace without GPU
+    the step is over (its token ready, or the host end if later); masks: latency.call_masks(trace)
+    (which runtime calls launch, which block). Segments of a trace without GPU
     activity get no row: there is nothing to weigh the host against.
     """
     cols = ["seg", "cp_cpu", "cp_gpu", "cp_wait", "cpu_share", "gpu_share", "bound"]
@@ -365,8 +388,8 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     wanted = np.zeros(len(table) + 1, dtype=bool)
     wanted[seg_ids] = True  # no segment (-1) reads the last slot
     rseg_all = segs.locate_runtime(trace)
-    is_block = name_mask(rt["name"], BLOCKING_APIS)
-    calls = np.flatnonzero(wanted[rseg_all] & (name_mask(rt["name"], LAUNCH_APIS) | is_block))
+    is_launch, is_block = masks
+    calls = np.flatnonzero(wanted[rseg_all] & (is_launch | is_block))
     calls = calls[rt["tid"].to_numpy(np.int64)[calls] == table["tid"].to_numpy(np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.

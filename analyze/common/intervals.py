@@ -68,12 +68,16 @@ def union_grouped(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> t
     if len(s) == 0:
         return g.copy(), s.copy(), e.copy()
     order = group_start_order(g, s)
-    if order is None and g[0] == g[-1]:
-        # One group (one stream, as most traces have): its union, without the per-group lifts.
-        s, e = union(s, e)
-        return np.full(len(s), g[0], dtype=g.dtype), s, e
     if order is None:
         e = np.maximum(e, s)
+        if bool(((s[1:] > e[:-1]) | (g[1:] != g[:-1])).all()):
+            # No interval reaches the next of its group (a stream running one kernel at a time,
+            # each step's work apart): each is a merged interval of its own, as given.
+            return g.copy(), s.copy(), e
+        if g[0] == g[-1]:
+            # One group (one stream, as most traces have): its union, without the per-group lifts.
+            s, e = union(s, e)
+            return np.full(len(s), g[0], dtype=g.dtype), s, e
     else:
         g, s, e = g[order], s[order], np.maximum(e[order], s[order])
     # Running max of ends within each group in one accumulate: express ends relative to the

@@ -25,11 +25,13 @@ OUTSIDE_PHASE = "other"
 OUTSIDE_REGION = "outside any annotated region"
 
 
-def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndarray | None = None,
+                ts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(phase code, phase labels, segment id) per event row, codes numbered in order of first
     appearance like pd.factorize of the labels. Labels are resolved per segment and factorized as
     integers: factorizing a million label strings is what would cost. `seg`: the rows' segments
-    where the caller has them (`segments.locate_rows(trace, rows)`, as `locate_gpu` gives)."""
+    where the caller has them (`segments.locate_rows(trace, rows)`, as `locate_gpu` gives); `ts`:
+    else the times that locate the rows (`row_times(trace, rows)`) where the caller has them."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(segments) == 0:
         labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
@@ -37,19 +39,18 @@ def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndar
     table = segments.table
     # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
     text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
-    ids = table["seg"].to_numpy(np.int64)
-    by_position = np.array_equal(ids, np.arange(len(ids)))  # as phases numbers them: the id is the position
 
     def text_of(seg_ids: np.ndarray) -> np.ndarray:
-        pos = seg_ids if by_position else pd.Index(ids).get_indexer(seg_ids)
+        pos = table_positions(table, seg_ids)
         return np.where(pos >= 0, text_code[:-1][pos], text_code[-1])
 
     if seg is None:
-        ts = row_times(trace, rows)
+        if ts is None:
+            ts = row_times(trace, rows)
         runs = segments.runs(ts)
         if runs is not None:
             return _run_codes(runs, len(rows), text_of(runs[2]), int(text_code[-1]), np.asarray(texts, dtype=object))
-        seg = segments.locate_times(ts)
+        seg = segments.locate_each(ts)
     codes, used = _factorize_small(text_of(seg), len(texts))
     return codes, np.asarray(texts, dtype=object)[used], seg
 
@@ -103,7 +104,12 @@ def phase_labels(trace: Trace, segments: Segments, rows: np.ndarray) -> tuple[np
 def table_positions(table: pd.DataFrame, seg: np.ndarray) -> np.ndarray:
     """Row position in a segment table of each segment id, -1 for an id not in it: what
     table.set_index("seg").reindex(seg) looks up, without building either frame."""
-    return pd.Index(table["seg"].to_numpy()).get_indexer(np.asarray(seg, dtype=np.int64))
+    seg = np.asarray(seg, dtype=np.int64)
+    ids = table["seg"].to_numpy()
+    if len(ids) and ids[0] == 0 and ids[-1] == len(ids) - 1 and np.array_equal(ids, np.arange(len(ids))):
+        # The ids are the positions (as phases numbers them): no hash table of them to build.
+        return np.where((seg >= 0) & (seg < len(ids)), seg, -1)
+    return pd.Index(ids).get_indexer(seg)
 
 
 def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) -> tuple[pd.Series, pd.Series, pd.Series]:

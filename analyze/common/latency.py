@@ -92,22 +92,27 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, rt_ts: np.n
     return np.minimum(first_op, first_launch)
 
 
-def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
-    """One row per segment (indexed by seg id) with the measures in MEASURE_COLUMNS (times in ns)."""
+def call_masks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `trace.narrow_runtime`: whether it is a launch call (LAUNCH_APIS) and whether a
+    blocking call (BLOCKING_APIS). The step measures and the critical path read both."""
+    names = trace.narrow_runtime["name"]
+    return name_mask(names, LAUNCH_APIS), name_mask(names, BLOCKING_APIS)
+
+
+def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Per segment (arrays by seg id) the measures in MEASURE_COLUMNS (times in ns). `masks`:
+    call_masks(trace) where the caller holds them."""
     table = segs.table
     n = len(table)
     if n == 0:
-        out = pd.DataFrame(index=pd.RangeIndex(n, name="seg"))
-        for c in MEASURE_COLUMNS:
-            out[c] = pd.Series(dtype="object" if c == "token_source" else "int64")
-        return out
+        return {c: np.empty(0, dtype=object if c == "token_source" else np.int64) for c in MEASURE_COLUMNS}
     start = table["start"].to_numpy(np.int64)
     end = table["end"].to_numpy(np.int64)
     tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
     # Each column read once (a frame's column costs ~25 us a read).
     rt = trace.narrow_runtime
-    rt_names, rt_ts = rt["name"], rt["ts"].to_numpy(np.int64)
-    is_launch = name_mask(rt_names, LAUNCH_APIS)
+    rt_ts = rt["ts"].to_numpy(np.int64)
+    is_launch, is_block = call_masks(trace) if masks is None else masks
 
     # First host operation of each step on the step's own thread.
     first = _first_ops(trace, segs, tid_of_seg, rt_ts, is_launch)
@@ -115,7 +120,6 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
 
     # Launch and blocking calls (all threads), located by their own start.
     rseg = segs.locate_runtime(trace)
-    is_block = name_mask(rt_names, BLOCKING_APIS)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
     blocked = np.bincount(rseg[bmask], weights=rt["dur"].to_numpy(np.int64)[bmask], minlength=n).astype(np.int64)
@@ -146,12 +150,11 @@ def measure(trace: Trace, segs: Segments) -> pd.DataFrame:
         dtoh = (copy_rows & regex_mask(gpu["name"], _DTOH))[gk]
 
     ready, source = _token_ready(trace, g, dtoh, rt, rt_ts, rseg, bmask, end, gpu_last, n)
-    # Framed once (each column written into a frame costs ~0.2 ms), in MEASURE_COLUMNS' order.
-    return pd.DataFrame({
+    return {
         "first_op": first_op, "token_ready": ready, "token_source": source, "gpu_first": gpu_first, "gpu_last": gpu_last,
         "gpu_busy": busy, "kernels": kernels, "launches": launches.astype(np.int64), "sync_blocked": blocked,
         "blocking_calls": nblock.astype(np.int64),
-    }, index=pd.RangeIndex(n, name="seg"))
+    }
 
 
 @dataclass(frozen=True)
@@ -175,14 +178,7 @@ def _gpu_extents(g: _GpuRows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     # Each segment's merged intervals, in start order: the first starts at its earliest start, the
     # last ends at its latest end (no per-segment minimum and maximum over the rows). A union
     # interval never ends before it starts: where a row does, its latest end is the rows' own.
-    ends = np.maximum(g.end, g.ts)
-    if iv.group_start_order(g.seg, g.ts) is None and bool((g.ts[1:] > ends[:-1]).all()):
-        # Rows in segment and start order, each starting after the one before ended (a stream
-        # running one kernel at a time): each row is a merged interval of its own, no union to take.
-        merged = (g.seg, g.ts, ends)
-    else:
-        merged = iv.union_grouped(g.seg, g.ts, g.end)
-    seg_of, first_start, last_end, covered = iv.group_extents(*merged)
+    seg_of, first_start, last_end, covered = iv.group_extents(*iv.union_grouped(g.seg, g.ts, g.end))
     gpu_first[seg_of] = first_start
     busy[seg_of] = covered
     if bool((g.end >= g.ts).all()):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokentrace.errors import TokentraceError
 
@@ -40,10 +40,18 @@ class PhasePatterns:
 
     patterns: dict[str, tuple[re.Pattern[str], ...]]
     custom: frozenset[str]
+    # Every role's patterns as one regex, a named group per role in ROLES order (see _combined).
+    combined: re.Pattern[str] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "combined", _combined(self.patterns))
 
     def role_of(self, name: str) -> str | None:
         """The first role whose pattern matches the whole name (roles in ROLES order), else None."""
         s = name.strip()
+        if self.combined is not None:
+            m = self.combined.fullmatch(s)
+            return m.lastgroup if m else None
         for role in ROLES:
             if any(p.fullmatch(s) for p in self.patterns.get(role, ())):
                 return role
@@ -52,6 +60,24 @@ class PhasePatterns:
     def describe(self) -> dict[str, list[str]]:
         """{role: [regex, ...]} as given (for the JSON summary: which patterns were used)."""
         return {role: [p.pattern for p in pats] for role, pats in self.patterns.items()}
+
+
+def _combined(patterns: dict[str, tuple[re.Pattern[str], ...]]) -> re.Pattern[str] | None:
+    """One regex of every role's patterns, `(?P<role>(?:p1)|(?:p2))|...` in ROLES order: a full
+    match tries the alternatives in that order, so its group names the first role whose pattern
+    matches the whole name (what testing each pattern gives, one search instead of up to one per
+    pattern: ~0.5 ms over a trace's names). None where a pattern has groups of its own (their
+    numbers and names would change in the union) or the union does not compile."""
+    pats = [p for role in ROLES for p in patterns.get(role, ())]
+    if not pats or any(p.groups for p in pats) or any(p.flags & ~(re.IGNORECASE | re.UNICODE) for p in pats) \
+            or not all(p.flags & re.IGNORECASE for p in pats):
+        return None
+    parts = [f"(?P<{role}>" + "|".join(f"(?:{p.pattern})" for p in patterns[role]) + ")"
+             for role in ROLES if patterns.get(role)]
+    try:
+        return re.compile("|".join(parts), re.IGNORECASE)
+    except re.error:
+        return None
 
 
 def step_number(name: str) -> int:

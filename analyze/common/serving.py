@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import engine_steps as es
+from tokentrace.analysis.common.attention_ops import attention_at
 from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.latency import percentiles
 from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
@@ -63,12 +64,12 @@ def fill_step_columns(table: dict[str, Any]) -> None:
         table[col] = np.where(pre | dec, val, np.asarray(table[col], np.int64)).astype(np.int64)
 
 
-def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray, op_attention: np.ndarray) -> dict[str, np.ndarray]:
+def attention_geometry(trace: Trace, segs: Segments, spec: np.ndarray, op_attention: np.ndarray) -> dict[str, np.ndarray]:
     """Per segment (arrays by seg id): attention calls (outermost attention ops in it) and the query's
     tokens, heads and head size and the value head size from the first call's input shapes
     (packed [tokens, heads, head_dim] layouts only; -1 where the shapes do not say).
-    `is_attention`: per event row, whether an attention op; `op_attention`: the same per row of
-    the cpu ops' view (the phases detector marks it once)."""
+    `spec`: attention_op_spec(trace); `op_attention`: whether each row of the cpu ops' view is an
+    attention op (the phases detector marks it once)."""
     n = len(segs)
     # Filled as arrays: a .loc write per segment cost ~0.1 ms each (56 ms on a serving trace of
     # 500 steps).
@@ -79,7 +80,7 @@ def attention_geometry(trace: Trace, segs: Segments, is_attention: np.ndarray, o
     att = op_attention
     if n and att.any():
         parent = cpu["parent"].to_numpy(np.int64)[att]
-        top = ~np.where(parent >= 0, is_attention[np.maximum(parent, 0)], False)
+        top = ~np.where(parent >= 0, attention_at(spec, np.maximum(parent, 0)), False)
         arows = rows[att][top]
         seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
         ok = seg >= 0

@@ -42,7 +42,7 @@ from tokentrace.analysis.common import fits, serving, steady_state
 from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.common import phase_patterns as pp
 from tokentrace.analysis.common import step_markers as sm
-from tokentrace.analysis.common.attention_ops import OPS_RE, attention_op_spec, parse_shapes
+from tokentrace.analysis.common.attention_ops import OPS_RE, attention_at, attention_op_spec, parse_shapes
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -125,7 +125,7 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     engine = sm.engine_segments(ann)
     if engine is not None:
         return engine, "exact"
-    if not _any_name_matches(trace, _VLLM_STEP):  # most traces: their Python frames' view is not built for this
+    if not _any_name_matches(trace, _VLLM_STEP, "execute_model"):  # most traces: their Python frames' view is not built for this
         return None, None
     vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
     if not vl.empty:
@@ -134,13 +134,14 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     return None, None
 
 
-def _any_name_matches(trace: Trace, pattern: re.Pattern[str]) -> bool:
+def _any_name_matches(trace: Trace, pattern: re.Pattern[str], needle: str = "") -> bool:
     """Whether any name of the trace's events may match (its categories searched; True when the
-    names are not categorical, so that the views are searched)."""
+    names are not categorical, so that the views are searched). `needle`: text every match
+    contains, tested first (a substring test is a tenth of a regex search; thousands of names)."""
     names = trace.events["name"]
     if not isinstance(names.dtype, pd.CategoricalDtype):
         return True
-    return any(pattern.search(str(c)) for c in names.array.categories.tolist())
+    return any(needle in c and pattern.search(c) for c in map(str, names.array.categories.tolist()))
 
 
 def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
@@ -167,10 +168,10 @@ class OpMarks(NamedTuple):
     embedding: np.ndarray
 
 
-def op_marks(trace: Trace, is_attention: np.ndarray) -> OpMarks:
-    """The cpu ops' OpMarks (`is_attention`: per event row, whether it is an attention op)."""
+def op_marks(trace: Trace, spec: np.ndarray) -> OpMarks:
+    """The cpu ops' OpMarks (`spec`: attention_op_spec(trace))."""
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
-    return OpMarks(is_attention[cpu.index.to_numpy()], lat.name_mask(cpu["name"], set(EMBEDDING_OPS)))
+    return OpMarks(attention_at(spec, cpu.index.to_numpy()), lat.name_mask(cpu["name"], set(EMBEDDING_OPS)))
 
 
 def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarray, int]:
@@ -544,17 +545,18 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
     """Every segment with its measures in microseconds (the `steps` DataFrame). A step whose work
     sat queued until the steady state began is timed from there (`queued_us` says how long)."""
     t = segs.table
-    m = lat.measure(trace, segs)
+    masks = lat.call_masks(trace)
+    m = lat.measure(trace, segs, masks)
     origin = trace.span_ns[0]
-    host_first_op = m["first_op"].to_numpy(np.int64)
-    ready = m["token_ready"].to_numpy(np.int64)
+    host_first_op = m["first_op"]
+    ready = m["token_ready"]
     first_op = host_first_op
     if window is not None and window.queued:
         first_op = np.where(ready > window.start, np.maximum(host_first_op, window.start), host_first_op)
     phase = t["phase"].to_numpy()
     # A mixed step gives its decoding requests their next token, as a decode step does.
     request, interval, has_prev = lat.token_intervals(np.where(phase == "mixed", "decode", phase), ready, first_op)
-    has_gpu = m["gpu_first"].to_numpy() >= 0
+    has_gpu = m["gpu_first"] >= 0
     gspan = np.where(has_gpu, m["gpu_last"] - m["gpu_first"], 0)
     capture_prompt = trace.capture.get("prompt_len")
     q = t["q_len"].to_numpy(np.int64)
@@ -567,7 +569,7 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         batch = np.where(batch <= 0, capture_batch, batch)
     measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
     host_end = t["end"].to_numpy(np.int64)
-    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured)
+    paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured, masks)
     # The critical path's columns as arrays by segment (NaN / None where no path was analysed).
     on_path = {c: np.full(len(t), np.nan) for c in ("cp_cpu_us", "cp_gpu_us", "cp_wait_us", "cpu_share", "gpu_share")}
     bound = np.full(len(t), None, object)
@@ -586,18 +588,18 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         "first_op_us": (first_op - origin) / US,
         "queued_us": (first_op - host_first_op) / US,
         "token_ready_us": (ready - origin) / US,
-        "token_source": m["token_source"].to_numpy(),
+        "token_source": m["token_source"],
         "step_us": (ready - first_op) / US,
         "ttft_us": np.where(phase == "prefill", (ready - first_op) / US, np.nan),
         "tpot_us": np.where(np.isin(phase, ("decode", "mixed")), interval / US, np.nan),
         "tpot_is_interval": has_prev,
         "cpu_span_us": (t["end"] - t["start"]).to_numpy(np.int64) / US,
         "gpu_span_us": gspan / US,
-        "gpu_busy_us": m["gpu_busy"].to_numpy(np.int64) / US,
-        "gpu_idle_us": (gspan - m["gpu_busy"].to_numpy(np.int64)) / US,
-        "kernels": m["kernels"].to_numpy(np.int64),
-        "launches": m["launches"].to_numpy(np.int64),
-        "sync_blocked_us": m["sync_blocked"].to_numpy(np.int64) / US,
+        "gpu_busy_us": m["gpu_busy"] / US,
+        "gpu_idle_us": (gspan - m["gpu_busy"]) / US,
+        "kernels": m["kernels"],
+        "launches": m["launches"],
+        "sync_blocked_us": m["sync_blocked"] / US,
         **on_path,
         # An object column (None where no path), as writing the verdicts into a column of None made it.
         "bound": pd.Series(bound, index=t.index, dtype=object),
@@ -661,14 +663,14 @@ def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, meth
 
 def run(trace: Trace, ctx: Context) -> PhasesResult:
     patterns = pp.compile_patterns(ctx.options.phases)
-    is_attention = ctx.shared(attention_op_spec) >= 0
-    marks = op_marks(trace, is_attention)
+    spec = ctx.shared(attention_op_spec)
+    marks = op_marks(trace, spec)
     segs = segment(trace, marks, patterns)
     window = steady_state.steps_window(trace, segs)
     steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
-    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, is_attention, marks.attention))
+    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
     source = _source(segs, patterns)
     t0 = trace.span_ns[0]
     notes: list[str] = []

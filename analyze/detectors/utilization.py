@@ -20,6 +20,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.json_values import records
+from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.nsys_rules import evaluate, timeline_rules
 from tokentrace.analysis.common.sync_points import sync_calls
 from tokentrace.analysis.common.units import US
@@ -170,7 +171,8 @@ def _by_phase(trace: Trace, segs: Segments) -> pd.DataFrame:
     if not ok.any():
         return pd.DataFrame(columns=cols)
     g, s, e, b = iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
-    phase = segs.table.set_index("seg")["phase"].reindex(g).astype(str).to_numpy()
+    # The segments' phases by position (g: ids these segments located, each in the table).
+    phase = segs.table["phase"].astype(str).to_numpy()[table_positions(segs.table, g)]
     names, inv = np.unique(phase, return_inverse=True)
     busy = np.bincount(inv, weights=b)
     span = np.bincount(inv, weights=e - s)
