@@ -276,18 +276,18 @@ def sorted_codes(values: np.ndarray | pd.Series) -> tuple[list[Any], np.ndarray]
     return labels, codes.astype(np.int64, copy=False)
 
 
-def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Within each group, the key with the most rows (or the largest summed `weight`: integers
     summed exactly, floats as group_sums); ties go to the (group, key) pair that appears first.
-    Returns the groups that have rows, ascending, and the first row of each one's winning pair:
-    what groupby([group, key], sort=False) then a stable sort by group and descending total, one
-    row per group, gives."""
+    Returns the groups that have rows, ascending, the first row of each one's winning pair, and
+    that pair's total (its row count, or summed weight): what groupby([group, key], sort=False)
+    then a stable sort by group and descending total, one row per group, gives."""
     if not len(group):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
     pair, pair_first = group_ids(group, key)
     n = len(pair_first)
     total = np.bincount(pair, minlength=n) if weight is None else group_sums(pair, weight, n)[0]
     pg = group[pair_first]
     order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
     keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
-    return pg[keep], pair_first[keep]
+    return pg[keep], pair_first[keep], total[keep]

@@ -21,7 +21,7 @@ import pandas as pd
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes, value_codes_at
+from tokentrace.analysis.common.shape_codes import group_ids, top_per_group, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -134,15 +134,10 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
             g, pair_gpu = g[keep], pair_gpu[keep]
         k, d = all_names[pair_gpu], ev["dur"].to_numpy()[pair_gpu]
         top_k = np.full(n_groups, -1, dtype=np.int64)
-        if len(g):
-            pair, pair_first = group_ids(g, k)
-            pair_ns = _sum(pair, len(pair_first), d)
-            pair_g = g[pair_first]
-            # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
-            order = np.lexsort((np.arange(len(pair_first)), -pair_ns, pair_g))
-            best = order[np.r_[True, pair_g[order][1:] != pair_g[order][:-1]]]
-            top_k[pair_g[best]] = k[pair_first][best]
-            top_us[pair_g[best]] = pair_ns[best] / US
+        # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
+        won, at, won_ns = top_per_group(g, k, d)
+        top_k[won] = k[at]
+        top_us[won] = won_ns / US
         top_kernel = np.where(top_k >= 0, _label(labels, top_k), np.array(None))
     # Most GPU time first, then most host time; ties in group order (a stable sort_values of both),
     # and the frame built once in that order.
