@@ -25,7 +25,7 @@ import pandas as pd
 
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import attention_op_spec
-from tokentrace.analysis.common.attribution import op_gpu, outermost
+from tokentrace.analysis.common.attribution import climb_to, op_gpu, outermost
 from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
@@ -167,11 +167,12 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     rows = ops.index.to_numpy(np.int64)[sel]
     is_gemm[rows] = True
     parent = ev["parent"].to_numpy()
-    keep = outermost(parent, rows, is_gemm) == rows
-    # GEMMs inside an attention op (the math path's bmm) belong to that attention call.
+    rows = rows[outermost(parent, rows, is_gemm) == rows]
+    # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
+    # attention op above one will do, so the climb (of the outermost GEMMs only) stops at the
+    # nearest (not at the root).
     in_att = ctx.shared(attention_op_spec) >= 0
-    keep &= outermost(parent, rows, in_att) < 0
-    rows = rows[keep]
+    rows = rows[climb_to(parent, rows, in_att) < 0]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
@@ -182,16 +183,19 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
             phase, phase_c = inferred, pd.factorize(inferred)[0]
     dims_key = value_codes_at(ev["input_dims"].to_numpy(), rows)
     dtype, dtype_c = _dtype_names(ev["input_type"].to_numpy()[rows])
-    df = pd.DataFrame({"row": rows, "name": trace.names[rows], "dims_key": dims_key, "dtype": dtype, "phase": phase, "gpu_ns": gpu_ns})
     keys = ["name", "dims_key", "dtype", "phase"]
     # The groups of frame_group_ids(df, keys) from the integer codes each key already has (the
     # names' category codes, the phases' and dtypes' codes), not a factorize of every key column.
     gid, first = group_ids(np.asarray(ev["name"].array.codes)[rows], dims_key, dtype_c, phase_c)
     n_groups = len(first)
+    first_op_rows = rows[first]
+    # The key columns at the groups' first rows only: every distinct key value is among them, so
+    # the frame infers each column's type as from all rows (a frame of every GEMM cost ~1 ms).
+    df = pd.DataFrame({"name": trace.names[first_op_rows], "dims_key": dims_key[first], "dtype": dtype[first], "phase": phase[first]})
     # The groups' columns collected, then one frame (here and in the attention rows: a column
     # assignment each cost more than the numbers).
-    cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
-    first_op_rows = rows[first]
+    at_first = np.arange(n_groups)
+    cols: dict[str, Any] = {k: key_values(df[k], at_first) for k in keys}
     dims = ev["input_dims"].to_numpy()
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
              for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]
