@@ -413,3 +413,18 @@ def test_tables_sorted_by_gpu_then_host_time_with_ties_in_first_seen_order(tmp_p
     assert res.kernels["name"].tolist() == ["kernel_d", "kernel_a", "kernel_b", "kernel_c"]
     assert res.kernels["op"].tolist() == ["aten::d", "aten::a", "aten::b", "aten::c"]
     assert res.kernels["gpu_mean_us"].tolist() == [20.0, 10.0, 10.0, 10.0] and res.kernels["calls"].tolist() == [1] * 4
+
+
+@pytest.mark.parametrize("by_ids", [True, False])
+def test_distinct_objects_codes_rows_by_identity_in_first_appearance_order(monkeypatch, by_ids):
+    from tokentrace.analysis.common import shape_codes
+    monkeypatch.setattr(shape_codes, "_IDS_ARE_POINTERS", shape_codes._IDS_ARE_POINTERS and by_ids)  # False: objects from first rows
+    a, b, c = [[2, 3], []], [[2, 3], []], [[4]]  # a and b equal, not the same object
+    values = np.empty(7, dtype=object)
+    for i, v in enumerate([b, a, b, None, c, a, None]):
+        values[i] = v
+    codes, objs = shape_codes.distinct_objects(values)
+    assert codes.tolist() == [0, 1, 0, 2, 3, 1, 2]
+    assert len(objs) == 4 and objs[0] is b and objs[1] is a and objs[2] is None and objs[3] is c
+    codes, objs = shape_codes.distinct_objects(np.empty(0, dtype=object))
+    assert codes.tolist() == [] and len(objs) == 0

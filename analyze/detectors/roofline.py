@@ -31,13 +31,12 @@ from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
 from tokentrace.analysis.common.shape_codes import (
+    distinct_objects,
     first_known,
-    first_rows,
     frame_group_ids,
     group_ids,
     group_sums,
     key_values,
-    object_ids,
     sorted_codes,
     value_codes_at,
 )
@@ -148,8 +147,7 @@ def _dtype_names(types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     share one, -1 for None: pd.factorize's classes), computed once per distinct list object (the
     loader shares one object among equal texts), the rows mapped by an integer factorize of the
     objects' ids instead of a dict look-up per row."""
-    obj_code, uniq = pd.factorize(object_ids(types))
-    objs = types[first_rows(obj_code, len(uniq))]  # each object from its first row
+    obj_code, objs = distinct_objects(types)
     names = np.array([dtype_name(t) for t in objs], dtype=object)
     return names[obj_code], pd.factorize(names)[0][obj_code]
 
