@@ -428,3 +428,17 @@ def test_distinct_objects_codes_rows_by_identity_in_first_appearance_order(monke
     assert len(objs) == 4 and objs[0] is b and objs[1] is a and objs[2] is None and objs[3] is c
     codes, objs = shape_codes.distinct_objects(np.empty(0, dtype=object))
     assert codes.tolist() == [] and len(objs) == 0
+
+
+def test_op_dims_codes_follow_the_cpu_ops_rows_equal_dims_equal_codes(tmp_path):
+    from tokentrace.analysis.common.shape_codes import op_dims_codes
+    from tokentrace.analysis.loading.trace import OP_COLUMNS
+    b = TraceBuilder()
+    b.cpu_op("aten::mm", 0, 10, input_dims=[[4, 8], [8, 2]])
+    b.cpu_op("aten::add", 20, 30, input_dims=[[3]])
+    b.cpu_op("aten::mm", 40, 50, input_dims=[[4, 8], [8, 2]])
+    b.cpu_op("aten::relu", 60, 70)
+    tr = b.load(tmp_path)
+    ops = tr.narrow(("cpu_op",), OP_COLUMNS)
+    assert ops["name"].tolist() == ["aten::mm", "aten::add", "aten::mm", "aten::relu"]
+    assert op_dims_codes(tr).tolist() == [0, 1, 0, -1]

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.loading.trace import is_absent_column
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, is_absent_column
 
 # CPython's id() is the object's address, which is what an object array holds: the ids of a
 # million rows are then one copy of the array's pointers instead of a million id() calls.
@@ -80,6 +80,13 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
     keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
     content = pd.factorize(keys, use_na_sentinel=True)[0]
     return content[obj_code].astype(np.int64, copy=False)
+
+
+def op_dims_codes(trace: Trace) -> np.ndarray:
+    """value_codes of the cpu ops' input dims, aligned with the rows of
+    trace.narrow(("cpu_op",), OP_COLUMNS): computed once per run (ctx.shared) for the shapes
+    detector's op groups and the roofline's GEMM groups, which take theirs at their ops' places."""
+    return value_codes(trace.narrow(("cpu_op",), OP_COLUMNS)["input_dims"].to_numpy())
 
 
 def value_codes_at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:

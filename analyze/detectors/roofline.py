@@ -37,8 +37,8 @@ from tokentrace.analysis.common.shape_codes import (
     group_ids,
     group_sums,
     key_values,
+    op_dims_codes,
     sorted_codes,
-    value_codes_at,
 )
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -162,15 +162,18 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     n = len(ev)
     is_gemm = np.zeros(n, dtype=bool)
-    rows = ops.index.to_numpy(np.int64)[sel]
+    pos = np.flatnonzero(sel)  # the GEMMs' places among the ops (where the shared shape codes are)
+    rows = ops.index.to_numpy(np.int64)[pos]
     is_gemm[rows] = True
     parent = ev["parent"].to_numpy()
-    rows = rows[outermost(parent, rows, is_gemm) == rows]
+    top = outermost(parent, rows, is_gemm) == rows
+    pos, rows = pos[top], rows[top]
     # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
     # attention op above one will do, so the climb (of the outermost GEMMs only) stops at the
     # nearest (not at the root).
     in_att = ctx.shared(attention_op_spec) >= 0
-    rows = rows[climb_to(parent, rows, in_att) < 0]
+    free = climb_to(parent, rows, in_att) < 0
+    pos, rows = pos[free], rows[free]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
@@ -179,7 +182,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
         if inferred is not None:
             phase, phase_c = inferred, pd.factorize(inferred)[0]
-    dims_key = value_codes_at(ev["input_dims"].to_numpy(), rows)
+    dims_key = ctx.shared(op_dims_codes)[pos]  # the shapes detector's codes (equal dims share one)
     dtype, dtype_c = _dtype_names(ev["input_type"].to_numpy()[rows])
     keys = ["name", "dims_key", "dtype", "phase"]
     # The groups of frame_group_ids(df, keys) from the integer codes each key already has (the

@@ -21,7 +21,7 @@ import pandas as pd
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import group_ids, top_per_group, value_codes, value_codes_at
+from tokentrace.analysis.common.shape_codes import group_ids, op_dims_codes, top_per_group, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -86,7 +86,8 @@ def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
     return np.bincount(gid, weights=np.asarray(values, dtype=float), minlength=k)
 
 
-def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
+def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarray) -> pd.DataFrame:
+    """The `ops` table (`dims_codes`: op_dims_codes of the trace)."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     cols = ["name", "input_dims", "input_types", "phase", "calls", "cpu_total_us", "gpu_total_us", "gpu_self_us",
             "gpu_mean_us", "kernels", "top_kernel", "top_kernel_us"]
@@ -102,8 +103,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     # The narrow frame's names are the events' categorical (same codes), already gathered.
     op_names = name_codes(ops["name"])[0]
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    gid, first = group_ids(op_names, value_codes(ops["input_dims"].to_numpy()),
-                           value_codes(ops["input_type"].to_numpy()), phase_c)
+    gid, first = group_ids(op_names, dims_codes, value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
     # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
@@ -195,7 +195,7 @@ def run(trace: Trace, ctx: Context) -> Shapes:
     gpu = trace.narrow_gpu
     unlinked = gpu["op"].to_numpy() < 0
     return Shapes(
-        ops=_op_table(trace, att, segments),
+        ops=_op_table(trace, att, segments, ctx.shared(op_dims_codes)),
         kernels=_kernel_table(trace, segments),
         unattributed_gpu_us=float(gpu["dur"].to_numpy()[unlinked].sum()) / US,
         unattributed_gpu_count=int(unlinked.sum()),
