@@ -222,3 +222,17 @@ def test_str_column_is_the_column_pandas_infers_from_the_values(labels, codes):
 ])
 def test_str_column_leaves_columns_that_may_not_be_str_to_the_caller(labels, codes):
     assert memory._str_column(np.array(labels, dtype=object), np.array(codes, dtype=np.int64)) is None
+
+
+@pytest.mark.parametrize(("types", "ids", "keep", "device"), [
+    ([1, 1, 1], [2, 2, 2], None, {"device_type": 1, "device_id": 2, "devices": 1}),  # one GPU: every row, no mask
+    ([0, 1, 1, 0], [0, 3, 3, 0], [False, True, True, False], {"device_type": 1, "device_id": 3, "devices": 1}),  # host rows out
+    ([1, 1, 1, 1, 1], [1, 0, 1, 0, 1], [True, False, True, False, True], {"device_type": 1, "device_id": 1, "devices": 2}),  # most rows
+    ([1, 1, 0, 1, 1], [1, 0, 0, 0, 1], [False, True, False, True, False], {"device_type": 1, "device_id": 0, "devices": 2}),  # tie: lower id
+    ([0, 0], [0, 0], [False, False], None),  # host memory only
+    ([], [], [], None),
+])
+def test_main_device_is_the_accelerator_with_most_events(types, ids, keep, device):
+    got_keep, got_device = memory._main_device(np.array(types, np.int32), np.array(ids, np.int32))
+    assert got_device == device
+    assert (got_keep is None) if keep is None else got_keep.tolist() == keep

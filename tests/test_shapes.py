@@ -309,14 +309,14 @@ def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
                 assert [type(x) for x in got[c]] == [type(x) for x in want[c]], (keys, c)
 
 
-def _top_by_pandas(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None) -> tuple[list, list]:
+def _top_by_pandas(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None) -> tuple[list, list, list]:
     """The per-group top key as the callers' pandas did it: groupby(sort=False) totals, a stable
-    sort by group and descending total, the first row per group (as (group, key) pairs)."""
+    sort by group and descending total, the first row per group (as (group, key, total))."""
     df = pd.DataFrame({"g": group, "k": key, "w": 1 if weight is None else weight})
     by = df.groupby(["g", "k"], sort=False)
     tot = (by.size() if weight is None else by["w"].sum()).rename("t").reset_index()
     top = tot.sort_values(["g", "t"], ascending=[True, False], kind="stable").drop_duplicates("g")
-    return top["g"].tolist(), top["k"].tolist()
+    return top["g"].tolist(), top["k"].tolist(), top["t"].tolist()
 
 
 def test_top_per_group_is_the_groupby_top_with_ties_to_the_first_seen():
@@ -326,14 +326,17 @@ def test_top_per_group_is_the_groupby_top_with_ties_to_the_first_seen():
         group = rng.integers(0, int(rng.integers(1, 8)), n)[::-1].copy()  # groups out of order
         key = rng.integers(0, int(rng.integers(1, 6)), n)
         weight = [None, rng.integers(0, 3, n), rng.integers(0, 3, n) / 10.0, _awkward_floats(rng, n)][trial % 4]
-        g, at = top_per_group(group, key, weight)
-        assert (g.tolist(), key[at].tolist()) == _top_by_pandas(group, key, weight)
+        g, at, total = top_per_group(group, key, weight)
+        assert (g.tolist(), key[at].tolist(), total.tolist()) == _top_by_pandas(group, key, weight)
         assert (group[at] == g).all()
         assert all(int(np.flatnonzero((group == gg) & (key == key[a]))[0]) == a for gg, a in zip(g, at, strict=True))
     # Ties: equal counts go to the pair seen first, whatever its key.
-    g, at = top_per_group(np.array([1, 1, 0, 1, 0, 0, 1]), np.array([5, 2, 3, 2, 4, 4, 5]))
-    assert g.tolist() == [0, 1] and at.tolist() == [4, 0]
-    assert [a.tolist() for a in top_per_group(np.empty(0, np.int64), np.empty(0, np.int64))] == [[], []]
+    g, at, total = top_per_group(np.array([1, 1, 0, 1, 0, 0, 1]), np.array([5, 2, 3, 2, 4, 4, 5]))
+    assert g.tolist() == [0, 1] and at.tolist() == [4, 0] and total.tolist() == [2, 2]
+    # Weights: the winning pair's summed weight comes with it.
+    g, at, total = top_per_group(np.array([0, 0, 1, 0]), np.array([7, 8, 7, 7]), np.array([1, 5, 2, 3]))
+    assert g.tolist() == [0, 1] and at.tolist() == [1, 2] and total.tolist() == [5, 2]
+    assert [a.tolist() for a in top_per_group(np.empty(0, np.int64), np.empty(0, np.int64))] == [[], [], []]
 
 
 def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):
@@ -410,3 +413,32 @@ def test_tables_sorted_by_gpu_then_host_time_with_ties_in_first_seen_order(tmp_p
     assert res.kernels["name"].tolist() == ["kernel_d", "kernel_a", "kernel_b", "kernel_c"]
     assert res.kernels["op"].tolist() == ["aten::d", "aten::a", "aten::b", "aten::c"]
     assert res.kernels["gpu_mean_us"].tolist() == [20.0, 10.0, 10.0, 10.0] and res.kernels["calls"].tolist() == [1] * 4
+
+
+@pytest.mark.parametrize("by_ids", [True, False])
+def test_distinct_objects_codes_rows_by_identity_in_first_appearance_order(monkeypatch, by_ids):
+    from tokentrace.analysis.common import shape_codes
+    monkeypatch.setattr(shape_codes, "_IDS_ARE_POINTERS", shape_codes._IDS_ARE_POINTERS and by_ids)  # False: objects from first rows
+    a, b, c = [[2, 3], []], [[2, 3], []], [[4]]  # a and b equal, not the same object
+    values = np.empty(7, dtype=object)
+    for i, v in enumerate([b, a, b, None, c, a, None]):
+        values[i] = v
+    codes, objs = shape_codes.distinct_objects(values)
+    assert codes.tolist() == [0, 1, 0, 2, 3, 1, 2]
+    assert len(objs) == 4 and objs[0] is b and objs[1] is a and objs[2] is None and objs[3] is c
+    codes, objs = shape_codes.distinct_objects(np.empty(0, dtype=object))
+    assert codes.tolist() == [] and len(objs) == 0
+
+
+def test_op_dims_codes_follow_the_cpu_ops_rows_equal_dims_equal_codes(tmp_path):
+    from tokentrace.analysis.common.shape_codes import op_dims_codes
+    from tokentrace.analysis.loading.trace import OP_COLUMNS
+    b = TraceBuilder()
+    b.cpu_op("aten::mm", 0, 10, input_dims=[[4, 8], [8, 2]])
+    b.cpu_op("aten::add", 20, 30, input_dims=[[3]])
+    b.cpu_op("aten::mm", 40, 50, input_dims=[[4, 8], [8, 2]])
+    b.cpu_op("aten::relu", 60, 70)
+    tr = b.load(tmp_path)
+    ops = tr.narrow(("cpu_op",), OP_COLUMNS)
+    assert ops["name"].tolist() == ["aten::mm", "aten::add", "aten::mm", "aten::relu"]
+    assert op_dims_codes(tr).tolist() == [0, 1, 0, -1]

@@ -107,12 +107,12 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx
         # of the name strings, then a sort by call and time, did the same).
         named_k = name_codes >= 0
         k_codes = name_codes[named_k].astype(np.int64)
-        won, at = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
+        won, at, _ = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
         top[won] = np.asarray(gpu["name"].array.categories, dtype=object)[k_codes[at]]
         has_b = pd.notna(kb)
         if has_b.any():
             bcodes, bvals = pd.factorize(kb[has_b])
-            won, at = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
+            won, at, _ = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
             kback[won] = np.asarray(bvals, dtype=object)[bcodes[at]]
         has_l = pd.notna(kl)
         lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library

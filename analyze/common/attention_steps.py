@@ -130,7 +130,7 @@ def _geometry(calls: pd.DataFrame, rows: np.ndarray, step: np.ndarray, n: int) -
     vals["kv_dtype"] = np.where(na["kv_dtype"], "", vals["kv_dtype"])
     shaped = np.flatnonzero(~(na["heads"] | na["head_dim"] | na["dtype"]))
     combo = group_ids(*(_codes(vals[k][shaped]) for k in _GEO_COLS))[0] if len(shaped) else np.empty(0, np.int64)
-    won, at = top_per_group(step[shaped], combo)
+    won, at, _ = top_per_group(step[shaped], combo)
     trace_at = top_per_group(np.zeros(len(shaped), np.int64), combo)[1]
     pick = np.full(n, trace_at[0] if len(trace_at) else -1, dtype=np.int64)
     pick[won] = at
@@ -147,7 +147,7 @@ def _top_by_time(calls: pd.DataFrame, col: str, rows: np.ndarray, step: np.ndarr
     c = calls[col]
     known = np.flatnonzero(c.notna().to_numpy()[rows])
     vals = c.to_numpy(object)[rows][known]
-    won, at = top_per_group(step[known], _codes(vals), calls[time_col].to_numpy(float)[rows][known])
+    won, at, _ = top_per_group(step[known], _codes(vals), calls[time_col].to_numpy(float)[rows][known])
     out = np.full(n, np.nan, dtype=object)
     out[won] = vals[at]
     return out

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.loading.trace import is_absent_column
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, is_absent_column
 
 # CPython's id() is the object's address, which is what an object array holds: the ids of a
 # million rows are then one copy of the array's pointers instead of a million id() calls.
@@ -35,6 +35,22 @@ def object_ids(values: np.ndarray) -> np.ndarray:
     step = arr.strides[0] // size  # a strided column of a frame's block reads every step-th pointer
     raw = (ctypes.c_ssize_t * ((len(arr) - 1) * step + 1)).from_address(arr.ctypes.data)
     return np.ctypeslib.as_array(raw)[::step].astype(np.intp, copy=True)
+
+
+def distinct_objects(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's object as a code (equal only for the same object, by identity), numbered in
+    order of first appearance, and the distinct objects in that order (an object array): an
+    integer factorize of the rows' ids, no row converted or compared by value.
+
+    On CPython an id is the object's address, and `values` keeps every object alive, so the few
+    distinct objects are read back from their ids: no search for each one's first row (a pass
+    and a scatter over every row, ~0.3 ms a 140 k-row column)."""
+    obj_code, uniq_ids = pd.factorize(object_ids(values))
+    if _IDS_ARE_POINTERS and values.dtype == object:  # (the elements of another array are made anew on each read)
+        objs = np.fromiter((ctypes.cast(i, ctypes.py_object).value for i in uniq_ids.tolist()), dtype=object, count=len(uniq_ids))
+    else:
+        objs = values[first_rows(obj_code, len(uniq_ids))]  # each object from its first row
+    return obj_code, objs
 
 
 def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
@@ -59,15 +75,18 @@ def value_codes(values: np.ndarray | pd.Series) -> np.ndarray:
         # without a row-length array of its ids to factorize.
         return _one_code(values[0], len(values))
     # Ids stay valid: `values` holds every object alive for the duration of this call.
-    ids = object_ids(values)
-    obj_code, uniq_ids = pd.factorize(ids)
-    del ids  # row-length temporaries go as soon as they are used (they set the peak on a large trace)
-    # Each object from its first row (a scatter of every row's object cost twice the search).
-    objs = values[first_rows(obj_code, len(uniq_ids))]
+    obj_code, objs = distinct_objects(values)
     enc = msgspec.json.encode
     keys = np.array([enc(v) if v is not None else None for v in objs], dtype=object)
     content = pd.factorize(keys, use_na_sentinel=True)[0]
     return content[obj_code].astype(np.int64, copy=False)
+
+
+def op_dims_codes(trace: Trace) -> np.ndarray:
+    """value_codes of the cpu ops' input dims, aligned with the rows of
+    trace.narrow(("cpu_op",), OP_COLUMNS): computed once per run (ctx.shared) for the shapes
+    detector's op groups and the roofline's GEMM groups, which take theirs at their ops' places."""
+    return value_codes(trace.narrow(("cpu_op",), OP_COLUMNS)["input_dims"].to_numpy())
 
 
 def value_codes_at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -276,18 +295,18 @@ def sorted_codes(values: np.ndarray | pd.Series) -> tuple[list[Any], np.ndarray]
     return labels, codes.astype(np.int64, copy=False)
 
 
-def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Within each group, the key with the most rows (or the largest summed `weight`: integers
     summed exactly, floats as group_sums); ties go to the (group, key) pair that appears first.
-    Returns the groups that have rows, ascending, and the first row of each one's winning pair:
-    what groupby([group, key], sort=False) then a stable sort by group and descending total, one
-    row per group, gives."""
+    Returns the groups that have rows, ascending, the first row of each one's winning pair, and
+    that pair's total (its row count, or summed weight): what groupby([group, key], sort=False)
+    then a stable sort by group and descending total, one row per group, gives."""
     if not len(group):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
     pair, pair_first = group_ids(group, key)
     n = len(pair_first)
     total = np.bincount(pair, minlength=n) if weight is None else group_sums(pair, weight, n)[0]
     pg = group[pair_first]
     order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
     keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
-    return pg[keep], pair_first[keep]
+    return pg[keep], pair_first[keep], total[keep]

@@ -104,10 +104,11 @@ def _record(fit: Any, xs: np.ndarray, source: np.ndarray, **labels: Any) -> dict
     return rec
 
 
-def _sorted_groups(cols: list[pd.Series], rows: np.ndarray) -> list[np.ndarray]:
+def _sorted_groups(col_codes: list[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
     """The rows of each distinct combination of the columns among `rows`, in row order, groups in
-    the order groupby(dropna=False, sort=True) gives them (by value, missing last)."""
-    codes = [sorted_codes(c)[1][rows] for c in cols]
+    the order groupby(dropna=False, sort=True) gives them (by value, missing last); `col_codes`:
+    each column's sorted_codes over all of its rows."""
+    codes = [c[rows] for c in col_codes]
     gid, first = group_ids(*codes)
     order = np.lexsort([k[first] for k in reversed(codes)])
     by_gid = np.argsort(gid, kind="stable")
@@ -128,6 +129,8 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
     t = calls[time_col].to_numpy(float)
     keys = [calls[k] for k in FIT_KEYS]
     label_values = [k.to_numpy(object) for k in keys]
+    # Each key column's codes once, for both phases (a factorize of each column per phase before).
+    key_codes: list[np.ndarray] | None = None
     for ph, xcol in (("prefill", "q_len"), ("decode", "kv_len")):
         x_all = calls[xcol].to_numpy(float, na_value=np.nan)
         ok = (phase == ph) & ~np.isnan(x_all) & (t > 0)
@@ -137,7 +140,9 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
         if not len(rows):
             continue
         source = q_sources(calls) if ph == "prefill" else calls["kv_source"].to_numpy(object)
-        for g in _sorted_groups(keys, rows):
+        if key_codes is None:
+            key_codes = [sorted_codes(k)[1] for k in keys]
+        for g in _sorted_groups(key_codes, rows):
             x, y = x_all[g], t[g]
             fit = power_law(x, y)
             if fit is None:

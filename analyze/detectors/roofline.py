@@ -25,21 +25,20 @@ import pandas as pd
 
 from tokentrace.analysis.common.attention_cost import attention_bytes, attention_flops
 from tokentrace.analysis.common.attention_ops import attention_op_spec
-from tokentrace.analysis.common.attribution import op_gpu, outermost
+from tokentrace.analysis.common.attribution import climb_to, op_gpu, outermost
 from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
 from tokentrace.analysis.common.shape_codes import (
+    distinct_objects,
     first_known,
-    first_rows,
     frame_group_ids,
     group_ids,
     group_sums,
     key_values,
-    object_ids,
+    op_dims_codes,
     sorted_codes,
-    value_codes_at,
 )
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -148,8 +147,7 @@ def _dtype_names(types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     share one, -1 for None: pd.factorize's classes), computed once per distinct list object (the
     loader shares one object among equal texts), the rows mapped by an integer factorize of the
     objects' ids instead of a dict look-up per row."""
-    obj_code, uniq = pd.factorize(object_ids(types))
-    objs = types[first_rows(obj_code, len(uniq))]  # each object from its first row
+    obj_code, objs = distinct_objects(types)
     names = np.array([dtype_name(t) for t in objs], dtype=object)
     return names[obj_code], pd.factorize(names)[0][obj_code]
 
@@ -164,14 +162,18 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     n = len(ev)
     is_gemm = np.zeros(n, dtype=bool)
-    rows = ops.index.to_numpy(np.int64)[sel]
+    pos = np.flatnonzero(sel)  # the GEMMs' places among the ops (where the shared shape codes are)
+    rows = ops.index.to_numpy(np.int64)[pos]
     is_gemm[rows] = True
     parent = ev["parent"].to_numpy()
-    keep = outermost(parent, rows, is_gemm) == rows
-    # GEMMs inside an attention op (the math path's bmm) belong to that attention call.
+    top = outermost(parent, rows, is_gemm) == rows
+    pos, rows = pos[top], rows[top]
+    # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
+    # attention op above one will do, so the climb (of the outermost GEMMs only) stops at the
+    # nearest (not at the root).
     in_att = ctx.shared(attention_op_spec) >= 0
-    keep &= outermost(parent, rows, in_att) < 0
-    rows = rows[keep]
+    free = climb_to(parent, rows, in_att) < 0
+    pos, rows = pos[free], rows[free]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
@@ -180,18 +182,21 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
         inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
         if inferred is not None:
             phase, phase_c = inferred, pd.factorize(inferred)[0]
-    dims_key = value_codes_at(ev["input_dims"].to_numpy(), rows)
+    dims_key = ctx.shared(op_dims_codes)[pos]  # the shapes detector's codes (equal dims share one)
     dtype, dtype_c = _dtype_names(ev["input_type"].to_numpy()[rows])
-    df = pd.DataFrame({"row": rows, "name": trace.names[rows], "dims_key": dims_key, "dtype": dtype, "phase": phase, "gpu_ns": gpu_ns})
     keys = ["name", "dims_key", "dtype", "phase"]
     # The groups of frame_group_ids(df, keys) from the integer codes each key already has (the
     # names' category codes, the phases' and dtypes' codes), not a factorize of every key column.
     gid, first = group_ids(np.asarray(ev["name"].array.codes)[rows], dims_key, dtype_c, phase_c)
     n_groups = len(first)
+    first_op_rows = rows[first]
+    # The key columns at the groups' first rows only: every distinct key value is among them, so
+    # the frame infers each column's type as from all rows (a frame of every GEMM cost ~1 ms).
+    df = pd.DataFrame({"name": trace.names[first_op_rows], "dims_key": dims_key[first], "dtype": dtype[first], "phase": phase[first]})
     # The groups' columns collected, then one frame (here and in the attention rows: a column
     # assignment each cost more than the numbers).
-    cols: dict[str, Any] = {k: key_values(df[k], first) for k in keys}
-    first_op_rows = rows[first]
+    at_first = np.arange(n_groups)
+    cols: dict[str, Any] = {k: key_values(df[k], at_first) for k in keys}
     dims = ev["input_dims"].to_numpy()
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
              for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]

@@ -21,7 +21,7 @@ import pandas as pd
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
-from tokentrace.analysis.common.shape_codes import group_ids, value_codes, value_codes_at
+from tokentrace.analysis.common.shape_codes import group_ids, op_dims_codes, top_per_group, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
@@ -86,7 +86,8 @@ def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
     return np.bincount(gid, weights=np.asarray(values, dtype=float), minlength=k)
 
 
-def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
+def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarray) -> pd.DataFrame:
+    """The `ops` table (`dims_codes`: op_dims_codes of the trace)."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     cols = ["name", "input_dims", "input_types", "phase", "calls", "cpu_total_us", "gpu_total_us", "gpu_self_us",
             "gpu_mean_us", "kernels", "top_kernel", "top_kernel_us"]
@@ -102,8 +103,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
     # The narrow frame's names are the events' categorical (same codes), already gathered.
     op_names = name_codes(ops["name"])[0]
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    gid, first = group_ids(op_names, value_codes(ops["input_dims"].to_numpy()),
-                           value_codes(ops["input_type"].to_numpy()), phase_c)
+    gid, first = group_ids(op_names, dims_codes, value_codes(ops["input_type"].to_numpy()), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
     # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
@@ -134,15 +134,10 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments) -> pd.DataFrame:
             g, pair_gpu = g[keep], pair_gpu[keep]
         k, d = all_names[pair_gpu], ev["dur"].to_numpy()[pair_gpu]
         top_k = np.full(n_groups, -1, dtype=np.int64)
-        if len(g):
-            pair, pair_first = group_ids(g, k)
-            pair_ns = _sum(pair, len(pair_first), d)
-            pair_g = g[pair_first]
-            # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
-            order = np.lexsort((np.arange(len(pair_first)), -pair_ns, pair_g))
-            best = order[np.r_[True, pair_g[order][1:] != pair_g[order][:-1]]]
-            top_k[pair_g[best]] = k[pair_first][best]
-            top_us[pair_g[best]] = pair_ns[best] / US
+        # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
+        won, at, won_ns = top_per_group(g, k, d)
+        top_k[won] = k[at]
+        top_us[won] = won_ns / US
         top_kernel = np.where(top_k >= 0, _label(labels, top_k), np.array(None))
     # Most GPU time first, then most host time; ties in group order (a stable sort_values of both),
     # and the frame built once in that order.
@@ -200,7 +195,7 @@ def run(trace: Trace, ctx: Context) -> Shapes:
     gpu = trace.narrow_gpu
     unlinked = gpu["op"].to_numpy() < 0
     return Shapes(
-        ops=_op_table(trace, att, segments),
+        ops=_op_table(trace, att, segments, ctx.shared(op_dims_codes)),
         kernels=_kernel_table(trace, segments),
         unattributed_gpu_us=float(gpu["dur"].to_numpy()[unlinked].sum()) / US,
         unattributed_gpu_count=int(unlinked.sum()),
