@@ -14,7 +14,7 @@ min_gap_us reuses every result that cannot depend on it; an undeclared read woul
 
 `ctx.shared(fn)` memoises a pure function of the trace for the whole run (`sync_calls`,
 `device_busy`, `stream_busy`, `op_gpu`, `attention_op_spec`, `HostLookup`,
-`host_collective_mask`): computed by the first detector that asks, the same object for every
+`host_collective_mask`, `op_dims_codes`, `spec_for_trace`): computed by the first detector that asks, the same object for every
 later one, which no reader may change. Nothing is cached in module globals.
 
 Tests and notebooks may build a Context directly: `Context(trace, Options(), results={...})`
