@@ -8,7 +8,7 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _groups, _text_at
+from tokentrace.analysis.detectors.launches import _text_at
 from tokentrace.analysis.loading.trace import values_at
 
 
@@ -125,16 +125,6 @@ def test_real_traces_launch_stats(path):
     assert j["count"] == int(rt["name"].isin(LAUNCH_APIS).sum())
     act = a.launches.activities
     assert (act.loc[act["graph"], "delay_us"].notna().sum()) == j["graphs"]["launches"] or not j["graphs"]["launches"]
-
-
-def test_groups_are_the_groupby_groups_in_key_order():
-    rng = np.random.default_rng(2)
-    for size in (0, 1, 9, 50):
-        key = rng.integers(-2, 4, size)
-        want = pd.Series(np.arange(size)).groupby(key, sort=True).indices
-        got = _groups(key)
-        assert [key[g[0]] for g in got] == sorted(want)
-        assert all(g.tolist() == want[key[g[0]]].tolist() for g in got)
 
 
 @pytest.mark.parametrize("values, rows", [

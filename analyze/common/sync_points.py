@@ -30,6 +30,7 @@ from tokentrace.analysis.apis import (
     SYNC_MEMSET_APIS,
 )
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.attribution import climb_to
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
@@ -104,7 +105,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
         code, texts = pd.factorize(copy_name)  # missing names get code -1
         hit = np.array([isinstance(c, str) and PAGEABLE in c for c in texts] + [False], dtype=bool)
         cand = np.flatnonzero(isin_mask(rt["name"], MEMCPY_APIS) & unnamed)  # async copies only are looked up
-        pageable_memcpy[cand] = _at(copy_launch, hit[code], rows[cand], False)
+        pageable_memcpy[cand] = at_keys(copy_launch, hit[code], rows[cand], False)
     keep = ~unnamed | pageable_memcpy
     if keep.any():
         r = rows[keep]
@@ -112,9 +113,9 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
             "row": r, "api": names[r], "kind": np.where(pageable_memcpy[keep], "memcpy_pageable", by_cat[codes[keep]]).astype(object),
             "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
             "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
-            "device": _at(gpu_launch, gpu_dev.astype(np.int64), r, -1),
-            "stream": _at(gpu_launch, gpu_stream.astype(np.int64), r, -1),
-            "copy": _at(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
+            "device": at_keys(gpu_launch, gpu_dev.astype(np.int64), r, -1),
+            "stream": at_keys(gpu_launch, gpu_stream.astype(np.int64), r, -1),
+            "copy": at_keys(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
             "source": "api",
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
@@ -145,7 +146,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
 _CUDA_SYNC_COLUMNS = ("ts", "end", "name", "device", "stream", "launch", "sync_kind")
 
 
-def _at(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: Any) -> np.ndarray:
+def at_keys(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: Any) -> np.ndarray:
     """values[i] where keys[i] (sorted, distinct) equals each query, else `missing`: what a Series
     of values indexed by keys gives reindexed to the queries (missing there: `missing`)."""
     out = np.full(len(query), missing, dtype=values.dtype)
@@ -163,25 +164,29 @@ def _empty_calls() -> pd.DataFrame:
         ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
 
 
+def sync_ops(trace: Trace) -> np.ndarray:
+    """Rows (ascending) of the sync-causing ops (apis.SYNC_CAUSING_OPS: .item(), nonzero, ...),
+    from the shared narrow op view, not a mask over every event."""
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
+    return ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
+
+
 def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
     went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
     ev = trace.events
-    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
-    if ops.empty:
+    sync_rows = sync_ops(trace)
+    if not len(sync_rows):
         return _empty_calls()
     names = trace.names
     is_sync_op = np.zeros(len(ev), dtype=bool)
-    sync_rows = ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
-    if not len(sync_rows):
-        return _empty_calls()
     is_sync_op[sync_rows] = True
     parent = ev["parent"].to_numpy()
     op_col = ev["op"].to_numpy()
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
-    cand = sync_rows[~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
+    cand = sync_rows[~has_sync[sync_rows] & (climb_to(parent, parent[sync_rows], is_sync_op) < 0)]
     # Of those, the ones that called the runtime: every runtime call's ops marked (the costly
     # test, so made only when a candidate is left: most sync-causing ops enclose their sync call).
     rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
@@ -194,16 +199,3 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
         "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
         "source": "op",
     })
-
-
-def _has_sync_ancestor(parent: np.ndarray, rows: np.ndarray, is_sync_op: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(rows), dtype=bool)
-    cur = parent[rows]
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        hit = is_sync_op[cur[todo]]
-        out[todo[hit]] = True
-        todo = todo[~hit]
-        cur[todo] = parent[cur[todo]]
-        todo = todo[cur[todo] >= 0]
-    return out

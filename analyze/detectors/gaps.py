@@ -210,8 +210,7 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
     if n:
         th = _ThreadIntervals(trace, calls, host_coll)
         code, threads = iv.pair_codes(pid, tid)
-        order = np.argsort(code, kind="stable")
-        for (p, t), idx in zip(threads.tolist(), np.split(order, np.flatnonzero(np.diff(code[order])) + 1), strict=True):
+        for (p, t), idx in zip(threads.tolist(), iv.group_positions(code), strict=True):
             a, b = gs[idx], he[idx]
             u = th.get(p, t)
             native = iv.overlap(u["native_s"], u["native_e"], a, b)

@@ -137,8 +137,7 @@ def _queue_depth(launch_ts: np.ndarray, end: np.ndarray, code: np.ndarray) -> np
     depth = np.zeros(len(code), dtype=np.int64)
     if not len(code):
         return depth
-    by_stream = np.argsort(code, kind="stable")  # each stream's activities in row order
-    for idx in np.split(by_stream, np.flatnonzero(np.diff(code[by_stream])) + 1):
+    for idx in iv.group_positions(code):  # each stream's activities in row order
         lt = launch_ts[idx]
         en = end[idx]
         # A stream's launch times and ends come nearly in order: in-order launch times need no
@@ -159,15 +158,6 @@ def _before(values: np.ndarray) -> np.ndarray:
     new[0] = True
     np.not_equal(values[1:], values[:-1], out=new[1:])
     return np.flatnonzero(new)[np.cumsum(new) - 1]
-
-
-def _groups(key: np.ndarray) -> list[np.ndarray]:
-    """Positions of each distinct key, keys in sorted order, each group's positions in order
-    (the groups groupby(key, sort=True) makes)."""
-    if not len(key):
-        return []
-    order = np.argsort(key, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
 
 
 def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes: tuple[np.ndarray, np.ndarray],
@@ -202,7 +192,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
     streams = []
     # The codes number the pairs in (device, stream) order: the groups come in that order.
     code, pairs = stream_codes[0][counted], stream_codes[1]
-    for g in _groups(code):
+    for g in iv.group_positions(code):
         d, s = pairs[code[g[0]]].tolist()
         dep = depth[g]
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
@@ -226,7 +216,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         pos = pd.Index(table["seg"].to_numpy()).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
         key = rank[pos]
         graph_call = calls["graph"].to_numpy(bool)
-        for g in _groups(key):
+        for g in iv.group_positions(key):
             if key[g[0]] < 0:
                 continue
             ph = ph_text[int(key[g[0]])]
