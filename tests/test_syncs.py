@@ -9,7 +9,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
-from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, api_kind, at_keys, sync_calls, sync_ops
+from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _pageable, api_kind, at_keys, sync_calls, sync_ops
 from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
 
 
@@ -313,3 +313,11 @@ def test_sync_ops_are_the_sync_causing_op_rows_in_order(builder, tmp_path):
     got = sync_ops(trace)
     assert len(got) == 3 and got.tolist() == want.tolist()
     assert [str(n) for n in trace.names[got]] == ["aten::item", "aten::_local_scalar_dense", "aten::nonzero"]
+
+
+def test_pageable_names_by_their_codes():
+    col = pd.Series(pd.Categorical(["Memcpy HtoD (Pageable -> Device)", None, "Memcpy DtoH (Device -> Pinned)",
+                                    "Memcpy DtoH (Device -> Pageable)", "aten::mm"]))
+    got = _pageable(col, np.array([3, 1, 0, 2, 0, 4]))
+    assert got.tolist() == [True, False, True, False, True, False]
+    assert _pageable(col, np.empty(0, np.int64)).tolist() == []

@@ -31,7 +31,7 @@ from tokentrace.analysis.apis import (
 )
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.attribution import climb_to
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
 # Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
@@ -69,7 +69,6 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     """Every sync point as one row: row (event row), api, kind, blocking, ts, end (ns), pid, tid,
     device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op").
     The gpu, gaps and syncs sections all read it (computed once per run); treat it as read-only."""
-    ev = trace.events
     names = trace.names
     rt = trace.narrow_runtime
     parts: list[pd.DataFrame] = []
@@ -78,41 +77,45 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
     by_cat = np.array([api_kind(str(c)) for c in cats.categories.tolist()] + [None], dtype=object)
     codes = cats.codes.to_numpy()
-    unnamed = (by_cat == None)[codes]  # noqa: E711  (per category, then per row: no comparison per row)
+    # The few sync APIs' codes compared, not a table gathered per row.
+    unnamed = ~category_mask(rt["name"], np.asarray(by_cat[:-1] != None, dtype=bool))  # noqa: E711
     # The GPU side of each launch: the device and stream of its first memcpy, memset or cuda_sync
     # activity, and the name of its first memcpy (launch rows sorted, for lookups).
-    # Those activities' rows (ascending) from the narrow GPU and cuda_sync views, not from passes
-    # over every event; whether each is a memcpy alongside.
-    launch = ev["launch"].to_numpy()
+    # Those activities' rows (ascending) and columns from the narrow GPU and cuda_sync views, not
+    # from passes over every event or gathers from its columns; whether each is a memcpy alongside.
     gpu = trace.narrow_gpu
     cs = trace.narrow(("cuda_sync",), _CUDA_SYNC_COLUMNS)
-    is_mc, is_ms = isin_mask(gpu["kind"], ("gpu_memcpy",)), isin_mask(gpu["kind"], ("gpu_memset",))
-    copying = is_mc | is_ms
-    rows_of = np.r_[gpu.index.to_numpy(np.int64)[copying], cs.index.to_numpy(np.int64)]
-    order = np.argsort(rows_of, kind="stable")
-    targets, target_mc = rows_of[order], np.r_[is_mc[copying], np.zeros(len(cs), dtype=bool)][order]
-    linked = launch[targets] >= 0
-    targets, target_mc = targets[linked], target_mc[linked]
-    gpu_launch, first = np.unique(launch[targets], return_index=True)
-    gpu_dev, gpu_stream = ev["device"].to_numpy()[targets[first]], ev["stream"].to_numpy()[targets[first]]
-    mc = targets[target_mc]
+    is_mc = isin_mask(gpu["kind"], ("gpu_memcpy",))
+    copying = np.flatnonzero(is_mc | isin_mask(gpu["kind"], ("gpu_memset",)))
+    # Each target as its position in the GPU view (those of the cuda_sync view after them), in
+    # row order: the GPU view's copies are in order, so only cuda_sync rows call for a sort.
+    at = np.r_[copying, len(gpu) + np.arange(len(cs))]
+    targets = np.r_[gpu.index.to_numpy(np.int64)[copying], cs.index.to_numpy(np.int64)]
+    if len(cs):
+        order = np.argsort(targets, kind="stable")
+        at, targets = at[order], targets[order]
+    launch = _from_views(gpu, cs, "launch", at)
+    linked = np.flatnonzero(launch >= 0)
+    launch = launch[linked]
+    gpu_launch, first = np.unique(launch, return_index=True)
+    gpu_dev, gpu_stream = (_from_views(gpu, cs, c, at[linked[first]]) for c in ("device", "stream"))
+    mc = np.flatnonzero(np.r_[is_mc, np.zeros(len(cs), dtype=bool)][at[linked]])
     copy_launch, first = np.unique(launch[mc], return_index=True)
-    copy_name = names[mc[first]]
+    copy_rows = targets[linked[mc[first]]]
+    copy_name = names[copy_rows]
     pageable_memcpy = np.zeros(len(rows), dtype=bool)
     if len(rows) and len(copy_name):
         # Pageable async copies: the activity's name says the host side is pageable memory (each
-        # distinct text tested once).
-        code, texts = pd.factorize(copy_name)  # missing names get code -1
-        hit = np.array([isinstance(c, str) and PAGEABLE in c for c in texts] + [False], dtype=bool)
+        # distinct name tested once, through the name codes; no name: not pageable).
         cand = np.flatnonzero(isin_mask(rt["name"], MEMCPY_APIS) & unnamed)  # async copies only are looked up
-        pageable_memcpy[cand] = at_keys(copy_launch, hit[code], rows[cand], False)
+        pageable_memcpy[cand] = at_keys(copy_launch, _pageable(trace.events["name"], copy_rows), rows[cand], False)
     keep = ~unnamed | pageable_memcpy
     if keep.any():
-        r = rows[keep]
+        at = np.flatnonzero(keep)
+        r = rows[at]
         parts.append(pd.DataFrame({
-            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[keep], "memcpy_pageable", by_cat[codes[keep]]).astype(object),
-            "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
-            "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
+            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[at], "memcpy_pageable", by_cat[codes[at]]).astype(object),
+            **{c: rt[c].to_numpy()[at] for c in ("ts", "end", "pid", "tid")},
             "device": at_keys(gpu_launch, gpu_dev.astype(np.int64), r, -1),
             "stream": at_keys(gpu_launch, gpu_stream.astype(np.int64), r, -1),
             "copy": at_keys(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
@@ -134,12 +137,34 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
                 "device": lone["device"].to_numpy(), "stream": lone["stream"].to_numpy(), "copy": None,
                 "source": "cuda_sync",
             }))
-    calls = pd.concat(parts, ignore_index=True) if parts else _empty_calls()
+    calls = (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else _empty_calls()
     ops = _sync_ops_without_call(trace, calls)
-    if len(ops):
+    if ops is not None:
         calls = pd.concat([calls, ops], ignore_index=True)
     calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
+    ts = calls["ts"].to_numpy()
+    if bool((ts[1:] >= ts[:-1]).all()):
+        return calls  # in start order already (one part's rows, as loaded): what the stable sort keeps
     return calls.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _from_views(gpu: pd.DataFrame, cs: pd.DataFrame, column: str, at: np.ndarray) -> np.ndarray:
+    """The column's values at positions of the GPU view's rows followed by the cuda_sync view's."""
+    col = gpu[column].to_numpy()
+    if not len(cs):
+        return col[at]
+    return np.r_[col, cs[column].to_numpy()][at]
+
+
+def _pageable(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """Whether each row's name (a categorical column's) is that of a copy from or to pageable host
+    memory: each distinct name of the rows tested once (no name: not pageable)."""
+    codes = np.asarray(col.array.codes)[rows]
+    cats = col.array.categories
+    hit = np.zeros(len(cats) + 1, dtype=bool)  # code -1 (no name) reads the last slot
+    for i in np.flatnonzero(np.bincount(codes.astype(np.intp) + 1)[1:]).tolist():
+        hit[i] = isinstance(cats[i], str) and PAGEABLE in cats[i]
+    return hit[codes]
 
 
 # The columns of Kineto's cuda_sync rows read here (a narrow view, not the wide one of every column).
@@ -171,13 +196,14 @@ def sync_ops(trace: Trace) -> np.ndarray:
     return ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
 
 
-def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
+def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | None:
     """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
-    went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
+    went unrecorded), None when there is none. Ops nested in another sync-causing op (item ->
+    _local_scalar_dense) count once."""
     ev = trace.events
     sync_rows = sync_ops(trace)
     if not len(sync_rows):
-        return _empty_calls()
+        return None
     names = trace.names
     is_sync_op = np.zeros(len(ev), dtype=bool)
     is_sync_op[sync_rows] = True
@@ -193,7 +219,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     if len(cand) and len(rt_rows):
         cand = cand[iv.with_ancestors(parent, op_col[rt_rows])[cand]]
     if not len(cand) or not len(rt_rows):
-        return _empty_calls()
+        return None
     return pd.DataFrame({
         "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
         "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
