@@ -298,6 +298,22 @@ def test_collective_kernel_mask_matches_every_kernel_name(name):
     got = cc.collective_kernel_mask(trace)
     assert got.dtype == bool and np.array_equal(got, want)
     assert want.any() == (name != "h100_hf_qwen05b_forward_bs16.json.gz")
+    rows = cc.collective_kernel_rows(trace)
+    assert rows.tolist() == np.flatnonzero(want).tolist()
+    assert np.array_equal(cc.collective_kernel_mask(trace, rows), want)
+
+
+def test_empty_frames_are_fresh_copies_of_the_plain_ones():
+    from tokentrace.analysis.detectors.collectives import BY_TYPE_COLUMNS, _empty_frame
+    cols = tuple(BY_TYPE_COLUMNS)
+    a = _empty_frame(cols)
+    pd.testing.assert_frame_equal(a, pd.DataFrame(columns=list(cols)), check_exact=True)
+    assert list(a.dtypes) == list(pd.DataFrame(columns=list(cols)).dtypes)
+    a["type"] = pd.Series([], dtype=float)  # the caller's own: the next one is untouched
+    a.attrs["x"] = 1
+    b = _empty_frame(cols)
+    pd.testing.assert_frame_equal(b, pd.DataFrame(columns=list(cols)), check_exact=True)
+    assert b.attrs == {}
 
 
 @pytest.mark.parametrize("first, other", [

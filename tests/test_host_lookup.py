@@ -117,4 +117,29 @@ def test_lookup_on_a_trace_without_python_frames(builder, tmp_path):
         assert host.python_stack(pid, tid, t) is None
         row = host.op_at(pid, tid, t)
         assert row >= 0 and trace.names[row] == name
-    assert host._any_frames is False
+    assert host.has_frames is False
+
+
+def test_frames_mask_and_order_found_once_per_lookup(builder, tmp_path):
+    # The Python frames' kind mask is a pass over every event: found once for all threads and
+    # instants; with no python_function among the kinds' categories, not at all.
+    builder.python("a.py(1): outer", 0, 1000, pyid=1)
+    builder.python("b.py(1): other thread", 50, 900, tid=7, pyid=3)
+    builder.cpu_op("aten::mm", 150, 50)
+    trace = builder.load(tmp_path)
+    asked: list[tuple[str, ...]] = []
+    plain = trace.kind_mask
+    trace.kind_mask = lambda *kinds: asked.append(kinds) or plain(*kinds)  # type: ignore[method-assign]
+    host = HostLookup(trace)
+    pid = int(trace.events["pid"].iloc[0])
+    assert host.has_frames is True
+    assert host.python_stack(pid, HOST_TID, 500_000) == ["a.py(1): outer"]
+    assert host.python_stack(pid, 7, 500_000) == ["b.py(1): other thread"]
+    assert host.python_stack(pid, 9, 500_000) is None
+    assert asked == [("python_function",)]
+    ops_only = replace(trace, events=trace.events[trace.events["kind"] != "python_function"].reset_index(drop=True))
+    ops_only.events["kind"] = ops_only.events["kind"].cat.remove_unused_categories()
+    ops_only.kind_mask = lambda *kinds: asked.append(kinds) or plain(*kinds)  # type: ignore[method-assign]
+    host = HostLookup(ops_only)
+    assert host.has_frames is False and host.python_stack(pid, HOST_TID, 500_000) is None
+    assert asked == [("python_function",)]

@@ -8,8 +8,8 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _groups, _text_at
-from tokentrace.analysis.loading.trace import values_at
+from tokentrace.analysis.detectors.launches import _name_test, _text_at
+from tokentrace.analysis.loading.trace import isin_mask, values_at
 
 
 def _launches(builder, tmp_path):
@@ -46,6 +46,30 @@ def test_queue_depth_per_stream(builder, tmp_path):
     streams = {s["stream"]: s for s in q["streams"]}
     assert streams[7]["depth_max"] == 2 and streams[7]["starved_share"] == 0.5
     assert streams[8]["depth_max"] == 0
+    assert streams[7]["depth_p50"] == 0.5 and streams[8]["depth_p50"] == 0.0
+
+
+def test_queue_depth_of_one_stream(builder, tmp_path):
+    # One stream (the shortcut: its launches are all of them): depths 0, 1, 2, 0 as above, the
+    # stream's median and the overall one both 0.5 (the overall p90 2 * 0.7 + 1 * 0.3 = 1.7).
+    builder.launch("k0", 0, 10, 10)
+    builder.launch("k1", 1, 20, 10)
+    builder.launch("k2", 2, 30, 10)
+    builder.launch("k3", 100, 105, 10)
+    _, res = _launches(builder, tmp_path)
+    assert res.activities.sort_values("launch_ts")["depth"].tolist() == [0, 1, 2, 0]
+    q = res.to_json()["queue_depth"]
+    assert (q["p50"], q["p90"], q["max"], q["mean"]) == (0.5, 1.7, 2.0, 0.75)
+    assert q["streams"] == [{"device": 0, "stream": 7, "launches": 4, "depth_mean": 0.75, "depth_p50": 0.5, "depth_max": 2,
+                             "starved_share": 0.5}]
+
+
+def test_name_test_is_isin_at_the_rows():
+    col = pd.Series(pd.Categorical(["cudaGraphLaunch", None, "cudaLaunchKernel", "hipGraphLaunch", "cudaGraphLaunch"]))
+    test = _name_test(col, ("cudaGraphLaunch", "hipGraphLaunch"))
+    rows = np.array([4, 1, 0, 2, 3, 1])
+    assert test(rows).tolist() == [True, False, True, False, True, False]
+    assert test(rows).tolist() == isin_mask(col, ("cudaGraphLaunch", "hipGraphLaunch"))[rows].tolist()
 
 
 def test_queue_depth_with_launches_sharing_a_time(builder, tmp_path):
@@ -125,16 +149,6 @@ def test_real_traces_launch_stats(path):
     assert j["count"] == int(rt["name"].isin(LAUNCH_APIS).sum())
     act = a.launches.activities
     assert (act.loc[act["graph"], "delay_us"].notna().sum()) == j["graphs"]["launches"] or not j["graphs"]["launches"]
-
-
-def test_groups_are_the_groupby_groups_in_key_order():
-    rng = np.random.default_rng(2)
-    for size in (0, 1, 9, 50):
-        key = rng.integers(-2, 4, size)
-        want = pd.Series(np.arange(size)).groupby(key, sort=True).indices
-        got = _groups(key)
-        assert [key[g[0]] for g in got] == sorted(want)
-        assert all(g.tolist() == want[key[g[0]]].tolist() for g in got)
 
 
 @pytest.mark.parametrize("values, rows", [

@@ -9,7 +9,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
-from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _at, api_kind, sync_calls
+from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _pageable, api_kind, at_keys, sync_calls, sync_ops
 from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
 
 
@@ -297,6 +297,27 @@ def test_lookup_by_sorted_keys_is_a_reindex():
     for values, missing in ((np.array([7, 8, 9, 10]), -1), (np.array(["a", None, "c", "d"], dtype=object), np.nan)):
         want = pd.Series(values, index=keys).reindex(query)
         want = want.fillna(missing).to_numpy(np.int64) if missing == -1 else want.to_numpy(dtype=object)
-        got = _at(keys, values, query, missing)
+        got = at_keys(keys, values, query, missing)
         assert got.dtype == want.dtype and pd.Series(got).equals(pd.Series(want))
-    assert _at(keys[:0], np.array([], dtype=bool), query, False).tolist() == [False] * len(query)
+    assert at_keys(keys[:0], np.array([], dtype=bool), query, False).tolist() == [False] * len(query)
+
+
+def test_sync_ops_are_the_sync_causing_op_rows_in_order(builder, tmp_path):
+    builder.cpu_op("aten::item", 0, 50)
+    builder.cpu_op("aten::_local_scalar_dense", 1, 40)
+    builder.cpu_op("aten::mm", 100, 10)
+    builder.cpu_op("aten::nonzero", 200, 10, tid=7)
+    trace = builder.load(tmp_path)
+    want = np.flatnonzero(trace.events["name"].isin(["aten::item", "aten::_local_scalar_dense", "aten::nonzero"]).to_numpy()
+                          & (trace.events["kind"] == "cpu_op").to_numpy())
+    got = sync_ops(trace)
+    assert len(got) == 3 and got.tolist() == want.tolist()
+    assert [str(n) for n in trace.names[got]] == ["aten::item", "aten::_local_scalar_dense", "aten::nonzero"]
+
+
+def test_pageable_names_by_their_codes():
+    col = pd.Series(pd.Categorical(["Memcpy HtoD (Pageable -> Device)", None, "Memcpy DtoH (Device -> Pinned)",
+                                    "Memcpy DtoH (Device -> Pageable)", "aten::mm"]))
+    got = _pageable(col, np.array([3, 1, 0, 2, 0, 4]))
+    assert got.tolist() == [True, False, True, False, True, False]
+    assert _pageable(col, np.empty(0, np.int64)).tolist() == []

@@ -166,8 +166,17 @@ def host_type(name: str) -> str | None:
     return normalise_type(tail)
 
 
-def collective_kernel_mask(trace: Trace) -> np.ndarray:
-    """Per event row: a kernel recognised as collective communication."""
+def collective_kernel_mask(trace: Trace, rows: np.ndarray | None = None) -> np.ndarray:
+    """Per event row: a kernel recognised as collective communication (`rows`: those kernels'
+    rows, `collective_kernel_rows(trace)`, when the caller has them)."""
+    out = np.zeros(len(trace.events), dtype=bool)
+    out[collective_kernel_rows(trace) if rows is None else rows] = True
+    return out
+
+
+def collective_kernel_rows(trace: Trace) -> np.ndarray:
+    """The event rows (ascending) of the kernels recognised as collective communication: without
+    a mask over every event, for the many traces that have none."""
     col = trace.events["name"]
     # The kernels' rows from the narrow GPU view (a pass over its rows, not over every event's).
     gpu = trace.narrow_gpu
@@ -180,9 +189,7 @@ def collective_kernel_mask(trace: Trace) -> np.ndarray:
     hit = np.zeros(len(cats) + 1, dtype=bool)  # code -1 reads the last slot: no name, no match
     for i in np.flatnonzero(used).tolist():
         hit[i] = kernel_match(str(cats[i])) is not None
-    out = np.zeros(len(col), dtype=bool)
-    out[kernel[hit[codes]]] = True
-    return out
+    return kernel[hit[codes]]
 
 
 def host_collective_mask(trace: Trace) -> np.ndarray:

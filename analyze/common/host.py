@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
@@ -41,32 +42,35 @@ class HostLookup:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self._cache: dict[tuple[str, int, int], _Thread] = {}
-        self._in_order: dict[str, bool] = {}
-        self._any_frames: bool | None = None  # whether the trace has Python frames (found once)
+        self._sources: dict[str, _Source] = {}
+
+    @property
+    def has_frames(self) -> bool:
+        """Whether the trace holds any Python frame (python_function event)."""
+        return len(self._source("py").ts) > 0
+
+    def _source(self, what: str) -> _Source:
+        """The columns a thread's ops ("op") or Python frames ("py") are marked over, found once
+        per lookup, not once per thread: the Python frames' kind mask and the start-order test
+        are each a pass over every event."""
+        if what not in self._sources:
+            if what == "op":
+                df = self.trace.narrow(("cpu_op",), OP_COLUMNS)
+                ts = df["ts"].to_numpy()
+                self._sources[what] = _Source(ts, df["end"].to_numpy(), df.index.to_numpy(np.int64), df["pid"].to_numpy(),
+                                              df["tid"].to_numpy(), None, bool((ts[1:] >= ts[:-1]).all()))
+            else:
+                self._sources[what] = _frames(self.trace)
+        return self._sources[what]
 
     def _rows(self, what: str, pid: int, tid: int) -> _Thread:
         key = (what, pid, tid)
         if key not in self._cache:
-            if what == "op":
-                df = self.trace.narrow(("cpu_op",), OP_COLUMNS)
-                ts, end, rows = df["ts"].to_numpy(), df["end"].to_numpy(), df.index.to_numpy(np.int64)
-                pids, tids, mine = df["pid"].to_numpy(), df["tid"].to_numpy(), None
-            else:
-                ev = self.trace.events
-                ts, end, rows = ev["ts"].to_numpy(), ev["end"].to_numpy(), None
-                pids, tids, mine = ev["pid"].to_numpy(), ev["tid"].to_numpy(), self.trace.kind_mask("python_function")
-                if self._any_frames is None:
-                    self._any_frames = bool(mine.any())
-                if not self._any_frames:
-                    # No Python frames at all (most traces): every thread's are none, without the
-                    # passes over every event that finding a thread's would take.
-                    ts, end, pids, tids, mine = ts[:0], end[:0], pids[:0], tids[:0], mine[:0]
-            keep = (pids == pid) & (tids == tid)
-            if mine is not None:
-                keep &= mine
-            if what not in self._in_order:
-                self._in_order[what] = bool((ts[1:] >= ts[:-1]).all())
-            self._cache[key] = _thread(ts, end, rows, keep, self._in_order[what])
+            src = self._source(what)
+            keep = (src.pids == pid) & (src.tids == tid)
+            if src.mine is not None:
+                keep &= src.mine
+            self._cache[key] = _thread(src.ts, src.end, src.rows, keep, src.in_order)
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
@@ -81,6 +85,37 @@ class HostLookup:
             return None
         names = self.trace.names
         return [str(n) for n in names[hit]]
+
+
+@dataclass
+class _Source:
+    """Columns to mark a thread's intervals over: ts, end, their event rows (None: the positions
+    are event rows), pid, tid, the mask of the kind looked up (None: all) and whether ts is in
+    start order."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    rows: np.ndarray | None
+    pids: np.ndarray
+    tids: np.ndarray
+    mine: np.ndarray | None
+    in_order: bool
+
+
+def _frames(trace: Trace) -> _Source:
+    """The Python frames as a _Source over the events themselves (no copy of a serving engine's
+    millions of frames); none at all without a python_function event (most traces), found from
+    the kind's categories when they lack it, without a pass over every event."""
+    ev = trace.events
+    ts, end, pids, tids = ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy()
+    kind = ev["kind"]
+    listed = not isinstance(kind.dtype, pd.CategoricalDtype) or "python_function" in kind.cat.categories
+    mine = trace.kind_mask("python_function") if listed else None
+    if mine is None or not mine.any():
+        # Every thread's frames are none, without the passes over every event that finding a
+        # thread's would take.
+        return _Source(ts[:0], end[:0], None, pids[:0], tids[:0], None, True)
+    return _Source(ts, end, None, pids, tids, mine, trace.in_start_order)
 
 
 def _thread(ts: np.ndarray, end: np.ndarray, rows: np.ndarray | None, keep: np.ndarray, in_order: bool) -> _Thread:

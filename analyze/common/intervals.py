@@ -143,6 +143,37 @@ def pair_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, np.stack([sa[first], sb[first]], axis=1)
 
 
+def dense_unique(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(rows, return_inverse=True) for integers of a dense range (event row positions):
+    one mark per value of the range instead of a sort of every value (at train_200, 215k values
+    over 960k rows: 4.6 -> 2.2 ms). Costs a temporary of 9 bytes per value of the range."""
+    if not len(rows):
+        return np.unique(rows, return_inverse=True)
+    lo = int(rows.min())
+    off = rows - lo
+    present = np.zeros(int(off.max()) + 1, dtype=bool)
+    present[off] = True
+    uniq = np.flatnonzero(present)
+    pos = np.empty(len(present), dtype=np.intp)
+    pos[uniq] = np.arange(len(uniq))
+    return (uniq + lo).astype(rows.dtype, copy=False), pos[off]
+
+
+def group_positions(key: np.ndarray) -> list[np.ndarray]:
+    """Positions of each distinct key, the keys in sorted order and each group's positions
+    ascending: the groups groupby(key, sort=True) makes, from one stable sort (none for keys in
+    order already, as one stream's or one thread's are). Bounds by comparing neighbours: np.diff
+    costs several times that (~0.6 ms at 60 k keys)."""
+    if not len(key):
+        return []
+    if bool((key[1:] >= key[:-1]).all()):
+        order, ordered = np.arange(len(key)), key
+    else:
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+    return np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1)
+
+
 def total(starts: np.ndarray, ends: np.ndarray) -> int:
     """Total length covered by the intervals (overlaps counted once)."""
     s, e = union(starts, ends)

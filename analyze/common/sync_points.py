@@ -30,7 +30,8 @@ from tokentrace.analysis.apis import (
     SYNC_MEMSET_APIS,
 )
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.common.attribution import climb_to
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
 # Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
@@ -68,7 +69,6 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     """Every sync point as one row: row (event row), api, kind, blocking, ts, end (ns), pid, tid,
     device, stream, copy (the memcpy activity's name for transfers), source ("api" | "cuda_sync" | "op").
     The gpu, gaps and syncs sections all read it (computed once per run); treat it as read-only."""
-    ev = trace.events
     names = trace.names
     rt = trace.narrow_runtime
     parts: list[pd.DataFrame] = []
@@ -77,44 +77,48 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
     by_cat = np.array([api_kind(str(c)) for c in cats.categories.tolist()] + [None], dtype=object)
     codes = cats.codes.to_numpy()
-    unnamed = (by_cat == None)[codes]  # noqa: E711  (per category, then per row: no comparison per row)
+    # The few sync APIs' codes compared, not a table gathered per row.
+    unnamed = ~category_mask(rt["name"], np.asarray(by_cat[:-1] != None, dtype=bool))  # noqa: E711
     # The GPU side of each launch: the device and stream of its first memcpy, memset or cuda_sync
     # activity, and the name of its first memcpy (launch rows sorted, for lookups).
-    # Those activities' rows (ascending) from the narrow GPU and cuda_sync views, not from passes
-    # over every event; whether each is a memcpy alongside.
-    launch = ev["launch"].to_numpy()
+    # Those activities' rows (ascending) and columns from the narrow GPU and cuda_sync views, not
+    # from passes over every event or gathers from its columns; whether each is a memcpy alongside.
     gpu = trace.narrow_gpu
     cs = trace.narrow(("cuda_sync",), _CUDA_SYNC_COLUMNS)
-    is_mc, is_ms = isin_mask(gpu["kind"], ("gpu_memcpy",)), isin_mask(gpu["kind"], ("gpu_memset",))
-    copying = is_mc | is_ms
-    rows_of = np.r_[gpu.index.to_numpy(np.int64)[copying], cs.index.to_numpy(np.int64)]
-    order = np.argsort(rows_of, kind="stable")
-    targets, target_mc = rows_of[order], np.r_[is_mc[copying], np.zeros(len(cs), dtype=bool)][order]
-    linked = launch[targets] >= 0
-    targets, target_mc = targets[linked], target_mc[linked]
-    gpu_launch, first = np.unique(launch[targets], return_index=True)
-    gpu_dev, gpu_stream = ev["device"].to_numpy()[targets[first]], ev["stream"].to_numpy()[targets[first]]
-    mc = targets[target_mc]
+    is_mc = isin_mask(gpu["kind"], ("gpu_memcpy",))
+    copying = np.flatnonzero(is_mc | isin_mask(gpu["kind"], ("gpu_memset",)))
+    # Each target as its position in the GPU view (those of the cuda_sync view after them), in
+    # row order: the GPU view's copies are in order, so only cuda_sync rows call for a sort.
+    at = np.r_[copying, len(gpu) + np.arange(len(cs))]
+    targets = np.r_[gpu.index.to_numpy(np.int64)[copying], cs.index.to_numpy(np.int64)]
+    if len(cs):
+        order = np.argsort(targets, kind="stable")
+        at, targets = at[order], targets[order]
+    launch = _from_views(gpu, cs, "launch", at)
+    linked = np.flatnonzero(launch >= 0)
+    launch = launch[linked]
+    gpu_launch, first = np.unique(launch, return_index=True)
+    gpu_dev, gpu_stream = (_from_views(gpu, cs, c, at[linked[first]]) for c in ("device", "stream"))
+    mc = np.flatnonzero(np.r_[is_mc, np.zeros(len(cs), dtype=bool)][at[linked]])
     copy_launch, first = np.unique(launch[mc], return_index=True)
-    copy_name = names[mc[first]]
+    copy_rows = targets[linked[mc[first]]]
+    copy_name = names[copy_rows]
     pageable_memcpy = np.zeros(len(rows), dtype=bool)
     if len(rows) and len(copy_name):
         # Pageable async copies: the activity's name says the host side is pageable memory (each
-        # distinct text tested once).
-        code, texts = pd.factorize(copy_name)  # missing names get code -1
-        hit = np.array([isinstance(c, str) and PAGEABLE in c for c in texts] + [False], dtype=bool)
+        # distinct name tested once, through the name codes; no name: not pageable).
         cand = np.flatnonzero(isin_mask(rt["name"], MEMCPY_APIS) & unnamed)  # async copies only are looked up
-        pageable_memcpy[cand] = _at(copy_launch, hit[code], rows[cand], False)
+        pageable_memcpy[cand] = at_keys(copy_launch, _pageable(trace.events["name"], copy_rows), rows[cand], False)
     keep = ~unnamed | pageable_memcpy
     if keep.any():
-        r = rows[keep]
+        at = np.flatnonzero(keep)
+        r = rows[at]
         parts.append(pd.DataFrame({
-            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[keep], "memcpy_pageable", by_cat[codes[keep]]).astype(object),
-            "ts": ev["ts"].to_numpy()[r], "end": ev["end"].to_numpy()[r],
-            "pid": ev["pid"].to_numpy()[r], "tid": ev["tid"].to_numpy()[r],
-            "device": _at(gpu_launch, gpu_dev.astype(np.int64), r, -1),
-            "stream": _at(gpu_launch, gpu_stream.astype(np.int64), r, -1),
-            "copy": _at(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
+            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[at], "memcpy_pageable", by_cat[codes[at]]).astype(object),
+            **{c: rt[c].to_numpy()[at] for c in ("ts", "end", "pid", "tid")},
+            "device": at_keys(gpu_launch, gpu_dev.astype(np.int64), r, -1),
+            "stream": at_keys(gpu_launch, gpu_stream.astype(np.int64), r, -1),
+            "copy": at_keys(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
             "source": "api",
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
@@ -133,19 +137,41 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
                 "device": lone["device"].to_numpy(), "stream": lone["stream"].to_numpy(), "copy": None,
                 "source": "cuda_sync",
             }))
-    calls = pd.concat(parts, ignore_index=True) if parts else _empty_calls()
+    calls = (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else _empty_calls()
     ops = _sync_ops_without_call(trace, calls)
-    if len(ops):
+    if ops is not None:
         calls = pd.concat([calls, ops], ignore_index=True)
     calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
+    ts = calls["ts"].to_numpy()
+    if bool((ts[1:] >= ts[:-1]).all()):
+        return calls  # in start order already (one part's rows, as loaded): what the stable sort keeps
     return calls.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _from_views(gpu: pd.DataFrame, cs: pd.DataFrame, column: str, at: np.ndarray) -> np.ndarray:
+    """The column's values at positions of the GPU view's rows followed by the cuda_sync view's."""
+    col = gpu[column].to_numpy()
+    if not len(cs):
+        return col[at]
+    return np.r_[col, cs[column].to_numpy()][at]
+
+
+def _pageable(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """Whether each row's name (a categorical column's) is that of a copy from or to pageable host
+    memory: each distinct name of the rows tested once (no name: not pageable)."""
+    codes = np.asarray(col.array.codes)[rows]
+    cats = col.array.categories
+    hit = np.zeros(len(cats) + 1, dtype=bool)  # code -1 (no name) reads the last slot
+    for i in np.flatnonzero(np.bincount(codes.astype(np.intp) + 1)[1:]).tolist():
+        hit[i] = isinstance(cats[i], str) and PAGEABLE in cats[i]
+    return hit[codes]
 
 
 # The columns of Kineto's cuda_sync rows read here (a narrow view, not the wide one of every column).
 _CUDA_SYNC_COLUMNS = ("ts", "end", "name", "device", "stream", "launch", "sync_kind")
 
 
-def _at(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: Any) -> np.ndarray:
+def at_keys(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: Any) -> np.ndarray:
     """values[i] where keys[i] (sorted, distinct) equals each query, else `missing`: what a Series
     of values indexed by keys gives reindexed to the queries (missing there: `missing`)."""
     out = np.full(len(query), missing, dtype=values.dtype)
@@ -163,47 +189,39 @@ def _empty_calls() -> pd.DataFrame:
         ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
 
 
-def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
-    """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
-    went unrecorded). Ops nested in another sync-causing op (item -> _local_scalar_dense) count once."""
-    ev = trace.events
+def sync_ops(trace: Trace) -> np.ndarray:
+    """Rows (ascending) of the sync-causing ops (apis.SYNC_CAUSING_OPS: .item(), nonzero, ...),
+    from the shared narrow op view, not a mask over every event."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
-    if ops.empty:
-        return _empty_calls()
+    return ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
+
+
+def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | None:
+    """Sync-causing ops that called the runtime but enclose no recorded sync call (the sync itself
+    went unrecorded), None when there is none. Ops nested in another sync-causing op (item ->
+    _local_scalar_dense) count once."""
+    ev = trace.events
+    sync_rows = sync_ops(trace)
+    if not len(sync_rows):
+        return None
     names = trace.names
     is_sync_op = np.zeros(len(ev), dtype=bool)
-    sync_rows = ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
-    if not len(sync_rows):
-        return _empty_calls()
     is_sync_op[sync_rows] = True
     parent = ev["parent"].to_numpy()
     op_col = ev["op"].to_numpy()
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
-    cand = sync_rows[~has_sync[sync_rows] & ~_has_sync_ancestor(parent, sync_rows, is_sync_op)]
+    cand = sync_rows[~has_sync[sync_rows] & (climb_to(parent, parent[sync_rows], is_sync_op) < 0)]
     # Of those, the ones that called the runtime: every runtime call's ops marked (the costly
     # test, so made only when a candidate is left: most sync-causing ops enclose their sync call).
     rt_rows = trace.narrow_runtime.index.to_numpy(np.int64)
     if len(cand) and len(rt_rows):
         cand = cand[iv.with_ancestors(parent, op_col[rt_rows])[cand]]
     if not len(cand) or not len(rt_rows):
-        return _empty_calls()
+        return None
     return pd.DataFrame({
         "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
         "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
         "source": "op",
     })
-
-
-def _has_sync_ancestor(parent: np.ndarray, rows: np.ndarray, is_sync_op: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(rows), dtype=bool)
-    cur = parent[rows]
-    todo = np.flatnonzero(cur >= 0)
-    while len(todo):
-        hit = is_sync_op[cur[todo]]
-        out[todo[hit]] = True
-        todo = todo[~hit]
-        cur[todo] = parent[cur[todo]]
-        todo = todo[cur[todo] >= 0]
-    return out

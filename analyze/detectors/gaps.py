@@ -210,8 +210,7 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
     if n:
         th = _ThreadIntervals(trace, calls, host_coll)
         code, threads = iv.pair_codes(pid, tid)
-        order = np.argsort(code, kind="stable")
-        for (p, t), idx in zip(threads.tolist(), np.split(order, np.flatnonzero(np.diff(code[order])) + 1), strict=True):
+        for (p, t), idx in zip(threads.tolist(), iv.group_positions(code), strict=True):
             a, b = gs[idx], he[idx]
             u = th.get(p, t)
             native = iv.overlap(u["native_s"], u["native_e"], a, b)
@@ -323,12 +322,12 @@ class _ThreadIntervals:
         ops = trace.narrow(("cpu_op",), OP_COLUMNS)
         op_rows, op_parent = ops.index.to_numpy(np.int64), ops["parent"].to_numpy()
         rt = trace.narrow_runtime
-        rt_rows, rt_op = rt.index.to_numpy(np.int64), rt["op"].to_numpy()
+        rt_op = rt["op"].to_numpy()
         outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
         # Ops that launched GPU work themselves or through a descendant; of the others, those
         # whose parent launched (or that have none): an op's descendants launch only if it does.
-        launch_rows = rt_rows[isin_mask(rt["name"], LAUNCH_APIS)]
-        launching = iv.with_ancestors(ev["parent"].to_numpy(), ev["op"].to_numpy()[launch_rows])
+        # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
+        launching = iv.with_ancestors(ev["parent"].to_numpy(), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
         free = ~launching[op_rows]
         nolaunch = free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])
         # Each set as parts, a part a mask over the columns of a frame whose rows are in start

@@ -10,6 +10,7 @@ delay, and graph kernels are never counted as per-kernel launch overhead.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,12 +37,18 @@ SMALL_SHARE_MIN = 0.5
 STARVED_SHARE_MIN = 0.5
 
 
-def _stats(x: np.ndarray) -> dict[str, float | None]:
+def _stats(x: np.ndarray, pct: np.ndarray | None = None) -> dict[str, float | None]:
+    """Mean, median, 90th percentile and max of x; `pct`: `_percentiles(x)` when the caller has it."""
     if not len(x):
         return {"mean": None, "p50": None, "p90": None, "max": None}
-    p50, p90 = np.percentile(x, [50, 90])  # one partition for both (the same values as two calls)
+    p50, p90 = _percentiles(x) if pct is None else pct
     return {"mean": round(float(x.mean()), 3), "p50": round(float(p50), 3), "p90": round(float(p90), 3),
             "max": round(float(x.max()), 3)}
+
+
+def _percentiles(x: np.ndarray) -> np.ndarray:
+    """The 50th and 90th percentiles of x: one partition for both (the same values as two calls)."""
+    return np.percentile(x, [50, 90])
 
 
 @dataclass
@@ -60,23 +67,34 @@ class LaunchesResult:
 
 
 def run(trace: Trace, ctx: Context) -> LaunchesResult:
-    ev = trace.events
     rt = trace.narrow_runtime
-    call_rows = rt.index.to_numpy(np.int64)[isin_mask(rt["name"], LAUNCH_APIS)]
-    is_graph = isin_mask(ev["name"], GRAPH_LAUNCH_APIS)  # per event row, from the category codes
+    # The calls' columns from the shared runtime view (its rows in order), and graph launches by
+    # the name codes of the rows asked, not masks or gathers over every event.
+    is_call = isin_mask(rt["name"], LAUNCH_APIS)
+    call_rows = rt.index.to_numpy(np.int64)[is_call]
+    is_graph = _name_test(trace.events["name"], GRAPH_LAUNCH_APIS)
     segments = ctx.segments
-    call_ts = ev["ts"].to_numpy()[call_rows]
+    call_ts = rt["ts"].to_numpy()[is_call]
     calls = pd.DataFrame({
-        "row": call_rows, "api": _text_at(ev["name"], call_rows), "ts": call_ts, "dur_us": ev["dur"].to_numpy()[call_rows] / US,
-        "graph": is_graph[call_rows],
+        "row": call_rows, "api": _text_at(rt["name"], np.flatnonzero(is_call)), "ts": call_ts,
+        "dur_us": rt["dur"].to_numpy()[is_call] / US, "graph": is_graph(call_rows),
         "seg": segments.locate_times(call_ts) if segments is not None and len(segments) else np.full(len(call_rows), -1, np.int64),
     }, copy=False)  # new arrays of this call's: not copied again
-    act, streams = _activities(trace, is_graph)
-    summary = _summary(trace, calls, act, streams, segments)
+    gpu_kernel = isin_mask(trace.narrow_gpu["kind"], ("kernel",))
+    act, streams, act_kernel = _activities(trace, is_graph, gpu_kernel)
+    summary = _summary(trace, calls, act, streams, segments, gpu_kernel, act_kernel)
     res = LaunchesResult(activities=act, calls=calls, summary=summary)
-    res.small, res.small_rows = _small_kernels(trace, act, summary)
+    res.small, res.small_rows = _small_kernels(trace, act, summary, act_kernel)
     res.findings = _findings(trace, res, ctx.result("gaps"))
     return res
+
+
+def _name_test(col: pd.Series, values: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    """`isin_mask(col, values)[rows]` as a function of the rows: each category tested once, then
+    read through the rows' codes alone (a few rows of every event's)."""
+    codes = np.asarray(col.array.codes)
+    hit = np.r_[np.asarray(col.array.categories.isin(values), dtype=bool), False]  # code -1 (no name) reads False
+    return lambda rows: hit[codes[rows]]
 
 
 def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesResult:
@@ -85,16 +103,17 @@ def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesRes
     return replace(previous, findings=_findings(trace, previous, ctx.result("gaps")))
 
 
-def _activities(trace: Trace, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray]]:
-    """One row per GPU activity with a launch, and the (device, stream) of each as
-    iv.pair_codes gives them (the code per row, the distinct pairs): the queue depth and the
-    per-stream figures group by them."""
+def _activities(trace: Trace, is_graph: Callable[[np.ndarray], np.ndarray],
+                gpu_kernel: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """One row per GPU activity with a launch, the (device, stream) of each as iv.pair_codes gives
+    them (the code per row, the distinct pairs: the queue depth and the per-stream figures group
+    by them), and which are kernels (`gpu_kernel`: per narrow_gpu row)."""
     ev = trace.events
     gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
     keep = gpu["launch"].to_numpy() >= 0
     ln = gpu["launch"].to_numpy(np.int64)[keep]
-    graph = is_graph[ln]
+    graph = is_graph(ln)
     device, stream = gpu["device"].to_numpy()[keep], gpu["stream"].to_numpy()[keep]
     ts, end = gpu["ts"].to_numpy()[keep], gpu["end"].to_numpy()[keep]
     launch_ts = ev["ts"].to_numpy()[ln]
@@ -115,7 +134,7 @@ def _activities(trace: Trace, is_graph: np.ndarray) -> tuple[pd.DataFrame, tuple
         "counts_launch": counts_launch, "delay_us": np.where(counts_launch, (ts - launch_ts) / US, np.nan),
         "depth": _queue_depth(launch_ts, end, streams[0]),
     }, copy=False)
-    return act, streams
+    return act, streams, gpu_kernel[keep]
 
 
 def _text_at(col: pd.Series, rows: np.ndarray) -> Any:
@@ -135,18 +154,21 @@ def _queue_depth(launch_ts: np.ndarray, end: np.ndarray, code: np.ndarray) -> np
     call began (activities' launch times, ends and stream codes). Graph kernels enter the queue
     together with their replay's launch."""
     depth = np.zeros(len(code), dtype=np.int64)
-    if not len(code):
-        return depth
-    by_stream = np.argsort(code, kind="stable")  # each stream's activities in row order
-    for idx in np.split(by_stream, np.flatnonzero(np.diff(code[by_stream])) + 1):
-        lt = launch_ts[idx]
-        en = end[idx]
-        # A stream's launch times and ends come nearly in order: in-order launch times need no
-        # sort (_before), and the stable sort takes the ends in one pass (the same sorted values).
-        launched = _before(lt)  # launched strictly before
-        finished = np.searchsorted(np.sort(en, kind="stable"), lt, side="right")  # ended at or before
-        depth[idx] = np.maximum(launched - finished, 0)
+    groups = iv.group_positions(code)  # each stream's activities in row order
+    if len(groups) == 1:
+        return _depth(launch_ts, end)  # one stream (most traces): all of them, without gathers
+    for idx in groups:
+        depth[idx] = _depth(launch_ts[idx], end[idx])
     return depth
+
+
+def _depth(lt: np.ndarray, en: np.ndarray) -> np.ndarray:
+    """`_queue_depth` of one stream's activities (launch times, ends)."""
+    # A stream's launch times and ends come nearly in order: in-order launch times need no sort
+    # (_before), and the stable sort takes the ends in one pass (the same sorted values).
+    launched = _before(lt)  # launched strictly before
+    finished = np.searchsorted(np.sort(en, kind="stable"), lt, side="right")  # ended at or before
+    return np.maximum(launched - finished, 0)
 
 
 def _before(values: np.ndarray) -> np.ndarray:
@@ -161,17 +183,10 @@ def _before(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(new)[np.cumsum(new) - 1]
 
 
-def _groups(key: np.ndarray) -> list[np.ndarray]:
-    """Positions of each distinct key, keys in sorted order, each group's positions in order
-    (the groups groupby(key, sort=True) makes)."""
-    if not len(key):
-        return []
-    order = np.argsort(key, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
-
-
 def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes: tuple[np.ndarray, np.ndarray],
-             segments: Any) -> dict[str, Any]:
+             segments: Any, gpu_kernel: np.ndarray, act_kernel: np.ndarray) -> dict[str, Any]:
+    """The section's figures; `gpu_kernel` marks the kernels among the narrow_gpu rows,
+    `act_kernel` among the activities."""
     ev = trace.events
     # Grouped by the api's rank among the distinct names (integers), in the order groupby("api")
     # sorts the texts: hashing every call's name string is what would cost.
@@ -187,26 +202,31 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
     per_api = {labels[by_label[a]]: {"count": len(g), "total_us": round(float(np.nansum(dur_us[g])), 3),
                                      **{f"{k}_us": v for k, v in _stats(dur_us[g]).items()}}
                for a, g in ((a, np.flatnonzero(key == a)) for a in range(len(uniq)))}
-    # Counted on the columns: building the trace.kernels view (every column) only to count is costly.
-    is_kernel = trace.kind_mask("kernel")
-    own = is_kernel[act["row"].to_numpy(np.int64)] & ~act["graph"].to_numpy(bool)  # kernels launched singly
+    # Counted on the shared GPU view's columns: building the trace.kernels view (every column) only
+    # to count is costly, and so are masks over every event.
+    own = act_kernel & ~act["graph"].to_numpy(bool)  # kernels launched singly
     own_dur = act["dur_us"].to_numpy()[own]
     n_own = int(own.sum())
-    n_kernels = int(is_kernel.sum())
-    small_all = int(np.count_nonzero(is_kernel & (ev["dur"].to_numpy() < SMALL_KERNEL_NS)))
+    n_kernels = int(gpu_kernel.sum())
+    small_all = int(np.count_nonzero(gpu_kernel & (trace.narrow_gpu["dur"].to_numpy() < SMALL_KERNEL_NS)))
     small_own = int((own_dur * US < SMALL_KERNEL_NS).sum())
     n_shorter = int((own_dur < act["launch_dur_us"].to_numpy()[own]).sum())
     graph = act["graph"].to_numpy(bool)
     counted = np.flatnonzero(act["counts_launch"].to_numpy(bool) & ~graph)
     depth = act["depth"].to_numpy()[counted]
+    depth_f = depth.astype(float)
+    depth_pct = _percentiles(depth_f) if len(depth) else None
     streams = []
     # The codes number the pairs in (device, stream) order: the groups come in that order.
     code, pairs = stream_codes[0][counted], stream_codes[1]
-    for g in _groups(code):
+    for g in iv.group_positions(code):
         d, s = pairs[code[g[0]]].tolist()
         dep = depth[g]
+        # One stream (most traces): its launches are all of them, in order, and its median the
+        # one found for them all (the integers' percentile is that of their float values).
+        p50 = float(depth_pct[0]) if depth_pct is not None and len(g) == len(depth) else float(np.percentile(dep, 50))
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
-                        "depth_p50": float(np.percentile(dep, 50)), "depth_max": int(dep.max()),
+                        "depth_p50": p50, "depth_max": int(dep.max()),
                         "starved_share": round(float((dep == 0).mean()), 4)})
     n_graph_calls = int(calls["graph"].to_numpy(bool).sum())
     graph_launch = act["launch"].to_numpy()[graph]
@@ -226,7 +246,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         pos = pd.Index(table["seg"].to_numpy()).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
         key = rank[pos]
         graph_call = calls["graph"].to_numpy(bool)
-        for g in _groups(key):
+        for g in iv.group_positions(key):
             if key[g[0]] < 0:
                 continue
             ph = ph_text[int(key[g[0]])]
@@ -248,7 +268,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         "small_kernels": {"count": small_all, "share": round(small_all / n_kernels, 4) if n_kernels else None,
                           "launched_singly": small_own,
                           "share_of_singly_launched": round(small_own / n_own, 4) if n_own else None},
-        "queue_depth": {**_stats(depth.astype(float)), "starved_share": round(float((depth == 0).mean()), 4) if len(depth) else None,
+        "queue_depth": {**_stats(depth_f, depth_pct), "starved_share": round(float((depth == 0).mean()), 4) if len(depth) else None,
                         "streams": streams},
         "graphs": {"launches": n_graph_calls, "kernels": len(graph_launch),
                    "kernels_per_launch": _stats(per_graph.astype(float))},
@@ -256,12 +276,14 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
     }
 
 
-def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any]) -> tuple[dict[str, Any] | None, np.ndarray]:
-    """The small-kernel finding's facts (None when there is none to make) and its kernels' rows."""
+def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any],
+                   act_kernel: np.ndarray) -> tuple[dict[str, Any] | None, np.ndarray]:
+    """The small-kernel finding's facts (None when there is none to make) and its kernels' rows
+    (`act_kernel`: which activities are kernels)."""
     none = np.empty(0, np.int64)
     # The three columns read here as arrays, not frames of every column of the activities.
     rows = act["row"].to_numpy(np.int64)
-    own = trace.kind_mask("kernel")[rows] & ~act["graph"].to_numpy(bool)
+    own = act_kernel & ~act["graph"].to_numpy(bool)
     if not own.any():
         return None, none
     dur_us = act["dur_us"].to_numpy(float)

@@ -31,11 +31,11 @@ from tokentrace.analysis.common.host import HostLookup, recorded_stacks
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
 from tokentrace.analysis.common.steady_state import Window, window_of
-from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, sync_calls
+from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, at_keys, sync_calls, sync_ops
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import Trace
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -58,18 +58,16 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # The categorical's rows first, then to objects: converting the whole column costs.
     kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
     inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
-    # The sync-causing ops' rows (ascending) from the narrow op view, looked up by the few rows
-    # climbed, not a mask over every event.
-    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
-    sync_rows = ops.index.to_numpy(np.int64)[isin_mask(ops["name"], SYNC_CAUSING_OPS)]
+    # The sync-causing ops' rows (ascending), looked up by the few rows climbed, not a mask over
+    # every event.
+    sync_rows = sync_ops(trace)
     parent = ev["parent"].to_numpy()
     out = inner.copy()
     cur = inner.copy()
     todo = np.flatnonzero(cur >= 0)
     while len(todo):
         at = cur[todo]
-        hit = sync_rows[np.minimum(np.searchsorted(sync_rows, at), len(sync_rows) - 1)] == at if len(sync_rows) \
-            else np.zeros(len(todo), dtype=bool)
+        hit = at_keys(sync_rows, np.ones(len(sync_rows), dtype=bool), at, False)
         out[todo[hit]] = cur[todo[hit]]  # keeps overwriting upwards: ends at the outermost
         cur[todo] = parent[cur[todo]]
         todo = todo[cur[todo] >= 0]
@@ -333,10 +331,7 @@ def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
     if not sel.any():
         return out
     per_row = sorted_key_sums(sync_row[sel], table["dur_us"].to_numpy(float)[sel])
-    at = np.searchsorted(per_row.index.to_numpy(np.int64), rows)
-    hit = (at < len(per_row)) & (per_row.index.to_numpy(np.int64)[np.minimum(at, len(per_row) - 1)] == rows)
-    out[hit] = per_row.to_numpy(float)[:, 0][at[hit]]
-    return out
+    return at_keys(per_row.index.to_numpy(np.int64), per_row.to_numpy(float)[:, 0], rows, 0.0)
 
 
 def sorted_key_sums(keys: np.ndarray, *values: np.ndarray) -> pd.DataFrame:
@@ -349,7 +344,7 @@ def sorted_key_sums(keys: np.ndarray, *values: np.ndarray) -> pd.DataFrame:
 def _stacks(trace: Trace, calls: pd.DataFrame, op_row: np.ndarray, duration_us: np.ndarray,
             host: HostLookup) -> list[list[str] | None]:
     out = recorded_stacks(trace, op_row)
-    if not len(op_row) or not trace.kind_mask("python_function").any():
+    if not len(op_row) or not host.has_frames:
         return out
     longest = np.argsort(-duration_us, kind="stable")[:STACK_LOOKUPS]
     pid, tid, ts = (calls[c].to_numpy() for c in ("pid", "tid", "ts"))  # once, not three column reads a lookup

@@ -1,11 +1,11 @@
-"""attribution.unique_rows: the same answer as np.unique(return_inverse=True) on row positions."""
+"""intervals.dense_unique: the same answer as np.unique(return_inverse=True) on row positions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tokentrace.analysis.common.attribution import unique_rows
+from tokentrace.analysis.common.intervals import dense_unique
 
 
 @pytest.mark.parametrize("values", [
@@ -15,18 +15,18 @@ from tokentrace.analysis.common.attribution import unique_rows
     [1000, 1000, 1000],
     [-3, 4, -3, 2],  # any integers, not only non-negative ones
 ])
-def test_unique_rows_is_np_unique_with_inverse(values):
+def test_dense_unique_is_np_unique_with_inverse(values):
     rows = np.array(values, dtype=np.int64)
     want_u, want_inv = np.unique(rows, return_inverse=True)
-    got_u, got_inv = unique_rows(rows)
+    got_u, got_inv = dense_unique(rows)
     assert got_u.tolist() == want_u.tolist() and got_inv.tolist() == want_inv.tolist()
     assert got_u.dtype == want_u.dtype and got_inv.dtype == want_inv.dtype
 
 
-def test_unique_rows_random():
+def test_dense_unique_random():
     rng = np.random.default_rng(0)
     for _ in range(50):
         rows = rng.integers(0, int(rng.integers(1, 500)), int(rng.integers(1, 300)))
         want_u, want_inv = np.unique(rows, return_inverse=True)
-        got_u, got_inv = unique_rows(rows)
+        got_u, got_inv = dense_unique(rows)
         assert np.array_equal(got_u, want_u) and np.array_equal(got_inv, want_inv)
