@@ -11,7 +11,7 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.loading import cache as trace_cache
 from tokentrace.analysis.loading import json_decode as decode
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, is_absent_column, take_rows
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, column_array, is_absent_column, take_rows
 
 # What the trace below never has: memory events, Python frames, collectives, call stacks.
 NEVER = ("mem_bytes", "addr", "total_allocated", "total_reserved", "device_type", "device_id", "python_id",
@@ -99,6 +99,26 @@ def test_take_rows_keeps_object_columns_object_whatever_the_rows_hold():
         got = take_rows(ev, rows)
         pd.testing.assert_frame_equal(got, ev.iloc[rows])
         assert (got.dtypes == ev.dtypes).all() and got["stack"].tolist() == stack[rows].tolist()
+
+
+def test_column_array_is_the_stored_array_of_any_column():
+    """The numpy column itself (no copy), the Categorical of a categorical column, pandas' own
+    answer (its to_numpy) for another extension type (a nullable integer); a repeated name is an error."""
+    ts = np.arange(5, dtype=np.int64)
+    df = pd.DataFrame({"ts": ts, "name": pd.Categorical(list("abcab")), "n": pd.array([1, None, 3, 4, 5], dtype="Int64"),
+                       "obj": np.array([[1], None, "x", 2, 3.0], dtype=object)}, copy=False)
+    got = column_array(df, "ts")
+    assert isinstance(got, np.ndarray) and np.shares_memory(got, df["ts"].to_numpy()) and got.tolist() == ts.tolist()
+    cat = column_array(df, "name")
+    assert isinstance(cat, pd.Categorical) and cat.codes.tolist() == [0, 1, 2, 0, 1]
+    assert list(cat.categories) == ["a", "b", "c"]
+    nullable = column_array(df, "n")
+    want = df["n"].to_numpy()
+    assert isinstance(nullable, np.ndarray) and nullable.dtype == want.dtype
+    np.testing.assert_array_equal(nullable, want)
+    assert column_array(df, "obj").tolist() == [[1], None, "x", 2, 3.0]
+    with pytest.raises(KeyError, match="repeated"):
+        column_array(pd.DataFrame([[1, 2]], columns=["a", "a"]), "a")
 
 
 def test_the_cache_reads_absent_columns_back_the_same(tmp_path, monkeypatch):
