@@ -11,7 +11,7 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.loading import cache as trace_cache
 from tokentrace.analysis.loading import json_decode as decode
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, column_array, is_absent_column, take_rows
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, column_array, is_absent_column, numpy_column, take_rows
 
 # What the trace below never has: memory events, Python frames, collectives, call stacks.
 NEVER = ("mem_bytes", "addr", "total_allocated", "total_reserved", "device_type", "device_id", "python_id",
@@ -119,6 +119,27 @@ def test_column_array_is_the_stored_array_of_any_column():
     assert column_array(df, "obj").tolist() == [[1], None, "x", 2, 3.0]
     with pytest.raises(KeyError, match="repeated"):
         column_array(pd.DataFrame([[1, 2]], columns=["a", "a"]), "a")
+
+
+@pytest.mark.parametrize("dtype", [None, np.int64, float, object, bool])
+def test_numpy_column_is_to_numpy(dtype):
+    """numpy_column(df, c, dtype) is df[c].to_numpy(dtype) (values and dtype) for int32, int64,
+    float, bool, object and categorical columns with missing values; no copy is read-only, as
+    pandas 3's to_numpy; a dict of Series is read through pandas."""
+    df = pd.DataFrame({"i32": np.array([3, -1, 7], np.int32), "i64": np.array([1, 2, 3], np.int64),
+                       "f": [0.5, 1.0, 2.0], "b": [True, False, True], "o": np.array([[1], None, "x"], dtype=object),
+                       "cat": pd.Categorical(["a", None, "b"])}, copy=False)
+    for c in df.columns:
+        if dtype is not None and c in ("o", "cat") and dtype is not object:
+            continue  # pandas itself cannot make those
+        want = df[c].to_numpy(dtype)
+        got = numpy_column(df, c, dtype)
+        assert got.dtype == want.dtype, c
+        assert [None if pd.isna(v) else v for v in got.tolist()] == [None if pd.isna(v) else v for v in want.tolist()], c
+        if dtype is None and c != "cat":
+            assert np.shares_memory(got, df[c].to_numpy()) and not got.flags.writeable
+    as_dict = {"i64": df["i64"]}
+    assert numpy_column(as_dict, "i64", float).tolist() == [1.0, 2.0, 3.0]
 
 
 def test_the_cache_reads_absent_columns_back_the_same(tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, numpy_column, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -92,7 +92,7 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx
     `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match."""
     ok = call_of_gpu >= 0
     c = call_of_gpu[ok]
-    dur = gpu["dur"].to_numpy()[ok]
+    dur = numpy_column(gpu, "dur")[ok]
     name_codes = np.asarray(gpu["name"].array.codes)[ok]
     kb = _KERNEL_BACKENDS[kidx[ok]]
     kl = _KERNEL_LIBRARIES[kidx[ok]] if libraries else np.full(len(kb), None, dtype=object)
@@ -145,7 +145,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     if not is_att.any():
         return None, is_att, call_of_gpu
-    parent = ev["parent"].to_numpy()
+    parent = numpy_column(ev, "parent")
     att_rows = np.flatnonzero(is_att)
     outer = outermost(parent, att_rows, is_att)
     call_rows, call_idx = np.unique(outer, return_inverse=True)
@@ -158,7 +158,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     # Rows of each call, outer first (start order, longer first): the backend, library and the
     # fallback backend come from the innermost op that names one (the variant that ran), the
     # shapes from the outermost op whose dims parse, causality from the first op that records it.
-    order = att_rows[np.lexsort((-ev["end"].to_numpy()[att_rows], ev["ts"].to_numpy()[att_rows]))]
+    order = att_rows[np.lexsort((-numpy_column(ev, "end")[att_rows], numpy_column(ev, "ts")[att_rows]))]
     spec_o = spec[order]
     call_o = call_of(order)
     kinds = [k for _, k in OPS_RE]
@@ -172,9 +172,9 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
 
     op_backend, op_library, otherwise = innermost("backend"), innermost("library"), innermost("otherwise")
 
-    dims = ev["input_dims"].to_numpy()
-    types = ev["input_type"].to_numpy()
-    concrete = ev["concrete_inputs"].to_numpy()
+    dims = numpy_column(ev, "input_dims")
+    types = numpy_column(ev, "input_type")
+    concrete = numpy_column(ev, "concrete_inputs")
     # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
     # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
     inv, first_of = group_ids(value_codes_at(dims, order), value_codes_at(types, order), value_codes_at(concrete, order), spec_o)
@@ -197,7 +197,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
 
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     if att is None:
-        nearest = climb_to(parent, gpu["op"].to_numpy(), is_att)
+        nearest = climb_to(parent, numpy_column(gpu, "op"), is_att)
         call_of_gpu[nearest >= 0] = call_of(nearest[nearest >= 0])
     else:
         # op_gpu's pairs climb the same parent links from each GPU row's op, a level at a time:
@@ -222,8 +222,8 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     calls = pd.DataFrame({
         "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
         **shape_cols,
-        "ts": ev["ts"].to_numpy()[call_rows], "end": ev["end"].to_numpy()[call_rows], "row": call_rows,
-        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": ev["dur"].to_numpy()[call_rows] / US,
+        "ts": numpy_column(ev, "ts")[call_rows], "end": numpy_column(ev, "end")[call_rows], "row": call_rows,
+        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": numpy_column(ev, "dur")[call_rows] / US,
         "library": np.where(op_library != None, op_library, per["klib"]),  # noqa: E711
         "in_graph": cat == GRAPH_MAP_CATEGORY,
     })
@@ -236,10 +236,10 @@ def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataF
     free = _NAMES_A_BACKEND[kidx] & ~taken
     if not free.any():
         return None
-    order = np.lexsort((gpu["ts"].to_numpy(), gpu["stream"].to_numpy(), gpu["device"].to_numpy()))
+    order = np.lexsort((numpy_column(gpu, "ts"), numpy_column(gpu, "stream"), numpy_column(gpu, "device")))
     f = free[order]
-    dev = gpu["device"].to_numpy()[order]
-    stream = gpu["stream"].to_numpy()[order]
+    dev = numpy_column(gpu, "device")[order]
+    stream = numpy_column(gpu, "stream")[order]
     same_stream = np.r_[False, (dev[1:] == dev[:-1]) & (stream[1:] == stream[:-1])]
     prev_free = np.r_[False, f[:-1]] & same_stream
     starts = f & ~prev_free
@@ -252,14 +252,14 @@ def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataF
     in_call = np.flatnonzero(call_of_gpu >= 0)
     first = in_call[first_rows(call_of_gpu[in_call], n_calls)]  # every call has a kernel
     by_call = in_call[np.argsort(call_of_gpu[in_call], kind="stable")]
-    last_end = np.maximum.reduceat(gpu["end"].to_numpy()[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
-    launch = gpu["launch"].to_numpy(np.int64)[first]
+    last_end = np.maximum.reduceat(numpy_column(gpu, "end")[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
+    launch = numpy_column(gpu, "launch", np.int64)[first]
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
     unknown = pd.array(np.full(n_calls, None), dtype="Int64")  # one for every shape column: the frame copies it into each
     return pd.DataFrame({
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
         **dict.fromkeys(SHAPE_KEYS, unknown), "dtype": None,
-        "causal": None, "ts": gpu["ts"].to_numpy()[first], "end": last_end, "row": rows[first],
+        "causal": None, "ts": numpy_column(gpu, "ts")[first], "end": last_end, "row": rows[first],
         "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
     })
@@ -280,8 +280,8 @@ def _modules_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) 
     keep = mod != None  # noqa: E711
     if not keep.any():
         return out
-    m_pid, m_tid = py["pid"].to_numpy()[keep], py["tid"].to_numpy()[keep]
-    m_ts, m_end, m_name = py["ts"].to_numpy()[keep], py["end"].to_numpy()[keep], mod[keep]
+    m_pid, m_tid = numpy_column(py, "pid")[keep], numpy_column(py, "tid")[keep]
+    m_ts, m_end, m_name = numpy_column(py, "ts")[keep], numpy_column(py, "end")[keep], mod[keep]
     for (p, t), qi in pd.Series(np.arange(len(ts))).groupby([pid, tid]).indices.items():
         sel = np.flatnonzero((m_pid == p) & (m_tid == t))
         if not len(sel):
@@ -339,13 +339,13 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataF
     cand = np.zeros(n, dtype=bool)
     rows_all = ops.index.to_numpy(np.int64)
     cand[rows_all[is_mm | is_sm]] = True
-    parent = ev["parent"].to_numpy()
+    parent = numpy_column(ev, "parent")
     rows = rows_all[is_mm | is_sm]
     # Outermost candidates only (aten::matmul, not the aten::bmm inside it), outside attention ops.
     rows = rows[(outermost(parent, rows, cand) == rows) & (outermost(parent, rows, is_att) < 0)]
     if len(rows) < 3:
         return None
-    pid, tid, ts = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows], ev["ts"].to_numpy()[rows]
+    pid, tid, ts = numpy_column(ev, "pid")[rows], numpy_column(ev, "tid")[rows], numpy_column(ev, "ts")[rows]
     o = np.lexsort((ts, tid, pid))
     rows, pid, tid = rows[o], pid[o], tid[o]
     nm = trace.names[rows]
@@ -354,10 +354,10 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataF
     trip = np.flatnonzero(same & mm[:-2] & sm[1:-1] & mm[2:])
     if not len(trip):
         return None
-    dims = ev["input_dims"].to_numpy()
-    types = ev["input_type"].to_numpy()
-    stacks = ev["stack"].to_numpy()
-    ts_all, end_all = ev["ts"].to_numpy(), ev["end"].to_numpy()
+    dims = numpy_column(ev, "input_dims")
+    types = numpy_column(ev, "input_type")
+    stacks = numpy_column(ev, "stack")
+    ts_all, end_all = numpy_column(ev, "ts"), numpy_column(ev, "end")
     modules = _modules_at(trace, pid[trip], tid[trip], ts_all[rows[trip + 1]])
     recs = []
     used_until: int = -1
@@ -392,11 +392,11 @@ def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
     ev = trace.events
     gpu = trace.narrow_gpu
     out = np.full(len(gpu), -1, dtype=np.int64)
-    launch = gpu["launch"].to_numpy()
+    launch = numpy_column(gpu, "launch")
     ok = np.flatnonzero(launch >= 0)
     lr = launch[ok]
-    lp, lt, lts = ev["pid"].to_numpy()[lr], ev["tid"].to_numpy()[lr], ev["ts"].to_numpy()[lr]
-    c_ts, c_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
+    lp, lt, lts = numpy_column(ev, "pid")[lr], numpy_column(ev, "tid")[lr], numpy_column(ev, "ts")[lr]
+    c_ts, c_end = numpy_column(calls, "ts", np.int64), numpy_column(calls, "end", np.int64)
     for (p, t), idx in calls.groupby(["pid", "tid"]).indices.items():
         idx = idx[np.argsort(c_ts[idx], kind="stable")]
         sel = np.flatnonzero((lp == p) & (lt == t))
@@ -423,13 +423,13 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     if not parts:
         return _empty_calls()
     calls = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]  # one part: already numbered 0..n-1
-    ts = calls["ts"].to_numpy()
+    ts = numpy_column(calls, "ts")
     if not bool((ts[1:] >= ts[:-1]).all()):
         calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
     # The final columns collected, then one frame (a column assignment each was a tenth of the time).
     cols: dict[str, Any] = {c: calls[c] for c in CALL_COLUMNS if c in calls.columns}
     cols["call"] = np.arange(len(calls))
-    rows = cols["row"].to_numpy(np.int64)
+    rows = numpy_column(cols, "row", np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
     for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
         v = cols[c]

@@ -37,6 +37,7 @@ import pandas as pd
 from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.dtypes import DTYPE_BYTES
 from tokentrace.analysis.common.shape_codes import group_ids, group_sums, top_per_group
+from tokentrace.analysis.loading.trace import numpy_column
 from tokentrace.analysis.segments import Segments
 
 # Sources of a call's or a step's length (the `kv_source` column, fit records' point sources).
@@ -65,10 +66,10 @@ def fill_lengths(calls: pd.DataFrame, segments: Segments, steps: pd.DataFrame | 
     index and prompt length (module docstring), and the query length of graph-replayed calls
     marked as captured. Returns a new frame where there is a length to fill (`calls` itself, never
     changed, otherwise); calls outside graphs are unchanged."""
-    in_graph = calls["in_graph"].to_numpy(bool)
+    in_graph = numpy_column(calls, "in_graph", bool)
     if steps is None or steps.empty or not in_graph.any() or not {"request", "step", "prompt_len"} <= set(steps.columns):
         return calls
-    want = in_graph & (calls["phase"].to_numpy(object) == "decode") & (calls["seg"].to_numpy(np.int64) >= 0) \
+    want = in_graph & (numpy_column(calls, "phase", object) == "decode") & (numpy_column(calls, "seg", np.int64) >= 0) \
         & calls["kv_len"].isna().to_numpy()
     if not want.any():
         return calls
@@ -76,7 +77,7 @@ def fill_lengths(calls: pd.DataFrame, segments: Segments, steps: pd.DataFrame | 
     src = calls["kv_source"].to_numpy(dtype=object, copy=True)
     st = steps.set_index("seg")
     prompt_of = steps[steps["phase"] == "prefill"].groupby("request")["prompt_len"].first()
-    at = st.reindex(calls["seg"].to_numpy(np.int64)[want])
+    at = st.reindex(numpy_column(calls, "seg", np.int64)[want])
     prompt = at["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
     step = at["step"].fillna(-1).to_numpy(np.int64)
     ok = (prompt > 0) & (step >= 0)
@@ -92,7 +93,7 @@ def fill_lengths(calls: pd.DataFrame, segments: Segments, steps: pd.DataFrame | 
 def q_sources(calls: pd.DataFrame) -> np.ndarray:
     """Where each call's query length came from: its op's dims, as run or as captured."""
     known = calls["q_len"].notna().to_numpy()
-    in_graph = calls["in_graph"].to_numpy(bool)
+    in_graph = numpy_column(calls, "in_graph", bool)
     return np.where(known, np.where(in_graph, FROM_CAPTURE_SHAPES, FROM_SHAPES), np.array(None))
 
 
@@ -162,8 +163,8 @@ def step_work(calls: pd.DataFrame, segments: Segments, time_col: str = "gpu_us")
     if calls.empty or "engine" not in t.columns or "decode_requests" not in t.columns:
         return pd.DataFrame(columns=STEP_COLUMNS)
     serving = np.flatnonzero(t["engine"].isin(_SERVING_ENGINES).to_numpy() & t["phase"].isin(("prefill", "decode", "mixed")).to_numpy())
-    t_seg = t["seg"].to_numpy(np.int64)[serving]
-    call_seg = calls["seg"].to_numpy(np.int64)
+    t_seg = numpy_column(t, "seg", np.int64)[serving]
+    call_seg = numpy_column(calls, "seg", np.int64)
     rows = np.flatnonzero(np.isin(call_seg, t_seg))
     if not len(rows):
         return pd.DataFrame(columns=STEP_COLUMNS)
@@ -175,8 +176,8 @@ def step_work(calls: pd.DataFrame, segments: Segments, time_col: str = "gpu_us")
     def col(name: str) -> np.ndarray | None:
         return t[name].array[at].to_numpy(dtype=np.int64) if name in t.columns else None
 
-    gpu_us = group_sums(step, calls["gpu_us"].to_numpy(float)[rows], n)[0]
-    cpu_us = group_sums(step, calls["cpu_us"].to_numpy(float)[rows], n)[0]
+    gpu_us = group_sums(step, numpy_column(calls, "gpu_us", float)[rows], n)[0]
+    cpu_us = group_sums(step, numpy_column(calls, "cpu_us", float)[rows], n)[0]
     pre, dec = _group_sums(col, "prefill"), _group_sums(col, "decode")
     q_tok = np.where((pre["tokens"] >= 0) & (dec["tokens"] >= 0), pre["tokens"] + dec["tokens"], -1)
     kv_tok = np.where((pre["kv_tokens"] >= 0) & (dec["kv_tokens"] >= 0), pre["kv_tokens"] + dec["kv_tokens"], -1)
@@ -228,6 +229,6 @@ def step_points(steps: pd.DataFrame, time_col: str = "gpu_us") -> dict[str, pd.D
         s = steps[(steps["phase"] == phase) & steps[xcol].notna() & (steps[time_col] > 0)]
         if len(s):
             out[phase] = pd.DataFrame({"x": s[xcol].to_numpy(float), "y": s[time_col].to_numpy(float), "source": FROM_ENGINE,
-                                       "op": s["op"].to_numpy(object), "backend": s["backend"].to_numpy(object),
-                                       "calls": s["calls"].to_numpy(np.int64)})
+                                       "op": numpy_column(s, "op", object), "backend": numpy_column(s, "backend", object),
+                                       "calls": numpy_column(s, "calls", np.int64)})
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 
 
 def climb_to(parent: np.ndarray, start: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -123,13 +123,13 @@ def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 def op_gpu(trace: Trace) -> OpGpu:
     """GPU time and counts of every op, self and total (see the module docstring)."""
     ev = trace.events
-    parent = ev["parent"].to_numpy()
+    parent = numpy_column(ev, "parent")
     gpu = trace.narrow_gpu
-    g_op = gpu["op"].to_numpy()
+    g_op = numpy_column(gpu, "op")
     linked = g_op >= 0
     cur = g_op[linked].astype(np.int64)
     rows = gpu.index.to_numpy(np.int64)[linked]
-    dur = gpu["dur"].to_numpy()[linked].astype(float)
+    dur = numpy_column(gpu, "dur")[linked].astype(float)
     self_op, self_dur = cur, dur
     pair_op: list[np.ndarray] = []
     pair_gpu: list[np.ndarray] = []

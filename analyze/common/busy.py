@@ -11,7 +11,7 @@ from itertools import pairwise
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 
 
 @dataclass
@@ -36,9 +36,9 @@ def device_busy(trace: Trace) -> BusyTimeline:
     if gpu.empty:
         return out
     rows = gpu.index.to_numpy(np.int64)
-    dev = gpu["device"].to_numpy(np.int64)
-    ts = gpu["ts"].to_numpy(np.int64)
-    end = gpu["end"].to_numpy(np.int64)
+    dev = numpy_column(gpu, "device", np.int64)
+    ts = numpy_column(gpu, "ts", np.int64)
+    end = numpy_column(gpu, "end", np.int64)
     order = iv.group_start_order(dev, ts)  # None: in (device, start) order already
     if order is not None:
         rows, dev, ts, end = rows[order], dev[order], ts[order], end[order]
@@ -66,6 +66,6 @@ class StreamBusy:
 def stream_busy(trace: Trace) -> StreamBusy:
     """Merged busy intervals per stream (the gpu section's stream table and the gaps' per-stream idle)."""
     gpu = trace.narrow_gpu
-    codes, pairs = iv.pair_codes(gpu["device"].to_numpy(np.int64), gpu["stream"].to_numpy(np.int64))
-    g, ms, me = iv.union_grouped(codes, gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64))
+    codes, pairs = iv.pair_codes(numpy_column(gpu, "device", np.int64), numpy_column(gpu, "stream", np.int64))
+    g, ms, me = iv.union_grouped(codes, numpy_column(gpu, "ts", np.int64), numpy_column(gpu, "end", np.int64))
     return StreamBusy(codes, pairs, g, ms, me)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.loading.trace import isin_mask
+from tokentrace.analysis.loading.trace import isin_mask, numpy_column
 
 GIB = 1 << 30
 
@@ -107,7 +107,7 @@ def _chosen_properties(trace: Any) -> dict[str, Any] | None:
     # The kernels' devices from the GPU view the detectors share (not trace.kernels, nor a view
     # of its own: a pass over every event's kind).
     gpu = trace.narrow_gpu
-    devices = gpu["device"].to_numpy()[isin_mask(gpu["kind"], ("kernel",))]
+    devices = numpy_column(gpu, "device")[isin_mask(gpu["kind"], ("kernel",))]
     if len(devices):
         # value_counts' first: the most kernels, equal counts in order of first appearance.
         values, first, counts = np.unique(devices, return_index=True, return_counts=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, numpy_column
 
 
 @dataclass
@@ -56,9 +56,9 @@ class HostLookup:
         if what not in self._sources:
             if what == "op":
                 df = self.trace.narrow(("cpu_op",), OP_COLUMNS)
-                ts = df["ts"].to_numpy()
-                self._sources[what] = _Source(ts, df["end"].to_numpy(), df.index.to_numpy(np.int64), df["pid"].to_numpy(),
-                                              df["tid"].to_numpy(), None, bool((ts[1:] >= ts[:-1]).all()))
+                ts = numpy_column(df, "ts")
+                self._sources[what] = _Source(ts, numpy_column(df, "end"), df.index.to_numpy(np.int64), numpy_column(df, "pid"),
+                                              numpy_column(df, "tid"), None, bool((ts[1:] >= ts[:-1]).all()))
             else:
                 self._sources[what] = _frames(self.trace)
         return self._sources[what]
@@ -107,7 +107,7 @@ def _frames(trace: Trace) -> _Source:
     millions of frames); none at all without a python_function event (most traces), found from
     the kind's categories when they lack it, without a pass over every event."""
     ev = trace.events
-    ts, end, pids, tids = ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy()
+    ts, end, pids, tids = numpy_column(ev, "ts"), numpy_column(ev, "end"), numpy_column(ev, "pid"), numpy_column(ev, "tid")
     kind = ev["kind"]
     listed = not isinstance(kind.dtype, pd.CategoricalDtype) or "python_function" in kind.cat.categories
     mine = trace.kind_mask("python_function") if listed else None
@@ -135,12 +135,12 @@ def recorded_stack(trace: Trace, op_row: int) -> list[str] | None:
     """The op's own call stack when the profiler recorded one (with_stack=True)."""
     if op_row < 0:
         return None
-    return _stack_of(trace.events["stack"].to_numpy()[op_row])
+    return _stack_of(numpy_column(trace.events, "stack")[op_row])
 
 
 def recorded_stacks(trace: Trace, op_rows: np.ndarray) -> list[list[str] | None]:
     """`recorded_stack` of each row (the column read once, not once per row)."""
-    col = trace.events["stack"].to_numpy()
+    col = numpy_column(trace.events, "stack")
     return [None if r < 0 else _stack_of(col[r]) for r in np.asarray(op_rows, dtype=np.int64).tolist()]
 
 

@@ -30,7 +30,7 @@ import pandas as pd
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import BusyTimeline
 from tokentrace.analysis.common.units import US
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 
 # nsys defaults (nsys analyze --help-rules): gap threshold 500 ms; 30 chunks; 50 % utilisation.
 GAP_MS = 500.0
@@ -58,12 +58,12 @@ def evaluate(trace: Trace, busy: BusyTimeline, calls: pd.DataFrame, *, gap_ms: f
     out: dict[str, Any] = {}
     # The api calls' columns as arrays once, each rule's rows by its kinds' codes (a filtered frame
     # per rule cost more than the rules).
-    api = calls["source"].to_numpy() == "api"
-    codes, kinds_seen = pd.factorize(calls["kind"].to_numpy()[api])
-    api_name = calls["api"].to_numpy()[api]
+    api = numpy_column(calls, "source") == "api"
+    codes, kinds_seen = pd.factorize(numpy_column(calls, "kind")[api])
+    api_name = numpy_column(calls, "api")[api]
     ts, end, row = (calls[c].to_numpy(np.int64)[api] for c in ("ts", "end", "row"))
     names = trace.names
-    op_col = trace.events["op"].to_numpy()
+    op_col = numpy_column(trace.events, "op")
     for rule, kinds in _KIND_OF_RULE.items():
         of_rule = np.append([k in kinds for k in kinds_seen.tolist()], False)  # code -1 (no kind) reads the last slot
         c = np.flatnonzero(of_rule[codes])

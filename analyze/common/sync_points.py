@@ -31,7 +31,7 @@ from tokentrace.analysis.apis import (
 )
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.attribution import climb_to
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask, numpy_column
 
 # A sync call returns a moment after the GPU work it waited for ends; host and GPU clocks in
 # Kineto traces also differ by a microsecond or two. Within this slack a sync that returned just
@@ -123,7 +123,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
     if len(cs):
-        linked = cs["launch"].to_numpy()
+        linked = numpy_column(cs, "launch")
         covered = np.isin(linked, rows[keep]) if keep.any() else np.zeros(len(cs), dtype=bool)
         lone = cs[~covered]
         if len(lone):
@@ -133,8 +133,8 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
             lone = lone[ok]
             parts.append(pd.DataFrame({
                 "row": lone.index.to_numpy(np.int64), "api": lone["name"].astype(object).to_numpy(), "kind": k[ok],
-                "ts": lone["ts"].to_numpy(), "end": lone["end"].to_numpy(), "pid": -1, "tid": -1,
-                "device": lone["device"].to_numpy(), "stream": lone["stream"].to_numpy(), "copy": None,
+                "ts": numpy_column(lone, "ts"), "end": numpy_column(lone, "end"), "pid": -1, "tid": -1,
+                "device": numpy_column(lone, "device"), "stream": numpy_column(lone, "stream"), "copy": None,
                 "source": "cuda_sync",
             }))
     calls = (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else _empty_calls()
@@ -142,7 +142,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     if ops is not None:
         calls = pd.concat([calls, ops], ignore_index=True)
     calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
-    ts = calls["ts"].to_numpy()
+    ts = numpy_column(calls, "ts")
     if bool((ts[1:] >= ts[:-1]).all()):
         return calls  # in start order already (one part's rows, as loaded): what the stable sort keeps
     return calls.sort_values("ts", kind="stable").reset_index(drop=True)
@@ -207,8 +207,8 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | 
     names = trace.names
     is_sync_op = np.zeros(len(ev), dtype=bool)
     is_sync_op[sync_rows] = True
-    parent = ev["parent"].to_numpy()
-    op_col = ev["op"].to_numpy()
+    parent = numpy_column(ev, "parent")
+    op_col = numpy_column(ev, "op")
     api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
@@ -221,7 +221,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | 
     if not len(cand) or not len(rt_rows):
         return None
     return pd.DataFrame({
-        "row": cand, "api": names[cand], "kind": "op", "ts": ev["ts"].to_numpy()[cand], "end": ev["end"].to_numpy()[cand],
-        "pid": ev["pid"].to_numpy()[cand], "tid": ev["tid"].to_numpy()[cand], "device": -1, "stream": -1, "copy": None,
+        "row": cand, "api": names[cand], "kind": "op", "ts": numpy_column(ev, "ts")[cand], "end": numpy_column(ev, "end")[cand],
+        "pid": numpy_column(ev, "pid")[cand], "tid": numpy_column(ev, "tid")[cand], "device": -1, "stream": -1, "copy": None,
         "source": "op",
     })

@@ -42,7 +42,7 @@ from tokentrace.analysis.common.fits import CONFIDENCE, t_quantile
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.json_values import records as json_records
 from tokentrace.analysis.compare.metrics import Metric, dig, is_summary, metrics_for
-from tokentrace.analysis.loading.trace import OP_COLUMNS, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, numpy_column, values_at
 from tokentrace.errors import TokentraceError
 
 DIFF_SCHEMA_VERSION = 1
@@ -229,7 +229,7 @@ def _phases(trace: Any, segments: Any, rows: pd.Index, *, gpu: bool) -> np.ndarr
     if segments is None or not len(segments) or not len(rows):
         return None
     r = np.asarray(rows, dtype=np.int64)
-    seg = segments.locate_rows(trace, r) if gpu else segments.locate_times(trace.events["ts"].to_numpy()[r])
+    seg = segments.locate_rows(trace, r) if gpu else segments.locate_times(numpy_column(trace.events, "ts")[r])
     phase_of = segments.table.set_index("seg")["phase"].astype(object)
     out = np.full(len(r), OUTSIDE_PHASE, dtype=object)
     ok = seg >= 0
@@ -262,7 +262,7 @@ def kernel_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     block = _dims_text(pd.Series(values_at(ev["block"], rows), index=g.index))
     shape = np.where(grid.to_numpy() == "", "", "grid " + grid.astype(str) + " block " + block.astype(str))
     df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": g["name"].astype(str).to_numpy(),
-                       "shape": shape, "dur": g["dur"].to_numpy()})
+                       "shape": shape, "dur": numpy_column(g, "dur")})
     out = df.groupby(["phase", "name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum")).reset_index()
     out["total_us"] = out["total_us"] / 1000.0
     return out
@@ -279,7 +279,7 @@ def op_table(trace: Any, phase: np.ndarray | None = None) -> pd.DataFrame:
     gpu_by_op = linked.groupby("op")["dur"].sum()
     gpu_ns = gpu_by_op.reindex(ops.index, fill_value=0).to_numpy()
     df = pd.DataFrame({"phase": "all" if phase is None else phase, "name": ops["name"].astype(str).to_numpy(),
-                       "shape": _dims_text(ops["input_dims"]).to_numpy(), "dur": ops["dur"].to_numpy(), "gpu": gpu_ns})
+                       "shape": _dims_text(ops["input_dims"]).to_numpy(), "dur": numpy_column(ops, "dur"), "gpu": gpu_ns})
     out = df.groupby(["phase", "name", "shape"], sort=False).agg(count=("dur", "size"), total_us=("dur", "sum"),
                                                                 gpu_us=("gpu", "sum")).reset_index()
     out["total_us"] = out["total_us"] / 1000.0
@@ -343,8 +343,8 @@ def _side_frame(t: pd.DataFrame | None, side: str) -> pd.DataFrame:
     t = t if t is not None else pd.DataFrame(columns=["name", "shape", "count", "total_us"])
     return pd.DataFrame({
         "name": t["name"].astype(object).to_numpy(), "shape": t["shape"].astype(object).to_numpy(),
-        f"{side}_count": t["count"].to_numpy(float),
-        f"{side}_us": t["total_us"].to_numpy(float),
+        f"{side}_count": numpy_column(t, "count", float),
+        f"{side}_us": numpy_column(t, "total_us", float),
         f"{side}_gpu_us": (t["gpu_us"] if "gpu_us" in t else pd.Series(np.nan, index=t.index)).to_numpy(float),
     })
 

@@ -28,6 +28,7 @@ import pandas as pd
 from tokentrace.analysis.compare.runner import RunInfo, run_units
 from tokentrace.analysis.compare.skew import CollectiveSkew, collective_skew
 from tokentrace.analysis.findings import Finding
+from tokentrace.analysis.loading.trace import numpy_column
 from tokentrace.errors import TokentraceError
 
 RANK_COLUMNS = ["rank", "path", "device", "duration_us", "steps", "step_total_us", "step_mean_us", "step_max_us",
@@ -157,9 +158,9 @@ def combine(results: list[dict[str, Any]]) -> RanksResult:
     g = steps.groupby(["phase", "index"], sort=False)["dur_us"]
     slow, fast = steps.loc[g.idxmax()], steps.loc[g.idxmin()]
     per = pd.DataFrame({
-        "phase": slow["phase"].to_numpy(), "index": slow["index"].to_numpy(),
-        "slowest_rank": slow["rank"].to_numpy(), "slowest_us": slow["dur_us"].to_numpy(),
-        "fastest_rank": fast["rank"].to_numpy(), "fastest_us": fast["dur_us"].to_numpy(),
+        "phase": numpy_column(slow, "phase"), "index": numpy_column(slow, "index"),
+        "slowest_rank": numpy_column(slow, "rank"), "slowest_us": numpy_column(slow, "dur_us"),
+        "fastest_rank": numpy_column(fast, "rank"), "fastest_us": numpy_column(fast, "dur_us"),
     })
     stats = g.agg(ranks="size", mean_us="mean").reset_index()
     per = per.merge(stats, on=["phase", "index"], how="left")

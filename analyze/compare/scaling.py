@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from tokentrace.analysis.common.fits import Narrow, PowerFit, power_law
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.errors import TokentraceError
 
 __all__ = ["PowerFit", "Sweep", "fit_sweep", "power_law", "sweep_rows"]
@@ -150,7 +150,7 @@ def fit_sweep(traces_or_paths: Iterable[Trace | str | os.PathLike] | str | os.Pa
     if not table.empty:
         keyed = table.assign(batch_key=table["batch"].fillna(-1))
         for (op, backend, batch, time), g in keyed.groupby(["op", "backend", "batch_key", "time"], sort=True):
-            fit = power_law(g["prompt_len"].to_numpy(float), g["median_us"].to_numpy(float))
+            fit = power_law(numpy_column(g, "prompt_len", float), numpy_column(g, "median_us", float))
             label = {"phase": "prefill", "op": op, "backend": backend, "x": "prompt_len", "time": time,
                      "batch": None if batch == -1 else int(batch), "traces": int(len(g))}
             if fit is None:

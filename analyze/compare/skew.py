@@ -34,6 +34,7 @@ import pandas as pd
 
 from tokentrace.analysis.common.collectives import SIZE_INVARIANT, SYNCHRONISING
 from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.trace import numpy_column
 
 US = 1000.0
 # The ends of one collective's kernels on different ranks differ by the last transfer's latency
@@ -118,8 +119,8 @@ def align(df: pd.DataFrame, ranks: list[int] | None = None) -> Alignment:
         return Alignment(ranks[0] if ranks else None, {r: 0 for r in ranks}, 0, unaligned=ranks[1:])
     ref_of_key = shared.groupby("key")["rank"].transform("min")
     ref_end = shared.loc[shared["rank"] == ref_of_key].drop_duplicates("key").set_index("key")["end_ns"]
-    diff = shared["end_ns"].to_numpy(float) - ref_end.reindex(shared["key"]).to_numpy(float)
-    pairs = pd.DataFrame({"a": ref_of_key.to_numpy(), "b": shared["rank"].to_numpy(), "d": diff})
+    diff = numpy_column(shared, "end_ns", float) - ref_end.reindex(shared["key"]).to_numpy(float)
+    pairs = pd.DataFrame({"a": ref_of_key.to_numpy(), "b": numpy_column(shared, "rank"), "d": diff})
     pairs = pairs[pairs["a"] != pairs["b"]]
     med = pairs.groupby(["a", "b"])["d"].median()
     weight = pairs.groupby(["a", "b"]).size()
@@ -140,8 +141,8 @@ def align(df: pd.DataFrame, ranks: list[int] | None = None) -> Alignment:
                 queue.append(b)
     unaligned = [r for r in ranks if r not in offsets]
     off = {r: int(round(offsets.get(r, 0.0))) for r in ranks}
-    aligned_end = shared["end_ns"].to_numpy(float) - shared["rank"].map(off).to_numpy(float)
-    resid = np.abs(aligned_end - pd.Series(aligned_end).groupby(shared["key"].to_numpy()).transform("median").to_numpy())
+    aligned_end = numpy_column(shared, "end_ns", float) - shared["rank"].map(off).to_numpy(float)
+    resid = np.abs(aligned_end - pd.Series(aligned_end).groupby(numpy_column(shared, "key")).transform("median").to_numpy())
     return Alignment(ref, off, int(shared["key"].nunique()), round(float(np.percentile(resid, 50)) / US, 3),
                      round(float(np.percentile(resid, 90)) / US, 3), unaligned)
 
@@ -150,7 +151,7 @@ def skew_per_call(df: pd.DataFrame, al: Alignment) -> tuple[pd.DataFrame, pd.Dat
     """Per matched call: ranks, first and last rank, arrival skew and the others' wait; and the
     per-rank rows with their aligned arrival and wait."""
     off = df["rank"].map(al.offsets_ns).fillna(0).to_numpy(float)
-    df = df.assign(arrive=df["start_ns"].to_numpy(float) - off, leave=df["end_ns"].to_numpy(float) - off)
+    df = df.assign(arrive=numpy_column(df, "start_ns", float) - off, leave=numpy_column(df, "end_ns", float) - off)
     timed = df[df["busy_us"].notna() & df["start_ns"].notna()]
     timed = timed[timed.groupby("key")["rank"].transform("nunique") >= 2]
     if timed.empty:
@@ -164,8 +165,8 @@ def skew_per_call(df: pd.DataFrame, al: Alignment) -> tuple[pd.DataFrame, pd.Dat
     calls = pd.DataFrame({
         "key": first.index,
         "ranks": g["rank"].nunique().reindex(first.index).to_numpy(),
-        "first_rank": first["rank"].to_numpy(), "last_rank": last["rank"].to_numpy(),
-        "skew_us": (last["arrive"].to_numpy() - first["arrive"].to_numpy()) / US,
+        "first_rank": numpy_column(first, "rank"), "last_rank": numpy_column(last, "rank"),
+        "skew_us": (numpy_column(last, "arrive") - numpy_column(first, "arrive")) / US,
         "wait_us": g["wait_us"].sum().reindex(first.index).to_numpy(),
         # One call's ranges overlap on the aligned clock: no rank can leave before the last arrives.
         "valid": (g["arrive"].max() <= g["leave"].min() + tol).reindex(first.index).to_numpy(),

@@ -37,7 +37,7 @@ from tokentrace.analysis.common.shape_codes import first_known, frame_group_ids,
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 
 NAME = "attention"
 NEEDS = ("phases",)
@@ -70,8 +70,8 @@ def group_calls(calls: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=GROUP_KEYS + ["calls", "gpu_total_us", "gpu_mean_us", "cpu_mean_us", "causal", "module", "library"])
     gid, first = frame_group_ids(calls, GROUP_KEYS)
     n = len(first)
-    gpu_total, gpu_n = group_sums(gid, calls["gpu_us"].to_numpy(float), n)
-    cpu_total, cpu_n = group_sums(gid, calls["cpu_us"].to_numpy(float), n)
+    gpu_total, gpu_n = group_sums(gid, numpy_column(calls, "gpu_us", float), n)
+    cpu_total, cpu_n = group_sums(gid, numpy_column(calls, "cpu_us", float), n)
     order = np.argsort(-gpu_total, kind="stable")  # as a stable descending sort_values: ties keep their order
     rows = first[order]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -125,7 +125,7 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
     fits: list[dict[str, Any]] = []
     if calls.empty:
         return fits
-    phase = calls["phase"].to_numpy(object)
+    phase = numpy_column(calls, "phase", object)
     t = calls[time_col].to_numpy(float)
     keys = [calls[k] for k in FIT_KEYS]
     label_values = [k.to_numpy(object) for k in keys]
@@ -139,7 +139,7 @@ def fit_calls(calls: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
         rows = np.flatnonzero(ok)
         if not len(rows):
             continue
-        source = q_sources(calls) if ph == "prefill" else calls["kv_source"].to_numpy(object)
+        source = q_sources(calls) if ph == "prefill" else numpy_column(calls, "kv_source", object)
         if key_codes is None:
             key_codes = [sorted_codes(k)[1] for k in keys]
         for g in _sorted_groups(key_codes, rows):
@@ -161,13 +161,13 @@ def fit_steps(steps: pd.DataFrame, time_col: str = "gpu_us") -> list[dict[str, A
     to fit" with the mean where they do not spread enough."""
     fits: list[dict[str, Any]] = []
     for phase, pts in step_points(steps, time_col).items():
-        x = pts["x"].to_numpy(float)
-        fit = power_law(x, pts["y"].to_numpy(float))
+        x = numpy_column(pts, "x", float)
+        fit = power_law(x, numpy_column(pts, "y", float))
         if fit is None:
             continue
         op = pts["op"].mode().iat[0] if pts["op"].notna().any() else None
         backend = pts["backend"].mode().iat[0] if pts["backend"].notna().any() else None
-        fits.append(_record(fit, x, pts["source"].to_numpy(object), phase=phase, op=op, backend=backend,
+        fits.append(_record(fit, x, numpy_column(pts, "source", object), phase=phase, op=op, backend=backend,
                             x="kv_tokens" if phase == "decode" else "q_tokens", shape=None, time=time_col.removesuffix("_us"),
                             calls=int(pts["calls"].sum()), total_us=round(float(pts["y"].sum()), 3), per="step",
                             steps=int(len(pts))))
@@ -335,7 +335,7 @@ def _lengths_json(calls: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
     the decode calls inside graph replays whose KV length nothing gives."""
     if calls.empty:
         return {"in_graph_calls": 0, "kv_sources": {}, "in_engine_steps": 0, "kv_unknown_in_graph": 0}
-    in_graph = calls["in_graph"].to_numpy(bool)
+    in_graph = numpy_column(calls, "in_graph", bool)
     stepped = calls["seg"].isin(steps.loc[steps["kv_tokens"].notna(), "seg"]).to_numpy() if len(steps) else np.zeros(len(calls), bool)
     unknown = in_graph & calls["kv_len"].isna().to_numpy() & (calls["phase"] == "decode").to_numpy() & ~stepped
     return {

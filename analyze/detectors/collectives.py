@@ -41,7 +41,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_containing
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, numpy_column, values_at
 
 NAME = "communication"
 NEEDS = ("phases", "gaps")
@@ -235,8 +235,8 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
             "ratio", *ARG_STR, *ARG_INT]
     if not len(rows):
         return _empty_frame(tuple(cols))
-    pid, tid = ev["pid"].to_numpy()[rows], ev["tid"].to_numpy()[rows]
-    ts, end = ev["ts"].to_numpy()[rows], ev["end"].to_numpy()[rows]
+    pid, tid = numpy_column(ev, "pid")[rows], numpy_column(ev, "tid")[rows]
+    ts, end = numpy_column(ev, "ts")[rows], numpy_column(ev, "end")[rows]
     thread, _ = iv.pair_codes(pid, tid)
     order = np.lexsort((-end, ts, thread))
     rows, pid, tid, ts, end, thread = rows[order], pid[order], tid[order], ts[order], end[order], thread[order]
@@ -253,7 +253,7 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     m: dict[str, pd.Series] = {c: args[c] for c in (*ARG_STR, *ARG_INT)}
     # Type of each member and how sure it is: the args' collective name, then the backend's own
     # range (nccl:all_reduce), then the framework op (c10d::allreduce_, vllm::all_reduce).
-    arg_type = _per_distinct(m["coll_name"].to_numpy(dtype=object), cc.normalise_type)
+    arg_type = _per_distinct(numpy_column(m, "coll_name", object), cc.normalise_type)
     name_type = _per_distinct(names, lambda x: cc.host_type(str(x)))
     backend = _per_distinct(names, lambda x: str(x).split(":", 1)[0] if ":" in str(x) and "::" not in str(x) else None)
     m["type"] = pd.Series([a or b for a, b in zip(arg_type, name_type, strict=True)])
@@ -261,8 +261,8 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
                     dtype=np.int64)
     m["type_source"] = pd.Series(["args" if a else ("op" if b else None) for a, b in zip(arg_type, name_type, strict=True)])
     m["backend"] = pd.Series(backend)
-    dims = ev["input_dims"].to_numpy()[rows]
-    types = ev["input_type"].to_numpy()[rows]
+    dims = numpy_column(ev, "input_dims")[rows]
+    types = numpy_column(ev, "input_type")[rows]
     cache: dict[tuple[int, int], tuple[int | None, str | None, float | None]] = {}
     sizes, dts, ratios = [], [], []
     for d, t in zip(dims, types, strict=True):  # host collective calls only: a few per step, parsed once per distinct shape
@@ -356,7 +356,7 @@ def collective_kernels(trace: Trace, calls: pd.DataFrame, rows: np.ndarray) -> p
     for c in ("ts", "end", "device", "stream"):
         k[c] = ev[c].to_numpy()[rows]
     k["dur"] = k["end"] - k["ts"]
-    launch = ev["launch"].to_numpy()[rows]
+    launch = numpy_column(ev, "launch")[rows]
     k["launch"] = launch
     k["call"] = _call_of_launch(ev, calls, launch)
     return k
@@ -369,10 +369,10 @@ def _call_of_launch(ev: pd.DataFrame, calls: pd.DataFrame, launch: np.ndarray) -
     if calls.empty or not ok.any():
         return out
     lrows = launch[ok]
-    lpid, ltid, lts = ev["pid"].to_numpy()[lrows], ev["tid"].to_numpy()[lrows], ev["ts"].to_numpy()[lrows]
+    lpid, ltid, lts = numpy_column(ev, "pid")[lrows], numpy_column(ev, "tid")[lrows], numpy_column(ev, "ts")[lrows]
     hit = np.full(len(lrows), -1, np.int64)
-    cpid, ctid = calls["pid"].to_numpy(np.int64), calls["tid"].to_numpy(np.int64)
-    cstart, cend = calls["start"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
+    cpid, ctid = numpy_column(calls, "pid", np.int64), numpy_column(calls, "tid", np.int64)
+    cstart, cend = numpy_column(calls, "start", np.int64), numpy_column(calls, "end", np.int64)
     for p, t in set(zip(lpid.tolist(), ltid.tolist(), strict=True)):  # one pass per launching thread (a handful)
         mine = np.flatnonzero((cpid == p) & (ctid == t))
         q = np.flatnonzero((lpid == p) & (ltid == t))
@@ -406,14 +406,14 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
     Each part's frame is built at once from its columns (adding them one by one cost a check and
     a copy each); the columns only building reads (the kernels' and calls' own args, hints) stay
     out of it."""
-    has_call = kern["call"].to_numpy() >= 0
+    has_call = numpy_column(kern, "call") >= 0
     kern = kern.copy()
     # Kernels of one host call form one instance; a kernel without a call is its own.
     kern["inst"] = np.where(has_call, kern["call"], -1 - np.arange(len(kern)))
     kern = kern.sort_values(["inst", "ts"], kind="stable").reset_index(drop=True)
     # Per instance: the first kernel's fields (a call's kernels carry the same args), its extent
     # and busy time; reduceat over the sorted groups instead of a many-column groupby.
-    inst = kern["inst"].to_numpy()
+    inst = numpy_column(kern, "inst")
     fp = first_pos(inst) if len(inst) else np.zeros(0, np.int64)
     firsts = kern.iloc[fp].reset_index(drop=True)
     call = firsts["call"]
@@ -423,14 +423,14 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
     kt = args["coll_name"].map(cc.normalise_type)
     # The calls' own type columns as plain object arrays, as their values are read here.
     ctype, csource, cbackend = (pd.Series(c[col].to_numpy()) for col in ("type", "type_source", "backend"))
-    busy = np.add.reduceat(kern["dur"].to_numpy(), fp) if len(fp) else np.zeros(0)
+    busy = np.add.reduceat(numpy_column(kern, "dur"), fp) if len(fp) else np.zeros(0)
     gpu = pd.DataFrame({
         "anchor": firsts["row"], "kernel": firsts["name"], "algo": firsts["algo"], "kernels": np.diff(np.r_[fp, len(inst)]),
         "device": firsts["device"], "stream": firsts["stream"],
-        "start": np.minimum.reduceat(kern["ts"].to_numpy(), fp) if len(fp) else [],
-        "end": np.maximum.reduceat(kern["end"].to_numpy(), fp) if len(fp) else [],
+        "start": np.minimum.reduceat(numpy_column(kern, "ts"), fp) if len(fp) else [],
+        "end": np.maximum.reduceat(numpy_column(kern, "end"), fp) if len(fp) else [],
         "call": call, "tmpl_group": firsts["tmpl_group"], "kind": "gpu",
-        "host_row": c["root"].fillna(-1).astype(np.int64).to_numpy(), "host_start": c["start"].to_numpy(dtype=float),
+        "host_row": c["root"].fillna(-1).astype(np.int64).to_numpy(), "host_start": numpy_column(c, "start", float),
         **args,
         **{f"c_{col}": c[col].to_numpy() for col in ("dims_bytes", "dims_dtype", "ratio")},
         "type": _first_valid(kt, ctype, hint),
@@ -462,9 +462,9 @@ def build_instances(trace: Trace, calls: pd.DataFrame, kern: pd.DataFrame) -> pd
 def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     """dtype, bytes S, group size (and where each came from), process group and sequence number."""
     el = _map_float(inst["coll_dtype"], lambda d: cc.DTYPE_BYTES.get(d) if isinstance(d, str) else None)
-    nel = np.fmax(inst["in_nelems"].to_numpy(float), inst["out_nelems"].to_numpy(float))
+    nel = np.fmax(numpy_column(inst, "in_nelems", float), numpy_column(inst, "out_nelems", float))
     arg_bytes = nel * el
-    dims = inst["c_dims_bytes"].to_numpy(float)
+    dims = numpy_column(inst, "c_dims_bytes", float)
     inst["bytes"] = np.where(np.isfinite(arg_bytes), arg_bytes, dims)
     inst["bytes_source"] = pd.Series(np.select([np.isfinite(arg_bytes), np.isfinite(dims)], ["args", "input_dims"], ""),
                                      index=inst.index).replace("", None)
@@ -488,9 +488,9 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     inst["group_size_source"] = pd.Series(src, index=inst.index, dtype=object)
     inst["pg"] = _first_valid(inst["pg_name"], inst["pg_ranks"])
     inst["seq"] = inst["coll_seq"]
-    t = inst["busy_us"].to_numpy(float)
+    t = numpy_column(inst, "busy_us", float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        algbw = np.where(t > 0, inst["bytes"].to_numpy(float) / (t / 1e6) / GB, np.nan)
+        algbw = np.where(t > 0, numpy_column(inst, "bytes", float) / (t / 1e6) / GB, np.nan)
     factor = np.array([cc.busbw_factor(k, g) if isinstance(k, str) else None for k, g in zip(inst["type"], n, strict=True)], dtype=float)
     inst["algbw_gbs"] = algbw
     inst["busbw_gbs"] = algbw * factor
@@ -557,8 +557,8 @@ def _compute_kernels(trace: Trace, coll: np.ndarray) -> np.ndarray:
 def _compute_union(trace: Trace, keep: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per device, merged intervals of compute: the kernels `keep` marks (_compute_kernels)."""
     k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-    dev = k["device"].to_numpy(np.int64)[keep]
-    ts, end = k["ts"].to_numpy(np.int64)[keep], k["end"].to_numpy(np.int64)[keep]
+    dev = numpy_column(k, "device", np.int64)[keep]
+    ts, end = numpy_column(k, "ts", np.int64)[keep], numpy_column(k, "end", np.int64)[keep]
     out = {}
     for d in np.unique(dev).tolist():
         m = dev == d
@@ -570,10 +570,10 @@ def _overlap(kern: pd.DataFrame, inst_of_kernel: np.ndarray, n_inst: int,
              compute: dict[int, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Per instance, kernel time during which compute ran on the same device."""
     ov = np.zeros(len(kern), np.int64)
-    dev = kern["device"].to_numpy(np.int64)
+    dev = numpy_column(kern, "device", np.int64)
     for d, (ms, me) in compute.items():
         m = dev == d
-        ov[m] = iv.overlap(ms, me, kern["ts"].to_numpy(np.int64)[m], kern["end"].to_numpy(np.int64)[m])
+        ov[m] = iv.overlap(ms, me, numpy_column(kern, "ts", np.int64)[m], numpy_column(kern, "end", np.int64)[m])
     return np.bincount(inst_of_kernel, weights=ov, minlength=n_inst)
 
 
@@ -586,7 +586,7 @@ def _step_labels(segments: Any, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray
         pos = table_positions(t, seg[ok])
         hit = pos >= 0  # an id not in the table reads as missing (NaN), as reindex gives it
         phase[ok] = np.nan
-        phase[ok[hit]] = t["phase"].to_numpy(dtype=object)[pos[hit]]
+        phase[ok[hit]] = numpy_column(t, "phase", object)[pos[hit]]
         step[ok[hit]] = pd.to_numeric(t["index"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)[pos[hit]]
     return phase, step
 
@@ -599,12 +599,12 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     gpu = inst[(inst["kind"] == "gpu") & (inst["seg"] >= 0)]
     if gpu.empty:
         return _empty_frame(tuple(cols))
-    kseg = inst["seg"].to_numpy(np.int64)[inst_of_kernel]
-    kdev = kern["device"].to_numpy(np.int64)
+    kseg = numpy_column(inst, "seg", np.int64)[inst_of_kernel]
+    kdev = numpy_column(kern, "device", np.int64)
     ok = kseg >= 0
     ndev = int(kdev.max()) + 1 if len(kdev) else 1
     group = kseg[ok] * ndev + kdev[ok]
-    g, ms, me = iv.union_grouped(group, kern["ts"].to_numpy(np.int64)[ok], kern["end"].to_numpy(np.int64)[ok])
+    g, ms, me = iv.union_grouped(group, numpy_column(kern, "ts", np.int64)[ok], numpy_column(kern, "end", np.int64)[ok])
     comm = np.zeros(len(g), np.int64)
     cover = np.zeros(len(g), np.int64)
     for d, (cs, ce) in compute.items():
@@ -617,21 +617,21 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     k = trace.narrow(("kernel",), KERNEL_COLUMNS)
     krows = k.index.to_numpy(np.int64)
     kseg_all = segments.locate_rows(trace, krows[comp])
-    kd = k["device"].to_numpy(np.int64)[comp]
+    kd = numpy_column(k, "device", np.int64)[comp]
     okc = kseg_all >= 0
     cg, cms, cme = iv.union_grouped(kseg_all[okc] * ndev + np.clip(kd[okc], 0, None),
-                                    k["ts"].to_numpy(np.int64)[comp][okc], k["end"].to_numpy(np.int64)[comp][okc])
+                                    numpy_column(k, "ts", np.int64)[comp][okc], numpy_column(k, "end", np.int64)[comp][okc])
     compute_step = pd.Series(cme - cms).groupby(cg // ndev).sum()
     agg = gpu.groupby("seg").agg(count=("kind", "size"), bytes=("bytes", "sum"), phase=("phase", "first"), index=("step", "first"))
     agg = agg.join(steps, how="left")
     agg["compute"] = compute_step.reindex(agg.index).fillna(0).to_numpy()
     out = pd.DataFrame({
-        "phase": agg["phase"].to_numpy(), "index": agg["index"].to_numpy(), "count": agg["count"].to_numpy(np.int64),
+        "phase": numpy_column(agg, "phase"), "index": numpy_column(agg, "index"), "count": numpy_column(agg, "count", np.int64),
         "comm_us": agg["comm"].fillna(0).to_numpy() / US,
         "exposed_us": (agg["comm"] - agg["cover"]).fillna(0).to_numpy() / US,
         "overlap_us": agg["cover"].fillna(0).to_numpy() / US,
         "hideable_us": np.maximum(agg["compute"] - agg["cover"].fillna(0), 0).to_numpy() / US,
-        "bytes": agg["bytes"].to_numpy(float),
+        "bytes": numpy_column(agg, "bytes", float),
     })
     out["index"] = pd.array(out["index"], dtype="Int64")
     return out.sort_values(["phase", "index"], kind="stable").reset_index(drop=True)[cols]
@@ -650,17 +650,17 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, compute: dict[int, tuple[np.ndarr
     top = np.full(n, None, object)
     top_us = np.full(n, np.nan)
     t0 = trace.span_ns[0]
-    dev = inst["device"].to_numpy(np.int64)
-    devices = np.unique(dev[inst["kind"].to_numpy() == "gpu"]).tolist()
+    dev = numpy_column(inst, "device", np.int64)
+    devices = np.unique(dev[numpy_column(inst, "kind") == "gpu"]).tolist()
     if devices:  # else host-side collectives only (gloo): no device to look back on, no kernel read
         k = trace.narrow(("kernel",), KERNEL_COLUMNS)
-        kdev, kts, kdur = k["device"].to_numpy(np.int64)[comp], k["ts"].to_numpy(np.int64)[comp], k["dur"].to_numpy(np.int64)[comp]
+        kdev, kts, kdur = numpy_column(k, "device", np.int64)[comp], numpy_column(k, "ts", np.int64)[comp], numpy_column(k, "dur", np.int64)[comp]
         kname = trace.names[k.index.to_numpy(np.int64)[comp]]
     for d in devices:
-        idx = np.flatnonzero((dev == d) & (inst["kind"].to_numpy() == "gpu"))
-        idx = idx[np.argsort(inst["start"].to_numpy(np.int64)[idx], kind="stable")]
-        st = inst["start"].to_numpy(np.int64)[idx]
-        en = inst["end"].to_numpy(np.int64)[idx]
+        idx = np.flatnonzero((dev == d) & (numpy_column(inst, "kind") == "gpu"))
+        idx = idx[np.argsort(numpy_column(inst, "start", np.int64)[idx], kind="stable")]
+        st = numpy_column(inst, "start", np.int64)[idx]
+        en = numpy_column(inst, "end", np.int64)[idx]
         prev = np.r_[t0, np.maximum.accumulate(en)[:-1]] if len(idx) else st
         prev = np.minimum(prev, st)
         lead[idx] = (st - prev) / US
@@ -674,26 +674,26 @@ def _lead_in(trace: Trace, inst: pd.DataFrame, compute: dict[int, tuple[np.ndarr
             df = pd.DataFrame({"w": w[ok], "name": kname[m][ok], "dur": kdur[m][ok]})
             s = df.groupby(["w", "name"], sort=False)["dur"].sum().reset_index()
             s = s.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
-            top[idx[s["w"].to_numpy()]] = s["name"].to_numpy()
-            top_us[idx[s["w"].to_numpy()]] = s["dur"].to_numpy() / US
+            top[idx[numpy_column(s, "w")]] = numpy_column(s, "name")
+            top_us[idx[numpy_column(s, "w")]] = numpy_column(s, "dur") / US
         if gaps is not None and len(gaps):
             gd = gaps[(gaps["device"] == d) & ~gaps.get("graph_replay", pd.Series(False, index=gaps.index)).astype(bool)]
             if len(gd):
-                ge, gs = gd["end"].to_numpy(np.int64), gd["start"].to_numpy(np.int64)
+                ge, gs = numpy_column(gd, "end", np.int64), numpy_column(gd, "start", np.int64)
                 w = np.searchsorted(st, ge, side="left")
                 ok = (w < len(st)) & (gs >= prev[np.minimum(w, len(st) - 1)])
                 if ok.any():
                     # What the host did meanwhile: its op in the middle of the gap's host-bound part.
-                    mid = gs + np.maximum(gd["host_bound_us"].to_numpy(float) * US, 0).astype(np.int64) // 2
-                    df = pd.DataFrame({"w": w[ok], "dur": (ge - gs)[ok], "cause": gd["cause"].to_numpy()[ok],
-                                       "pid": gd["pid"].to_numpy(np.int64)[ok], "tid": gd["tid"].to_numpy(np.int64)[ok],
+                    mid = gs + np.maximum(numpy_column(gd, "host_bound_us", float) * US, 0).astype(np.int64) // 2
+                    df = pd.DataFrame({"w": w[ok], "dur": (ge - gs)[ok], "cause": numpy_column(gd, "cause")[ok],
+                                       "pid": numpy_column(gd, "pid", np.int64)[ok], "tid": numpy_column(gd, "tid", np.int64)[ok],
                                        "mid": mid[ok]})
                     df = df.sort_values(["w", "dur"], ascending=[True, False], kind="stable").drop_duplicates("w")
-                    at = idx[df["w"].to_numpy()]
-                    gap_us[at] = df["dur"].to_numpy() / US
+                    at = idx[numpy_column(df, "w")]
+                    gap_us[at] = numpy_column(df, "dur") / US
                     gap_start[at] = gs[ok][df.index.to_numpy()]
-                    gap_cause[at] = df["cause"].to_numpy()
-                    gap_op[at] = host_ops_at(trace, df["pid"].to_numpy(), df["tid"].to_numpy(), df["mid"].to_numpy())
+                    gap_cause[at] = numpy_column(df, "cause")
+                    gap_op[at] = host_ops_at(trace, numpy_column(df, "pid"), numpy_column(df, "tid"), numpy_column(df, "mid"))
     inst["lead_us"], inst["lead_busy_us"] = lead, busy
     inst["lead_gap_us"], inst["lead_gap_cause"], inst["lead_gap_op"] = gap_us, gap_cause, gap_op
     inst["lead_gap_start"] = gap_start
@@ -707,9 +707,9 @@ def host_ops_at(trace: Trace, pid: np.ndarray, tid: np.ndarray, at: np.ndarray) 
     if ops.empty or not len(at):
         return out
     rows_all = ops.index.to_numpy(np.int64)
-    opid, otid = ops["pid"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64)
-    parent = trace.events["parent"].to_numpy()
-    ts, end = trace.events["ts"].to_numpy(), trace.events["end"].to_numpy()
+    opid, otid = numpy_column(ops, "pid", np.int64), numpy_column(ops, "tid", np.int64)
+    parent = numpy_column(trace.events, "parent")
+    ts, end = numpy_column(trace.events, "ts"), numpy_column(trace.events, "end")
     for p, t in set(zip(pid.tolist(), tid.tolist(), strict=True)):  # a handful of launching threads
         q = np.flatnonzero((pid == p) & (tid == t))
         rows = rows_all[(opid == p) & (otid == t)]
@@ -746,10 +746,10 @@ def _by_type(inst: pd.DataFrame) -> pd.DataFrame:
     order = {t: i for i, t in enumerate(cc.TYPES)}
     # Column arrays and each type's rows as positions (a frame per type and filter cost more).
     types = inst["type"].fillna("unknown").to_numpy(dtype=object)
-    busy_us, nbytes = inst["busy_us"].to_numpy(float), inst["bytes"].to_numpy(float)
-    busbw, algbw = inst["busbw_gbs"].to_numpy(float), inst["algbw_gbs"].to_numpy(float)
-    exposed_us, overlap_us = inst["exposed_us"].to_numpy(float), inst["overlap_us"].to_numpy(float)
-    is_gpu = inst["kind"].to_numpy(dtype=object) == "gpu"
+    busy_us, nbytes = numpy_column(inst, "busy_us", float), numpy_column(inst, "bytes", float)
+    busbw, algbw = numpy_column(inst, "busbw_gbs", float), numpy_column(inst, "algbw_gbs", float)
+    exposed_us, overlap_us = numpy_column(inst, "exposed_us", float), numpy_column(inst, "overlap_us", float)
+    is_gpu = numpy_column(inst, "kind", object) == "gpu"
     obj = {c: inst[c].to_numpy(dtype=object) for c in ("group_size", "dtype", "backend", "kernel")}
     for kind in sorted(sorted(set(types.tolist())), key=lambda k: order.get(k, 99)):
         g = np.flatnonzero(types == kind)
@@ -897,23 +897,23 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     inst = build_instances(trace, calls, kern)
     notes: list[str] = []
     # Which instance each kernel belongs to (kernels of one call share it).
-    key = np.where(kern["call"].to_numpy() >= 0, kern["call"].to_numpy(), -1)
-    gpu_at = np.flatnonzero(inst["kind"].to_numpy() == "gpu").tolist()  # the kind column read once, not per row
-    inst_call, inst_anchor = inst["call"].to_numpy(), inst["anchor"].to_numpy()
+    key = np.where(numpy_column(kern, "call") >= 0, numpy_column(kern, "call"), -1)
+    gpu_at = np.flatnonzero(numpy_column(inst, "kind") == "gpu").tolist()  # the kind column read once, not per row
+    inst_call, inst_anchor = numpy_column(inst, "call"), numpy_column(inst, "anchor")
     anchor_of_call = {int(c): i for i, c in zip(gpu_at, inst_call[gpu_at].tolist(), strict=True) if c == c and c >= 0}
     anchor_of_row = {int(r): i for i, r in zip(gpu_at, inst_anchor[gpu_at].tolist(), strict=True)}
     inst_of_kernel = np.array([anchor_of_call[int(c)] if c >= 0 else anchor_of_row[int(r)]
-                               for c, r in zip(key, kern["row"].to_numpy(), strict=True)], dtype=np.int64)
+                               for c, r in zip(key, numpy_column(kern, "row"), strict=True)], dtype=np.int64)
     # Compute is read only against collective kernels (their overlap, lead-ins and steps): a trace
     # whose collectives all run on the host (gloo) needs none of it.
     comp = _compute_kernels(trace, coll) if len(kern) else np.zeros(0, bool)
     compute = _compute_union(trace, comp) if len(kern) else {}
     ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
-    is_gpu = inst["kind"].to_numpy() == "gpu"
+    is_gpu = numpy_column(inst, "kind") == "gpu"
     inst["overlap_us"] = np.where(is_gpu, ov, np.nan)
-    inst["exposed_us"] = np.where(is_gpu, inst["busy_us"].to_numpy(float) - ov, np.nan)
+    inst["exposed_us"] = np.where(is_gpu, numpy_column(inst, "busy_us", float) - ov, np.nan)
     if segments is not None and len(segments) and len(inst):
-        seg = segments.locate_rows(trace, inst["anchor"].to_numpy(np.int64))
+        seg = segments.locate_rows(trace, numpy_column(inst, "anchor", np.int64))
     else:
         seg = np.full(len(inst), -1, np.int64)
     inst["seg"] = seg
@@ -954,11 +954,11 @@ def refresh(previous: CollectivesResult, trace: Trace, ctx: Context) -> Collecti
     if gaps.min_gap_us < had:
         return None
     inst = previous.instances.copy()
-    start = inst["lead_gap_start"].to_numpy(np.int64)
+    start = numpy_column(inst, "lead_gap_start", np.int64)
     had_gap = np.flatnonzero(start >= 0)  # GPU instances only: their device is known
     g = gaps.gaps
-    kept = pd.MultiIndex.from_arrays([g["device"].to_numpy(np.int64), g["start"].to_numpy(np.int64)])
-    at = pd.MultiIndex.from_arrays([inst["device"].to_numpy()[had_gap].astype(np.int64), start[had_gap]])
+    kept = pd.MultiIndex.from_arrays([numpy_column(g, "device", np.int64), numpy_column(g, "start", np.int64)])
+    at = pd.MultiIndex.from_arrays([numpy_column(inst, "device")[had_gap].astype(np.int64), start[had_gap]])
     gone = np.zeros(len(inst), bool)
     gone[had_gap[~at.isin(kept)]] = True
     if gone.any():

@@ -52,7 +52,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFE
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
@@ -134,9 +134,9 @@ def refresh(previous: GapsResult, trace: Trace, ctx: Context) -> GapsResult | No
         return None
     old = previous.table
     table = old[(old["end"] - old["start"]).to_numpy(np.int64) >= min_gap].reset_index(drop=True)
-    idle = previous.stream_idle[previous.stream_idle["dur_ns"].to_numpy(np.int64) >= min_gap].reset_index(drop=True)
+    idle = previous.stream_idle[numpy_column(previous.stream_idle, "dur_ns", np.int64) >= min_gap].reset_index(drop=True)
     streams = _stream_totals(previous.streams[["device", "stream"]], idle)
-    real = int((~table["graph_replay"].to_numpy(bool)).sum())
+    real = int((~numpy_column(table, "graph_replay", bool)).sum())
     return _result(trace, ctx, table, streams, idle, min_gap_us, list(previous.top[:min(TOP_GAPS, real)]))
 
 
@@ -178,8 +178,8 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
     ev = trace.events
     n = len(found["start"])
     names = trace.names
-    launch = ev["launch"].to_numpy()
-    ts_col = ev["ts"].to_numpy()
+    launch = numpy_column(ev, "launch")
+    ts_col = numpy_column(ev, "ts")
     gs, ge = found["start"], found["end"]
     nxt, prv = found["next_row"], found["prev_row"]
     ln = launch[nxt]
@@ -188,15 +188,15 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
     graph_replay = is_graph & (ln == lp)
     # The host thread that launched the next work; unlinked work falls back to the thread that
     # launched most work on that device.
-    pid = np.where(ln >= 0, ev["pid"].to_numpy()[np.maximum(ln, 0)], -1)
-    tid = np.where(ln >= 0, ev["tid"].to_numpy()[np.maximum(ln, 0)], -1)
+    pid = np.where(ln >= 0, numpy_column(ev, "pid")[np.maximum(ln, 0)], -1)
+    tid = np.where(ln >= 0, numpy_column(ev, "tid")[np.maximum(ln, 0)], -1)
     dev = found["device"]
     if (ln < 0).any():
         for d, (p, t) in _main_threads(trace).items():
             m = (ln < 0) & (dev == d)
             pid[m], tid[m] = p, t
     launch_ts = np.where(ln >= 0, ts_col[np.maximum(ln, 0)], ge)
-    launch_end = np.where(ln >= 0, ev["end"].to_numpy()[np.maximum(ln, 0)], ge)
+    launch_end = np.where(ln >= 0, numpy_column(ev, "end")[np.maximum(ln, 0)], ge)
     # The host-bound part ends when the launch call returns: time inside the call is host time
     # (a call that loads a module can take milliseconds), not time the work sat in the queue.
     he = np.clip(launch_end, gs, ge)
@@ -248,13 +248,13 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
         cause[out] = "outside_steps"
         detail[out] = np.where(ge[out] <= window.start, "before the first step", "after the last step's GPU work")
     phase, step, region = segment_labels(segments, seg, pd.RangeIndex(n))
-    nop = ev["op"].to_numpy()[np.maximum(ln, 0)]
+    nop = numpy_column(ev, "op")[np.maximum(ln, 0)]
     # One frame built from all its columns: adding them one by one cost a copy and a check each.
     return pd.DataFrame({
         **found,
         "dur_us": (ge - gs) / US,
         "start_us": (gs - trace.span_ns[0]) / US,
-        "stream": ev["stream"].to_numpy()[nxt],  # empty: the column's dtype, as a filtered table keeps it
+        "stream": numpy_column(ev, "stream")[nxt],  # empty: the column's dtype, as a filtered table keeps it
         "launch_row": ln,
         "launch_api": pd.Series(np.where(ln >= 0, names[np.maximum(ln, 0)], None), dtype=object),
         "pid": pid, "tid": tid,
@@ -277,7 +277,7 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
     """Per device, the host thread that launched most of its work."""
     gpu = trace.narrow_gpu
-    ln = gpu["launch"].to_numpy()
+    ln = numpy_column(gpu, "launch")
     ok = ln >= 0
     if not ok.any():
         rt = trace.narrow_runtime
@@ -286,7 +286,7 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
         p, t = rt.groupby(["pid", "tid"]).size().idxmax()
         return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
     ev = trace.events
-    keys = (gpu["device"].to_numpy()[ok], ev["pid"].to_numpy()[ln[ok]], ev["tid"].to_numpy()[ln[ok]])
+    keys = (numpy_column(gpu, "device")[ok], numpy_column(ev, "pid")[ln[ok]], numpy_column(ev, "tid")[ln[ok]])
     # The counts groupby(["device", "pid", "tid"]).size() gives, from factor codes and one
     # bincount; `busiest` picks among the few groups.
     codes, values = zip(*(pd.factorize(k) for k in keys), strict=True)
@@ -312,22 +312,22 @@ class _ThreadIntervals:
 
     def __init__(self, trace: Trace, calls: pd.DataFrame, host_coll: np.ndarray) -> None:
         ev = trace.events
-        pid, tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
-        ts, end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+        pid, tid = numpy_column(ev, "pid"), numpy_column(ev, "tid")
+        ts, end = numpy_column(ev, "ts"), numpy_column(ev, "end")
         # Only the measure of these unions is read (iv.overlap), and an interval inside another
         # one of the same set adds nothing to it: an op lies inside its parent (the loader's
         # parent is the enclosing op of the same thread; a graph map's added ops, parented across
         # threads, last no time), a runtime call inside its op unless it outlasts it. So each
         # union is made of the outermost members only (a tenth of a training step's ops).
         ops = trace.narrow(("cpu_op",), OP_COLUMNS)
-        op_rows, op_parent = ops.index.to_numpy(np.int64), ops["parent"].to_numpy()
+        op_rows, op_parent = ops.index.to_numpy(np.int64), numpy_column(ops, "parent")
         rt = trace.narrow_runtime
-        rt_op = rt["op"].to_numpy()
-        outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < rt["end"].to_numpy())
+        rt_op = numpy_column(rt, "op")
+        outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < numpy_column(rt, "end"))
         # Ops that launched GPU work themselves or through a descendant; of the others, those
         # whose parent launched (or that have none): an op's descendants launch only if it does.
         # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
-        launching = iv.with_ancestors(ev["parent"].to_numpy(), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
+        launching = iv.with_ancestors(numpy_column(ev, "parent"), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
         free = ~launching[op_rows]
         nolaunch = free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])
         # Each set as parts, a part a mask over the columns of a frame whose rows are in start
@@ -342,11 +342,11 @@ class _ThreadIntervals:
             "native": [("op", op_parent < 0), ("rt", outlasts)], "nolaunch": [("op", nolaunch)],
             "coll": [("coll", np.ones(len(coll), dtype=bool))]}
         # The sync calls as arrays (few rows: a frame filter per thread cost more than the work).
-        self.call_pid, self.call_tid = calls["pid"].to_numpy(), calls["tid"].to_numpy()
-        self.call_ts, self.call_end = calls["ts"].to_numpy(np.int64), calls["end"].to_numpy(np.int64)
-        self.call_row = calls["row"].to_numpy(np.int64)
-        kind = calls["kind"].to_numpy(object)
-        self.blocking = calls["blocking"].to_numpy(bool) & (self.call_pid >= 0)
+        self.call_pid, self.call_tid = numpy_column(calls, "pid"), numpy_column(calls, "tid")
+        self.call_ts, self.call_end = numpy_column(calls, "ts", np.int64), numpy_column(calls, "end", np.int64)
+        self.call_row = numpy_column(calls, "row", np.int64)
+        kind = numpy_column(calls, "kind", object)
+        self.blocking = numpy_column(calls, "blocking", bool) & (self.call_pid >= 0)
         self.xfer = np.isin(kind, TRANSFER_KINDS)
         self.waits = (kind == "gpu_wait") & (self.call_pid >= 0)
 
@@ -401,7 +401,7 @@ def _segment_of(trace: Trace, segments: Segments | None, nxt: np.ndarray, gs: np
         return np.full(n, -1, np.int64), np.zeros(n, bool)
     seg = segments.locate_rows(trace, nxt)
     seg = np.where(seg >= 0, seg, segments.locate_times(gs))
-    ss, se = iv.union(segments.table["start"].to_numpy(np.int64), segments.table["end"].to_numpy(np.int64))
+    ss, se = iv.union(numpy_column(segments.table, "start", np.int64), numpy_column(segments.table, "end", np.int64))
     a = gs
     b = np.where(he > gs, he, ge)
     inside = iv.overlap(ss, se, a, b)
@@ -432,7 +432,7 @@ def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:
     """Count and total of the idle stretches of each (device, stream) row of `pairs`."""
     if not len(pairs):
         return pd.DataFrame(columns=["device", "stream", "count", "total_us"])
-    code, dur = idle["pair"].to_numpy(np.int64), idle["dur_ns"].to_numpy(np.int64)
+    code, dur = numpy_column(idle, "pair", np.int64), numpy_column(idle, "dur_ns", np.int64)
     out = pairs.reset_index(drop=True).copy()
     out["count"] = np.bincount(code, minlength=len(pairs))
     out["total_us"] = np.bincount(code, weights=dur, minlength=len(pairs)) / US
@@ -440,16 +440,16 @@ def _stream_totals(pairs: pd.DataFrame, idle: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
-    real = np.flatnonzero(~table["graph_replay"].to_numpy(bool))
+    real = np.flatnonzero(~numpy_column(table, "graph_replay", bool))
     out: dict[str, Any] = {}
     if not len(real):
         return out
     # Each real gap's phase text (missing: "none"), grouped in text order, from arrays.
-    phase = np.array(["none" if p is None or p != p else str(p) for p in table["phase"].to_numpy(dtype=object)[real].tolist()],
+    phase = np.array(["none" if p is None or p != p else str(p) for p in numpy_column(table, "phase", object)[real].tolist()],
                      dtype=object)
-    steps = Counter(p for p in segments.table["phase"].to_numpy(dtype=object).tolist() if p is not None and p == p) \
+    steps = Counter(p for p in numpy_column(segments.table, "phase", object).tolist() if p is not None and p == p) \
         if segments is not None and len(segments) else Counter()
-    cause_all, dur_all = table["cause"].to_numpy(dtype=object)[real], table["dur_us"].to_numpy(float)[real]
+    cause_all, dur_all = numpy_column(table, "cause", object)[real], numpy_column(table, "dur_us", float)[real]
     for ph in sorted(set(phase.tolist())):
         grp = phase == ph
         n_steps = int(steps.get(ph, 0))
@@ -467,11 +467,11 @@ def _by_phase(table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
 def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> dict[str, Any]:
     scale = decode_scale(trace, segments)
     # Launch-bound gaps that CUDA graphs could remove: not before or inside an existing graph.
-    fix = (table["cause"].to_numpy(dtype=object) == "launch_bound") & ~table["graph_launch"].to_numpy(bool)
-    dur = table["dur_us"].to_numpy(float)
+    fix = (numpy_column(table, "cause", object) == "launch_bound") & ~numpy_column(table, "graph_launch", bool)
+    dur = numpy_column(table, "dur_us", float)
     if scale["steps"]:
         scope = "decode"
-        lb = float(np.nansum(dur[fix & (table["phase"].to_numpy(dtype=object) == "decode")]))
+        lb = float(np.nansum(dur[fix & (numpy_column(table, "phase", object) == "decode")]))
         per_step = lb / scale["steps"]
     else:
         scope = "whole trace (no decode steps found)"
@@ -495,8 +495,8 @@ def _savings(trace: Trace, table: pd.DataFrame, segments: Segments | None) -> di
 
 
 def _top(trace: Trace, table: pd.DataFrame, host: HostLookup) -> list[dict[str, Any]]:
-    real = np.flatnonzero(~table["graph_replay"].to_numpy(bool))
-    sel = real[longest(table["dur_us"].to_numpy(float)[real], TOP_GAPS)]
+    real = np.flatnonzero(~numpy_column(table, "graph_replay", bool))
+    sel = real[longest(numpy_column(table, "dur_us", float)[real], TOP_GAPS)]
     # The few rows' values column by column (a frame of them, or its rows as tuples, costs more).
     cols = ("device", "stream", "start", "start_us", "dur_us", "cause", "detail", "phase", "step", "region", "prev", "next",
             "launch_api", "next_op", "pid", "tid", "host_bound_us", "host_free_us", "host_blocked_us")
@@ -552,7 +552,7 @@ _REC = {
 def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
     out: list[Finding] = []
     table = res.table
-    real = ~table["graph_replay"].to_numpy(bool)
+    real = ~numpy_column(table, "graph_replay", bool)
     if not real.any():
         return out
     span_us = trace.duration_ns / US
@@ -571,7 +571,7 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
                 for r in zip(*(col[c][top].tolist() for c in evidence_cols), strict=True)]
 
     lb = real & (cause == "launch_bound")
-    fixable = lb & ~table["graph_launch"].to_numpy(bool)
+    fixable = lb & ~numpy_column(table, "graph_launch", bool)
     in_decode = phase == "decode"
     groups = [("launch_bound_decode", lb & in_decode, fixable & in_decode, "decode"),
               ("launch_bound", lb & ~in_decode, fixable & ~in_decode, None)] if decode else \

@@ -22,7 +22,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace, isin_mask, values_at
+from tokentrace.analysis.loading.trace import Trace, isin_mask, numpy_column, values_at
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -74,10 +74,10 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     call_rows = rt.index.to_numpy(np.int64)[is_call]
     is_graph = _name_test(trace.events["name"], GRAPH_LAUNCH_APIS)
     segments = ctx.segments
-    call_ts = rt["ts"].to_numpy()[is_call]
+    call_ts = numpy_column(rt, "ts")[is_call]
     calls = pd.DataFrame({
         "row": call_rows, "api": _text_at(rt["name"], np.flatnonzero(is_call)), "ts": call_ts,
-        "dur_us": rt["dur"].to_numpy()[is_call] / US, "graph": is_graph(call_rows),
+        "dur_us": numpy_column(rt, "dur")[is_call] / US, "graph": is_graph(call_rows),
         "seg": segments.locate_times(call_ts) if segments is not None and len(segments) else np.full(len(call_rows), -1, np.int64),
     }, copy=False)  # new arrays of this call's: not copied again
     gpu_kernel = isin_mask(trace.narrow_gpu["kind"], ("kernel",))
@@ -111,12 +111,12 @@ def _activities(trace: Trace, is_graph: Callable[[np.ndarray], np.ndarray],
     ev = trace.events
     gpu = trace.narrow_gpu
     # Columns of the linked rows, not gpu[mask]: filtering the view would copy all its columns.
-    keep = gpu["launch"].to_numpy() >= 0
-    ln = gpu["launch"].to_numpy(np.int64)[keep]
+    keep = numpy_column(gpu, "launch") >= 0
+    ln = numpy_column(gpu, "launch", np.int64)[keep]
     graph = is_graph(ln)
-    device, stream = gpu["device"].to_numpy()[keep], gpu["stream"].to_numpy()[keep]
-    ts, end = gpu["ts"].to_numpy()[keep], gpu["end"].to_numpy()[keep]
-    launch_ts = ev["ts"].to_numpy()[ln]
+    device, stream = numpy_column(gpu, "device")[keep], numpy_column(gpu, "stream")[keep]
+    ts, end = numpy_column(gpu, "ts")[keep], numpy_column(gpu, "end")[keep]
+    launch_ts = numpy_column(ev, "ts")[ln]
     # A graph replay's kernels share one launch: only the first one started "because of" it.
     # (In start order, stable: the launch column's first appearances among the graph kernels,
     # put back in row order; any other activity has a launch of its own.)
@@ -129,8 +129,8 @@ def _activities(trace: Trace, is_graph: Callable[[np.ndarray], np.ndarray],
     # every column a new array of this call's, so not copied again (copy=False).
     act = pd.DataFrame({
         "row": gpu.index.to_numpy(np.int64)[keep], "kind": _text_at(gpu["kind"], np.flatnonzero(keep)),
-        "device": device, "stream": stream, "ts": ts, "end": end, "dur_us": gpu["dur"].to_numpy()[keep] / US,
-        "launch": ln, "api": _text_at(ev["name"], ln), "graph": graph, "launch_ts": launch_ts, "launch_dur_us": ev["dur"].to_numpy()[ln] / US,
+        "device": device, "stream": stream, "ts": ts, "end": end, "dur_us": numpy_column(gpu, "dur")[keep] / US,
+        "launch": ln, "api": _text_at(ev["name"], ln), "graph": graph, "launch_ts": launch_ts, "launch_dur_us": numpy_column(ev, "dur")[ln] / US,
         "counts_launch": counts_launch, "delay_us": np.where(counts_launch, (ts - launch_ts) / US, np.nan),
         "depth": _queue_depth(launch_ts, end, streams[0]),
     }, copy=False)
@@ -190,30 +190,30 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
     ev = trace.events
     # Grouped by the api's rank among the distinct names (integers), in the order groupby("api")
     # sorts the texts: hashing every call's name string is what would cost.
-    codes = ev["name"].array.codes[calls["row"].to_numpy(np.int64)]
+    codes = ev["name"].array.codes[numpy_column(calls, "row", np.int64)]
     uniq = np.flatnonzero(np.bincount(codes[codes >= 0]))  # the distinct codes, sorted (no sort of every call's)
     labels = [str(c) for c in np.asarray(ev["name"].array.categories, dtype=object)[uniq]]
     by_label = sorted(range(len(uniq)), key=labels.__getitem__)
     rank = np.full(int(uniq.max()) + 1 if len(uniq) else 0, -1, dtype=np.int64)
     rank[uniq[by_label]] = np.arange(len(uniq))
     key = np.where(codes >= 0, rank[np.maximum(codes, 0)] if len(rank) else -1, -1)
-    dur_us = calls["dur_us"].to_numpy(float)
+    dur_us = numpy_column(calls, "dur_us", float)
     # A handful of launch APIs: one mask per API costs less than sorting every call by API.
     per_api = {labels[by_label[a]]: {"count": len(g), "total_us": round(float(np.nansum(dur_us[g])), 3),
                                      **{f"{k}_us": v for k, v in _stats(dur_us[g]).items()}}
                for a, g in ((a, np.flatnonzero(key == a)) for a in range(len(uniq)))}
     # Counted on the shared GPU view's columns: building the trace.kernels view (every column) only
     # to count is costly, and so are masks over every event.
-    own = act_kernel & ~act["graph"].to_numpy(bool)  # kernels launched singly
-    own_dur = act["dur_us"].to_numpy()[own]
+    own = act_kernel & ~numpy_column(act, "graph", bool)  # kernels launched singly
+    own_dur = numpy_column(act, "dur_us")[own]
     n_own = int(own.sum())
     n_kernels = int(gpu_kernel.sum())
-    small_all = int(np.count_nonzero(gpu_kernel & (trace.narrow_gpu["dur"].to_numpy() < SMALL_KERNEL_NS)))
+    small_all = int(np.count_nonzero(gpu_kernel & (numpy_column(trace.narrow_gpu, "dur") < SMALL_KERNEL_NS)))
     small_own = int((own_dur * US < SMALL_KERNEL_NS).sum())
-    n_shorter = int((own_dur < act["launch_dur_us"].to_numpy()[own]).sum())
-    graph = act["graph"].to_numpy(bool)
-    counted = np.flatnonzero(act["counts_launch"].to_numpy(bool) & ~graph)
-    depth = act["depth"].to_numpy()[counted]
+    n_shorter = int((own_dur < numpy_column(act, "launch_dur_us")[own]).sum())
+    graph = numpy_column(act, "graph", bool)
+    counted = np.flatnonzero(numpy_column(act, "counts_launch", bool) & ~graph)
+    depth = numpy_column(act, "depth")[counted]
     depth_f = depth.astype(float)
     depth_pct = _percentiles(depth_f) if len(depth) else None
     streams = []
@@ -228,24 +228,24 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
                         "depth_p50": p50, "depth_max": int(dep.max()),
                         "starved_share": round(float((dep == 0).mean()), 4)})
-    n_graph_calls = int(calls["graph"].to_numpy(bool).sum())
-    graph_launch = act["launch"].to_numpy()[graph]
+    n_graph_calls = int(numpy_column(calls, "graph", bool).sum())
+    graph_launch = numpy_column(act, "launch")[graph]
     per_graph = np.unique(graph_launch, return_counts=True)[1]  # kernels per replay (launch row)
     by_phase: dict[str, Any] = {}
     if segments is not None and len(segments):
         table = segments.table
-        phases = table["phase"].to_numpy(dtype=object)
+        phases = numpy_column(table, "phase", object)
         steps = Counter(p for p in phases.tolist() if p == p and p is not None)  # groupby("phase").size()
         # Grouped by the rank of the segment's phase text (integers, in the order the texts sort),
         # not by a text per call: the same groups in the same order as grouping on the texts.
         ph_text = sorted({str(p) for p in phases.tolist()})
         of_text = {p: i for i, p in enumerate(ph_text)}
         rank = np.array([of_text.get(p, -1) for p in phases.tolist()] + [-1], dtype=np.int64)  # -1: no rank
-        seg = calls["seg"].to_numpy(np.int64)
+        seg = numpy_column(calls, "seg", np.int64)
         located = np.flatnonzero(seg >= 0)
-        pos = pd.Index(table["seg"].to_numpy()).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
+        pos = pd.Index(numpy_column(table, "seg")).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
         key = rank[pos]
-        graph_call = calls["graph"].to_numpy(bool)
+        graph_call = numpy_column(calls, "graph", bool)
         for g in iv.group_positions(key):
             if key[g[0]] < 0:
                 continue
@@ -282,11 +282,11 @@ def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any],
     (`act_kernel`: which activities are kernels)."""
     none = np.empty(0, np.int64)
     # The three columns read here as arrays, not frames of every column of the activities.
-    rows = act["row"].to_numpy(np.int64)
-    own = act_kernel & ~act["graph"].to_numpy(bool)
+    rows = numpy_column(act, "row", np.int64)
+    own = act_kernel & ~numpy_column(act, "graph", bool)
     if not own.any():
         return None, none
-    dur_us = act["dur_us"].to_numpy(float)
+    dur_us = numpy_column(act, "dur_us", float)
     small = own & (dur_us * US < SMALL_KERNEL_NS)
     n_small, n_own = int(small.sum()), int(own.sum())
     share = n_small / n_own
@@ -299,7 +299,7 @@ def _small_kernels(trace: Trace, act: pd.DataFrame, summary: dict[str, Any],
     evidence = [{"kernel": k, "count": int(v), "mean_us": round(float(small_dur[small_names == k].mean()), 3)}
                 for k, v in counts.items()]
     facts = {"small": n_small, "own": n_own, "share": share, "starved": starved,
-             "shorter": int((dur_us[own] < act["launch_dur_us"].to_numpy(float)[own]).sum()), "evidence": evidence}
+             "shorter": int((dur_us[own] < numpy_column(act, "launch_dur_us", float)[own]).sum()), "evidence": evidence}
     return facts, small_rows
 
 

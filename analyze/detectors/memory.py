@@ -28,7 +28,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_ops, thread_codes
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "memory"
@@ -51,8 +51,8 @@ JSON_STEPS = 64
 def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Innermost cpu_op on the same thread around each event row's start (-1: none)."""
     ev = trace.events
-    return innermost_ops(ts=ev["ts"].to_numpy(), end=ev["end"].to_numpy(), pid=ev["pid"].to_numpy(),
-                         tid=ev["tid"].to_numpy(), parent=ev["parent"].to_numpy(),
+    return innermost_ops(ts=numpy_column(ev, "ts"), end=numpy_column(ev, "end"), pid=numpy_column(ev, "pid"),
+                         tid=numpy_column(ev, "tid"), parent=numpy_column(ev, "parent"),
                          op_rows=trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64), at_rows=rows)
 
 
@@ -88,7 +88,7 @@ def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
     if not is_cat.any():
         return pd.DataFrame(columns=cols)
     cat_rows = ops.index.to_numpy(np.int64)[is_cat]  # positions, not a filtered copy of every op column
-    dims = ops["input_dims"].to_numpy()[is_cat]
+    dims = numpy_column(ops, "input_dims")[is_cat]
     codes = value_codes(dims)
     # Parsed once per distinct shape list (its first cat): a decode step's cats share one or two.
     known = np.flatnonzero(codes >= 0)
@@ -104,11 +104,11 @@ def kv_cat_calls(trace: Trace, att: OpGpu) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     g = [appending[c] for c in codes[keep].tolist()]
     rows = cat_rows[keep]
-    df = pd.DataFrame({"row": rows, "ts": ops["ts"].to_numpy()[is_cat][keep], "seq_dim": [x[0] for x in g],
+    df = pd.DataFrame({"row": rows, "ts": numpy_column(ops, "ts")[is_cat][keep], "seq_dim": [x[0] for x in g],
                        "cache_len": [x[1] for x in g], "new_len": [x[2] for x in g], "key": [str((x[0], x[3])) for x in g],
                        "out_elems": [int(np.prod(x[3])) * (x[1] + x[2]) for x in g]})
     df["gpu_us"] = att.at(rows).total_ns / US
-    df["cpu_us"] = trace.events["dur"].to_numpy()[rows] / US
+    df["cpu_us"] = numpy_column(trace.events, "dur")[rows] / US
     # A cache grows: the same tensor shape (but its length) appended to at several, increasing lengths.
     growing = df.groupby("key")["cache_len"].agg(lambda s: s.nunique() >= MIN_GROWTH_STEPS and s.is_monotonic_increasing)
     return df[df["key"].map(growing)].reset_index(drop=True)[cols]
@@ -217,18 +217,18 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
     has_decode = len(segments) and bool((segments.table["phase"] == "decode").any())
     dec = segments.of_phase("decode") if has_decode else pd.DataFrame()
     if len(dec):
-        seg_ids = dec["seg"].to_numpy(np.int64)
-        t_seg = segments.locate_times(tl["ts"].to_numpy(np.int64)) if len(tl) else np.empty(0, np.int64)
-        k_seg = segments.locate_times(kv["ts"].to_numpy(np.int64)) if len(kv) else np.empty(0, np.int64)
-        starts = dec["start"].to_numpy(np.int64)
-        ends = dec["end"].to_numpy(np.int64)
-        out = pd.DataFrame({"phase": "decode", "index": dec["index"].to_numpy()}, index=seg_ids)
+        seg_ids = numpy_column(dec, "seg", np.int64)
+        t_seg = segments.locate_times(numpy_column(tl, "ts", np.int64)) if len(tl) else np.empty(0, np.int64)
+        k_seg = segments.locate_times(numpy_column(kv, "ts", np.int64)) if len(kv) else np.empty(0, np.int64)
+        starts = numpy_column(dec, "start", np.int64)
+        ends = numpy_column(dec, "end", np.int64)
+        out = pd.DataFrame({"phase": "decode", "index": numpy_column(dec, "index")}, index=seg_ids)
     elif len(kv):
         # No segments: each distinct cache length is one step of the generation.
         lens = np.sort(kv["cache_len"].unique())
-        k_seg = np.searchsorted(lens, kv["cache_len"].to_numpy())
+        k_seg = np.searchsorted(lens, numpy_column(kv, "cache_len"))
         first_ts = kv.groupby(k_seg)["ts"].min().to_numpy(np.int64)
-        t_seg = np.searchsorted(first_ts, tl["ts"].to_numpy(np.int64), side="right") - 1 if len(tl) else np.empty(0, np.int64)
+        t_seg = np.searchsorted(first_ts, numpy_column(tl, "ts", np.int64), side="right") - 1 if len(tl) else np.empty(0, np.int64)
         starts = first_ts
         ends = np.r_[first_ts[1:], np.iinfo(np.int64).max]
         seg_ids = np.arange(len(lens))
@@ -236,17 +236,17 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
     else:
         return pd.DataFrame(columns=cols)
     if len(tl):
-        b = tl["bytes"].to_numpy()
+        b = numpy_column(tl, "bytes")
         pos = b > 0
         t = pd.DataFrame({"seg": t_seg, "alloc": np.where(pos, b, 0), "n": pos.astype(int), "free": np.where(pos, 0, -b),
-                          "cat": np.where(pos & tl["in_cat"].to_numpy(), b, 0)})
+                          "cat": np.where(pos & numpy_column(tl, "in_cat"), b, 0)})
         agg = t[t["seg"] >= 0].groupby("seg").sum()
         out["alloc_bytes"] = agg["alloc"].reindex(seg_ids, fill_value=0).to_numpy()
         out["alloc_count"] = agg["n"].reindex(seg_ids, fill_value=0).to_numpy()
         out["freed_bytes"] = agg["free"].reindex(seg_ids, fill_value=0).to_numpy()
         out["cat_alloc_bytes"] = agg["cat"].reindex(seg_ids, fill_value=0).to_numpy()
-        ts = tl["ts"].to_numpy(np.int64)
-        alloc = tl["allocated"].to_numpy()
+        ts = numpy_column(tl, "ts", np.int64)
+        alloc = numpy_column(tl, "allocated")
         before0 = int(alloc[0] - b[0])
 
         def level(at: np.ndarray) -> np.ndarray:
@@ -273,10 +273,10 @@ def _kv_finding(trace: Trace, kv: pd.DataFrame, steps: pd.DataFrame, tl: pd.Data
     cost = float(kv[time_col].sum()) if len(kv) else float(pattern.get("cat_gpu_us") or 0.0)
     if len(kv):
         # A static cache writes only the appended slice: the copy of the old cache_len is what goes.
-        frac = kv["cache_len"].to_numpy(float) / (kv["cache_len"] + kv["new_len"]).to_numpy(float)
+        frac = numpy_column(kv, "cache_len", float) / (kv["cache_len"] + kv["new_len"]).to_numpy(float)
         save = float((kv[time_col].to_numpy(float) * frac).sum())
     else:
-        vol = steps["cat_alloc_bytes"].to_numpy(float)
+        vol = numpy_column(steps, "cat_alloc_bytes", float)
         slope = pattern.get("cat_alloc_slope_bytes_per_step") or 0.0
         save = cost * max(0.0, 1.0 - slope / vol.mean()) if vol.mean() > 0 else 0.0
     nsteps = int((steps["kv_cat_calls"] > 0).sum()) if len(steps) and len(kv) else int(len(steps)) or None
@@ -314,19 +314,19 @@ def run(trace: Trace, ctx: Context) -> Memory:
     # The memory events' columns read at their rows, those of the main device only: no frame of
     # the memory events (a copy of six columns, ~5 ms at hf_200's 83 k events).
     mem_rows = np.flatnonzero(trace.kind_mask("memory"))
-    keep, device = _main_device(ev["device_type"].to_numpy()[mem_rows], ev["device_id"].to_numpy()[mem_rows])
+    keep, device = _main_device(numpy_column(ev, "device_type")[mem_rows], numpy_column(ev, "device_id")[mem_rows])
     rows = mem_rows if keep is None else mem_rows[keep]
-    ts_mem = ev["ts"].to_numpy()[rows]
+    ts_mem = numpy_column(ev, "ts")[rows]
     if not bool((ts_mem[1:] >= ts_mem[:-1]).all()):  # loaded traces are in start order already
         rows = rows[np.argsort(ts_mem, kind="stable")]
-        ts_mem = ev["ts"].to_numpy()[rows]
+        ts_mem = numpy_column(ev, "ts")[rows]
     mem = {col: ev[col].to_numpy()[rows] for col in ("mem_bytes", "total_allocated", "total_reserved")} | {"ts": ts_mem}
     enc = enclosing_ops(trace, rows)
     is_cat = np.zeros(len(ev), dtype=bool)
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if len(ops):
         is_cat[ops.index.to_numpy(np.int64)[isin_mask(ops["name"], CAT_OPS)]] = True
-    in_cat = climb_to(ev["parent"].to_numpy(), enc, is_cat) >= 0
+    in_cat = climb_to(numpy_column(ev, "parent"), enc, is_cat) >= 0
     allocated = mem["total_allocated"]
     reserved = mem["total_reserved"].astype(float)
     # 2021-era traces carry only the signed sizes: the running sum is allocated memory relative to
@@ -352,8 +352,8 @@ def run(trace: Trace, ctx: Context) -> Memory:
     summary: dict[str, Any] = {"device": device, "events": int(len(tl)), "host_events": int(len(mem_rows) - len(tl)),
                                "allocated_relative_to_start": relative}
     if len(tl):
-        alloc = tl["allocated"].to_numpy()
-        reserved = tl["reserved"].to_numpy(float)
+        alloc = numpy_column(tl, "allocated")
+        reserved = numpy_column(tl, "reserved", float)
         i = int(np.argmax(alloc))
         summary.update({
             "peak_allocated_bytes": int(alloc[i]),
@@ -364,13 +364,13 @@ def run(trace: Trace, ctx: Context) -> Memory:
             "final_reserved_bytes": int(reserved[-1]) if np.isfinite(reserved[-1]) else None,
             "alloc_bytes": int(np.clip(mem_bytes, 0, None).sum()), "alloc_count": int((mem_bytes > 0).sum()),
             "cat_alloc_bytes": int(np.where(in_cat & (mem_bytes > 0), mem_bytes, 0).sum()),
-            "timeline": _timeline_points(tl["ts"].to_numpy(np.int64), alloc, reserved, t0),
+            "timeline": _timeline_points(numpy_column(tl, "ts", np.int64), alloc, reserved, t0),
         })
     # Growth per step, and its trend with the step.
     pattern: dict[str, Any] = {"kv_cat_calls": int(len(kv))}
     if len(steps):
         pattern["steps"] = int(len(steps))
-        pattern["net_growth_per_step_bytes"] = float(np.nanmean(steps["net_growth_bytes"].to_numpy(float))) \
+        pattern["net_growth_per_step_bytes"] = float(np.nanmean(numpy_column(steps, "net_growth_bytes", float))) \
             if steps["net_growth_bytes"].notna().any() else None
         for col, key in (("alloc_bytes", "alloc"), ("cat_alloc_bytes", "cat_alloc")):
             vals = steps[col].to_numpy(float)

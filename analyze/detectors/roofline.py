@@ -43,7 +43,7 @@ from tokentrace.analysis.common.shape_codes import (
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
 
 NAME = "roofline"
 NEEDS = ("phases", "attention")
@@ -165,7 +165,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     pos = np.flatnonzero(sel)  # the GEMMs' places among the ops (where the shared shape codes are)
     rows = ops.index.to_numpy(np.int64)[pos]
     is_gemm[rows] = True
-    parent = ev["parent"].to_numpy()
+    parent = numpy_column(ev, "parent")
     top = outermost(parent, rows, is_gemm) == rows
     pos, rows = pos[top], rows[top]
     # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
@@ -179,11 +179,11 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     phase_c, phase_u, _ = phase_codes(trace, segments, rows)
     phase = phase_u[phase_c].astype(object, copy=False)
     if len(segments) == 0:
-        inferred = _phase_from_attention(ev["ts"].to_numpy()[rows], calls)
+        inferred = _phase_from_attention(numpy_column(ev, "ts")[rows], calls)
         if inferred is not None:
             phase, phase_c = inferred, pd.factorize(inferred)[0]
     dims_key = ctx.shared(op_dims_codes)[pos]  # the shapes detector's codes (equal dims share one)
-    dtype, dtype_c = _dtype_names(ev["input_type"].to_numpy()[rows])
+    dtype, dtype_c = _dtype_names(numpy_column(ev, "input_type")[rows])
     keys = ["name", "dims_key", "dtype", "phase"]
     # The groups of frame_group_ids(df, keys) from the integer codes each key already has (the
     # names' category codes, the phases' and dtypes' codes), not a factorize of every key column.
@@ -197,7 +197,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     # assignment each cost more than the numbers).
     at_first = np.arange(n_groups)
     cols: dict[str, Any] = {k: key_values(df[k], at_first) for k in keys}
-    dims = ev["input_dims"].to_numpy()
+    dims = numpy_column(ev, "input_dims")
     costs = [gemm_cost(nm, dims[r], dt if isinstance(dt, str) else None)
              for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]
     cols |= {"first": first_op_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
@@ -214,8 +214,8 @@ def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | N
     c = calls[calls["phase"].isin(("prefill", "decode")) & (calls["source"] != "kernel")].sort_values("ts")
     if c.empty:
         return None
-    cts = c["ts"].to_numpy(np.int64)
-    cph = c["phase"].to_numpy(dtype=object)
+    cts = numpy_column(c, "ts", np.int64)
+    cph = numpy_column(c, "phase", object)
     i = np.searchsorted(cts, ts, side="right") - 1
     return cph[np.maximum(i, 0)]
 
@@ -270,7 +270,7 @@ def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     gid, first = frame_group_ids(calls, keys, rows)
     n = len(first)
     cols: dict[str, Any] = {k: key_values(calls[k], first) for k in keys}
-    cols |= {"calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, calls["gpu_us"].to_numpy(float)[rows], n)[0]}
+    cols |= {"calls": np.bincount(gid, minlength=n), "gpu_us": group_sums(gid, numpy_column(calls, "gpu_us", float)[rows], n)[0]}
     r = {k: np.asarray(cols[k]).tolist() for k in keys}  # Python scalars: `causal is True` holds for a bool
     flops = [attention_flops(*v) for v in zip(r["batch"], r["heads"], r["q_len"], r["kv_len"], r["head_dim"], r["causal"], strict=True)]
     nbytes = [attention_bytes(*v) for v in zip(r["batch"], r["heads"], r["kv_heads"], r["q_len"], r["kv_len"], r["head_dim"], r["dtype"],
@@ -298,10 +298,10 @@ def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
                     for p in parts], ignore_index=True)
     # The numbers from numpy arrays, the frame built once (a column assignment each was most of the time).
-    calls = df["calls"].to_numpy()
-    flops = df["flops"].to_numpy(float) * calls
-    nbytes = df["bytes"].to_numpy(float) * calls
-    gpu_ns = df["gpu_ns"].to_numpy(float)
+    calls = numpy_column(df, "calls")
+    flops = numpy_column(df, "flops", float) * calls
+    nbytes = numpy_column(df, "bytes", float) * calls
+    gpu_ns = numpy_column(df, "gpu_ns", float)
     sec = gpu_ns / 1e9
     peaks = [spec.peak_tflops(d if isinstance(d, str) else None) if spec is not None else None for d in df["dtype"].tolist()]
     peak_tflops = np.array([np.nan if p is None else p for p in peaks], dtype=float)
@@ -332,11 +332,11 @@ def _phase_summary(df: pd.DataFrame, spec: Any, gpu_name: str | None) -> dict[st
     out: dict[str, dict[str, Any]] = {}
     # Per phase (groupby("phase", sort=True) of the rows with known work, from numpy: sums as
     # Series.sum and groupby's sum make them).
-    f_all, b_all, us_all = df["flops"].to_numpy(float), df["bytes"].to_numpy(float), df["gpu_us"].to_numpy(float)
+    f_all, b_all, us_all = numpy_column(df, "flops", float), numpy_column(df, "bytes", float), numpy_column(df, "gpu_us", float)
     known = ~np.isnan(f_all) & ~np.isnan(b_all) & (us_all > 0)
-    ph_all = df["phase"].to_numpy(object)
+    ph_all = numpy_column(df, "phase", object)
     known &= ~pd.isna(ph_all)
-    kind_all, dtype_all, peak_all = df["kind"].to_numpy(object), df["dtype"].to_numpy(object), df["peak_tflops"].to_numpy(float)
+    kind_all, dtype_all, peak_all = numpy_column(df, "kind", object), numpy_column(df, "dtype", object), numpy_column(df, "peak_tflops", float)
     for phase in sorted(set(ph_all[known].tolist())):
         g = np.flatnonzero(known & (ph_all == phase))
         fl, nb, gus = f_all[g], b_all[g], us_all[g]

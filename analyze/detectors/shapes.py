@@ -25,7 +25,7 @@ from tokentrace.analysis.common.shape_codes import group_ids, op_dims_codes, top
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "shapes"
@@ -97,13 +97,13 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     rows = ops.index.to_numpy(np.int64)
     # A cpu op has no launch link: its own start locates it (locate_rows without the gather of the
     # launch column at every op).
-    seg = segments.locate_times(ops["ts"].to_numpy()) if len(segments) else None
+    seg = segments.locate_times(numpy_column(ops, "ts")) if len(segments) else None
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, seg)
     all_names, labels = name_codes(ev["name"])
     # The narrow frame's names are the events' categorical (same codes), already gathered.
     op_names = name_codes(ops["name"])[0]
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    gid, first = group_ids(op_names, dims_codes, value_codes(ops["input_type"].to_numpy()), phase_c)
+    gid, first = group_ids(op_names, dims_codes, value_codes(numpy_column(ops, "input_type")), phase_c)
     n_groups = len(first)
     at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
     # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
@@ -114,7 +114,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     # GPU sums over those ops only (every other op adds 0): no array of every op's values.
     gpu_gid = gid[at_rows]
     calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
-    cpu_total = _sum(gid, n_groups, ops["dur"].to_numpy()) / US
+    cpu_total = _sum(gid, n_groups, numpy_column(ops, "dur")) / US
     gpu_total = _sum(gpu_gid, n_groups, total_ns) / US
     gpu_self = _sum(gpu_gid, n_groups, self_ns) / US
     kernels = _sum(gpu_gid, n_groups, total_count).astype(np.int64)
@@ -132,7 +132,7 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
         if not every_op:
             keep = g >= 0
             g, pair_gpu = g[keep], pair_gpu[keep]
-        k, d = all_names[pair_gpu], ev["dur"].to_numpy()[pair_gpu]
+        k, d = all_names[pair_gpu], numpy_column(ev, "dur")[pair_gpu]
         top_k = np.full(n_groups, -1, dtype=np.int64)
         # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
         won, at, won_ns = top_per_group(g, k, d)
@@ -144,8 +144,8 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     order = np.lexsort((-cpu_total, -gpu_total))
     first_row = rows[first][order]
     return pd.DataFrame({
-        "name": _label(labels, op_names[first][order]), "input_dims": ev["input_dims"].to_numpy()[first_row],
-        "input_types": ev["input_type"].to_numpy()[first_row], "phase": np.asarray(phase_u, dtype=object)[phase_c[first][order]],
+        "name": _label(labels, op_names[first][order]), "input_dims": numpy_column(ev, "input_dims")[first_row],
+        "input_types": numpy_column(ev, "input_type")[first_row], "phase": np.asarray(phase_u, dtype=object)[phase_c[first][order]],
         "calls": calls[order], "cpu_total_us": cpu_total[order], "gpu_total_us": gpu_total[order], "gpu_self_us": gpu_self[order],
         "gpu_mean_us": (gpu_total / calls)[order], "kernels": kernels[order], "top_kernel": top_kernel[order],
         "top_kernel_us": top_us[order],
@@ -159,21 +159,21 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ev = trace.events
     rows = gpu.index.to_numpy(np.int64)
-    op = gpu["op"].to_numpy()
+    op = numpy_column(gpu, "op")
     has = op >= 0
-    top = root_of(ev["parent"].to_numpy(), op)
+    top = root_of(numpy_column(ev, "parent"), op)
     all_names, labels = name_codes(ev["name"])
     # Shape codes of each kernel's launching op: value_codes groups rows by object first, so the
     # kernels' few hundred distinct lists are encoded once each (a set of the distinct ops first
     # took a temporary over the rows' whole range).
-    op_dims = np.where(has, value_codes_at(ev["input_dims"].to_numpy(), np.maximum(op, 0)), -1)
+    op_dims = np.where(has, value_codes_at(numpy_column(ev, "input_dims"), np.maximum(op, 0)), -1)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
     t = np.where(has, all_names[np.maximum(top, 0)], -1)
     k_names = name_codes(gpu["name"])[0]
     gid, first = group_ids(k_names, o, op_dims, t, phase_c)
     n_groups = len(first)
-    dur = gpu["dur"].to_numpy()
+    dur = numpy_column(gpu, "dur")
     gpu_max = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(gpu_max, gid, dur.astype(np.int64, copy=False))
     calls = np.bincount(gid, minlength=n_groups).astype(np.int64)
@@ -183,7 +183,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     op_row = op[at]
     return pd.DataFrame({
         "name": _label(labels, k_names[at]), "op": _label(labels, o[at]),
-        "op_input_dims": np.where(op_row >= 0, dims_text(ev["input_dims"].to_numpy()[np.maximum(op_row, 0)]), ""),
+        "op_input_dims": np.where(op_row >= 0, dims_text(numpy_column(ev, "input_dims")[np.maximum(op_row, 0)]), ""),
         "top_op": _label(labels, t[at]), "phase": np.asarray(phase_u, dtype=object)[phase_c[at]], "calls": calls[order], "gpu_total_us": gpu_total[order],
         "gpu_mean_us": (gpu_total / calls)[order], "gpu_max_us": (gpu_max / US)[order],
     })
@@ -193,11 +193,11 @@ def run(trace: Trace, ctx: Context) -> Shapes:
     segments = ctx.segments
     att = ctx.shared(op_gpu)
     gpu = trace.narrow_gpu
-    unlinked = gpu["op"].to_numpy() < 0
+    unlinked = numpy_column(gpu, "op") < 0
     return Shapes(
         ops=_op_table(trace, att, segments, ctx.shared(op_dims_codes)),
         kernels=_kernel_table(trace, segments),
-        unattributed_gpu_us=float(gpu["dur"].to_numpy()[unlinked].sum()) / US,
+        unattributed_gpu_us=float(numpy_column(gpu, "dur")[unlinked].sum()) / US,
         unattributed_gpu_count=int(unlinked.sum()),
         gpu_total_us=float(gpu["dur"].sum()) / US,
         attribution=att,

@@ -35,7 +35,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, at_keys
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "syncs"
@@ -57,11 +57,11 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.int64)
     # The categorical's rows first, then to objects: converting the whole column costs.
     kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
-    inner = np.where(kind == "cpu_op", rows, ev["op"].to_numpy()[rows]) if len(rows) else rows
+    inner = np.where(kind == "cpu_op", rows, numpy_column(ev, "op")[rows]) if len(rows) else rows
     # The sync-causing ops' rows (ascending), looked up by the few rows climbed, not a mask over
     # every event.
     sync_rows = sync_ops(trace)
-    parent = ev["parent"].to_numpy()
+    parent = numpy_column(ev, "parent")
     out = inner.copy()
     cur = inner.copy()
     todo = np.flatnonzero(cur >= 0)
@@ -129,29 +129,29 @@ def run(trace: Trace, ctx: Context) -> SyncsResult:
     t0 = trace.span_ns[0]
     segments = ctx.segments
     n = len(calls)
-    blocking = calls["blocking"].to_numpy(bool) if n else np.zeros(0, dtype=bool)
+    blocking = numpy_column(calls, "blocking", bool) if n else np.zeros(0, dtype=bool)
     dur = (calls["end"] - calls["ts"]).to_numpy(np.int64) if n else np.zeros(0, dtype=np.int64)
     blocked = np.where(blocking, dur, 0)
-    cause = cause_ops(trace, calls["row"].to_numpy(np.int64)) if n else np.zeros(0, dtype=np.int64)
-    seg = segments.locate_times(calls["ts"].to_numpy()) if n else np.full(n, -1)
+    cause = cause_ops(trace, numpy_column(calls, "row", np.int64)) if n else np.zeros(0, dtype=np.int64)
+    seg = segments.locate_times(numpy_column(calls, "ts")) if n else np.full(n, -1)
     waited = _waited_for(trace, ctx, calls)
-    idle = _idle_caused(ctx.result("gaps"), calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64))
+    idle = _idle_caused(ctx.result("gaps"), numpy_column(calls, "row", np.int64) if n else np.zeros(0, np.int64))
     op = _missing_as_none(np.where(cause >= 0, names[np.maximum(cause, 0)], None) if n else np.zeros(0, object))
     phase, step, region = segment_labels(segments, seg, pd.RangeIndex(n))
     duration_us = dur / US
     # One frame built from all its columns (inserting them one by one cost a copy and a check
     # each); object Series keep the None of missing values (an object array would become strings).
     items = pd.DataFrame({
-        "row": calls["row"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
-        "kind": calls["kind"].to_numpy(dtype=object) if n else np.zeros(0, object),
-        "api": calls["api"].to_numpy(dtype=object) if n else np.zeros(0, object),
-        "source": calls["source"].to_numpy(dtype=object) if n else np.zeros(0, object),
+        "row": numpy_column(calls, "row", np.int64) if n else np.zeros(0, np.int64),
+        "kind": numpy_column(calls, "kind", object) if n else np.zeros(0, object),
+        "api": numpy_column(calls, "api", object) if n else np.zeros(0, object),
+        "source": numpy_column(calls, "source", object) if n else np.zeros(0, object),
         "blocking": blocking,
-        "start_us": (calls["ts"].to_numpy() - t0) / US if n else np.zeros(0),
+        "start_us": (numpy_column(calls, "ts") - t0) / US if n else np.zeros(0),
         "blocked_us": blocked / US,
         "duration_us": duration_us,
-        "device": calls["device"].to_numpy(np.int64) if n else np.zeros(0, np.int64),
-        "copy": _missing_as_none(calls["copy"].to_numpy(dtype=object) if n else np.zeros(0, object)),
+        "device": numpy_column(calls, "device", np.int64) if n else np.zeros(0, np.int64),
+        "copy": _missing_as_none(numpy_column(calls, "copy", object) if n else np.zeros(0, object)),
         "op_row": cause,
         "op": op,
         "seg": seg,
@@ -177,7 +177,7 @@ def refresh(previous: SyncsResult, trace: Trace, ctx: Context) -> SyncsResult:
     """This result for another gaps result: each sync's idle_caused_us from the new gaps, and the
     points, totals, per-token figures and findings summed from it again (no trace events read)."""
     items = previous.items.copy()
-    items["idle_caused_us"] = _idle_caused(ctx.result("gaps"), items["row"].to_numpy(np.int64))
+    items["idle_caused_us"] = _idle_caused(ctx.result("gaps"), numpy_column(items, "row", np.int64))
     return _result(trace, ctx, items, previous.blocked_us)
 
 
@@ -185,8 +185,8 @@ def _result(trace: Trace, ctx: Context, items: pd.DataFrame, blocked_us: float) 
     """The result from the per-call table: what `run` and `refresh` share."""
     by_kind: dict[str, dict[str, float]] = {}
     if len(items):
-        kinds, code = np.unique(items["kind"].to_numpy(dtype=object), return_inverse=True)
-        sums = sorted_key_sums(code, items["blocked_us"].to_numpy(float), items["idle_caused_us"].to_numpy(float)).to_numpy(float)
+        kinds, code = np.unique(numpy_column(items, "kind", object), return_inverse=True)
+        sums = sorted_key_sums(code, numpy_column(items, "blocked_us", float), numpy_column(items, "idle_caused_us", float)).to_numpy(float)
         count = np.bincount(code, minlength=len(kinds))
         by_kind = {str(k): {"count": int(c), "blocked_us": round(float(b), 3), "idle_caused_us": round(float(i), 3)}
                    for k, c, (b, i) in zip(kinds.tolist(), count.tolist(), sums.tolist(), strict=True)}
@@ -238,7 +238,7 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
     if items.empty or "point" not in items.columns:
         return pd.DataFrame({c: np.empty(0, dtype=object) for c in POINT_COLUMNS})
     # Each point's calls in start order, as one run of rows; points are numbered 0.. in call order.
-    pt, start = items["point"].to_numpy(np.int64), items["start_us"].to_numpy(float)
+    pt, start = numpy_column(items, "point", np.int64), numpy_column(items, "start_us", float)
     it = np.lexsort((start, pt))
     pt, start = pt[it], start[it]
     bounds = np.flatnonzero(np.r_[True, pt[1:] != pt[:-1], True])
@@ -266,7 +266,7 @@ def _points(items: pd.DataFrame) -> pd.DataFrame:
         "stack": [next((x for x in stk[a:b] if x), None) for a, b in runs],
         **{c: items[c].to_numpy(dtype=object)[lead] for c in ("kind", "op", "seg", "phase", "step", "region", "device",
                                                                  "waited_for", "source")},
-        "op_row": items["op_row"].to_numpy(np.int64)[lead],
+        "op_row": numpy_column(items, "op_row", np.int64)[lead],
         "api": [" + ".join(c) for c in calls],
     }
     out["seg"] = out["seg"].astype(np.int64)
@@ -294,14 +294,14 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
     if not busy.devices:
         return out
     names = trace.names
-    end_col = trace.events["end"].to_numpy()
-    dev = calls["device"].to_numpy(np.int64)
+    end_col = numpy_column(trace.events, "end")
+    dev = numpy_column(calls, "device", np.int64)
     # A sync whose device is unknown waits on the busiest device (one GPU per rank is the norm).
     main = max(busy.devices, key=lambda d: len(busy.rows[d]))
     dev = np.where(np.isin(dev, busy.devices), dev, main)
-    ts = calls["ts"].to_numpy(np.int64)
-    end = calls["end"].to_numpy(np.int64) + SYNC_RETURN_SLACK_NS
-    blocking = calls["blocking"].to_numpy(bool)
+    ts = numpy_column(calls, "ts", np.int64)
+    end = numpy_column(calls, "end", np.int64) + SYNC_RETURN_SLACK_NS
+    blocking = numpy_column(calls, "blocking", bool)
     for d in busy.devices:
         sel = np.flatnonzero((dev == d) & blocking)
         if not len(sel):
@@ -326,11 +326,11 @@ def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
     table = gaps.table
     if table.empty or "sync_row" not in table.columns or not len(rows):
         return out
-    sync_row = table["sync_row"].to_numpy(np.int64)
-    sel = (sync_row >= 0) & ~table["graph_replay"].to_numpy(bool)  # the real gaps (GapsResult.gaps)
+    sync_row = numpy_column(table, "sync_row", np.int64)
+    sel = (sync_row >= 0) & ~numpy_column(table, "graph_replay", bool)  # the real gaps (GapsResult.gaps)
     if not sel.any():
         return out
-    per_row = sorted_key_sums(sync_row[sel], table["dur_us"].to_numpy(float)[sel])
+    per_row = sorted_key_sums(sync_row[sel], numpy_column(table, "dur_us", float)[sel])
     return at_keys(per_row.index.to_numpy(np.int64), per_row.to_numpy(float)[:, 0], rows, 0.0)
 
 
@@ -367,19 +367,19 @@ def _per_token(trace: Trace, segments: Segments, items: pd.DataFrame, points: pd
     out: dict[str, Any] = {"decode_steps": steps, "tokens_per_step": scale["tokens_per_step"]}
     if not steps:
         return out
-    dec = np.flatnonzero((points["phase"].to_numpy(dtype=object) == "decode") & points["blocking"].to_numpy(bool))
-    dec_calls = int(((items["phase"].to_numpy(dtype=object) == "decode") & items["blocking"].to_numpy(bool)).sum())
+    dec = np.flatnonzero((numpy_column(points, "phase", object) == "decode") & numpy_column(points, "blocking", bool))
+    dec_calls = int(((numpy_column(items, "phase", object) == "decode") & numpy_column(items, "blocking", bool)).sum())
     per_step = len(dec) / steps
-    blocked = points["blocked_us"].to_numpy(float)[dec]
+    blocked = numpy_column(points, "blocked_us", float)[dec]
     if window is not None and len(dec):
         lead = (window.start - trace.span_ns[0]) / US  # the window's start, in the points' time base
         # The part of each wait before the window (0 for every wait that starts inside it).
-        early = np.clip(lead - points["start_us"].to_numpy(float)[dec], 0.0, blocked)
+        early = np.clip(lead - numpy_column(points, "start_us", float)[dec], 0.0, blocked)
         if early.any():
             out["blocked_before_window_us"] = round(float(early.sum()), 3)
             blocked = blocked - early
     blocked_step = float(blocked.sum()) / steps
-    idle_step = float(np.nansum(points["idle_caused_us"].to_numpy(float)[dec])) / steps  # what Series.sum gives
+    idle_step = float(np.nansum(numpy_column(points, "idle_caused_us", float)[dec])) / steps  # what Series.sum gives
     tok = scale["tokens_per_step"] or 1.0
     out.update({
         "syncs_per_step": round(per_step, 4),
@@ -454,7 +454,7 @@ def _findings(trace: Trace, points: pd.DataFrame, per_token: dict[str, Any]) -> 
     col = {c: points[c].to_numpy(dtype=object) for c in ("kind", "op", "copy", "phase", "stack", "calls", "api", "waited_for",
                                                           "step")}
     num = {c: points[c].to_numpy(float) for c in ("idle_caused_us", "blocked_us", "start_us")}
-    blocking = points["blocking"].to_numpy(bool)
+    blocking = numpy_column(points, "blocking", bool)
     decode = col["phase"] == "decode"
     for kind in np.unique(col["kind"][blocking]).tolist():
         grp = np.flatnonzero(blocking & (col["kind"] == kind))

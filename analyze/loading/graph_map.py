@@ -47,7 +47,7 @@ from tokentrace.analysis.apis import (
 )
 from tokentrace.analysis.loading.files import TRACE_SUFFIXES, find_trace_files, read_bytes
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import PYTHON_COLUMNS, Trace, numpy_column
 from tokentrace.errors import TokentraceError
 from tokentrace.profiling.conventions import GRAPH_MAP_ANNOTATION, GRAPH_MAP_DIR, KIND_GRAPH_MAP, RUN_JSON
 
@@ -207,8 +207,8 @@ def enclosing_match(trace: Trace, pid: np.ndarray, tid: np.ndarray, ts: np.ndarr
     sel = ann[hit]
     if sel.empty:
         return out
-    s_pid, s_tid = sel["pid"].to_numpy(), sel["tid"].to_numpy()
-    s_ts, s_end, s_code = sel["ts"].to_numpy(), sel["end"].to_numpy(), sel["name"].cat.codes.to_numpy()
+    s_pid, s_tid = numpy_column(sel, "pid"), numpy_column(sel, "tid")
+    s_ts, s_end, s_code = numpy_column(sel, "ts"), numpy_column(sel, "end"), sel["name"].cat.codes.to_numpy()
     pid, tid, ts = np.asarray(pid), np.asarray(tid), np.asarray(ts, dtype=np.int64)
     for p, t in set(zip(pid.tolist(), tid.tolist(), strict=True)):
         on = np.flatnonzero((s_pid == p) & (s_tid == t))
@@ -282,15 +282,15 @@ def _python_stacks(trace: Trace, op_rows: np.ndarray) -> tuple[list[list[str] | 
     if py.empty or not n:
         return stacks, modules
     ev = trace.events
-    o_pid, o_tid, o_ts = ev["pid"].to_numpy()[op_rows], ev["tid"].to_numpy()[op_rows], ev["ts"].to_numpy()[op_rows]
-    p_pid, p_tid = py["pid"].to_numpy(), py["tid"].to_numpy()
+    o_pid, o_tid, o_ts = numpy_column(ev, "pid")[op_rows], numpy_column(ev, "tid")[op_rows], numpy_column(ev, "ts")[op_rows]
+    p_pid, p_tid = numpy_column(py, "pid"), numpy_column(py, "tid")
     names = trace.names
     py_rows = py.index.to_numpy(np.int64)
     for p, t in set(zip(o_pid.tolist(), o_tid.tolist(), strict=True)):
         on = np.flatnonzero((p_pid == p) & (p_tid == t))
         if not len(on):
             continue
-        ts, end = py["ts"].to_numpy()[on], py["end"].to_numpy()[on]
+        ts, end = numpy_column(py, "ts")[on], numpy_column(py, "end")[on]
         order = np.lexsort((-end, ts))
         on, ts, end = on[order], ts[order], end[order]
         parent = nest_parents(ts, end)
@@ -330,7 +330,7 @@ def _capture_meta(trace: Trace, details: dict[str, Any] | None) -> tuple[int | N
 
 def _chain_keys(ops: pd.DataFrame) -> list[tuple[tuple[str, str], ...]]:
     """Per op of a map, its chain up to the capture's top (name and input shapes of each level)."""
-    names, dims, parent = ops["name"].to_numpy(), ops["input_dims"].to_numpy(), ops["parent"].to_numpy()
+    names, dims, parent = numpy_column(ops, "name"), numpy_column(ops, "input_dims"), numpy_column(ops, "parent")
     keys: list[tuple[tuple[str, str], ...]] = []
     for i in range(len(ops)):  # parents come first (start order), so their chains exist already
         own = ((str(names[i]), repr(dims[i])),)
@@ -354,15 +354,15 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
     launches = rt[pd.notna(act)]
     l_act = act[pd.notna(act)]
     l_rows = launches.index.to_numpy(np.int64)
-    l_pid, l_tid, l_ts = launches["pid"].to_numpy(), launches["tid"].to_numpy(), launches["ts"].to_numpy()
+    l_pid, l_tid, l_ts = numpy_column(launches, "pid"), numpy_column(launches, "tid"), numpy_column(launches, "ts")
     kernel_names = kernel_names or {}
     # The GPU activity each launch produced, where it ran (eager passes; the odd kernel in a capture).
     gpu = trace.narrow_gpu
     ran = gpu[gpu["launch"] >= 0]
     ran = ran[~ran["launch"].duplicated()]
-    ran_of = pd.Series(ran.index.to_numpy(np.int64), index=ran["launch"].to_numpy())
-    parent = ev["parent"].to_numpy()
-    op_col, ts_col = ev["op"].to_numpy(), ev["ts"].to_numpy()
+    ran_of = pd.Series(ran.index.to_numpy(np.int64), index=numpy_column(ran, "launch"))
+    parent = numpy_column(ev, "parent")
+    op_col, ts_col = numpy_column(ev, "op"), numpy_column(ev, "ts")
     fixed_bs, fixed_mode = _capture_meta(trace, details)
 
     per_graph: list[tuple[_Region, pd.DataFrame, np.ndarray]] = []
@@ -372,12 +372,12 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
         ran_row = ran_of.reindex(rows).to_numpy()
         has_ran = ~np.isnan(ran_row)
         ran_row = np.where(has_ran, ran_row, -1).astype(np.int64)
-        corr = ev["correlation"].to_numpy()[rows]
+        corr = numpy_column(ev, "correlation")[rows]
         kname = [kernel_names.get(int(c)) or (str(names[r]) if r >= 0 else None) for c, r in zip(corr, ran_row, strict=True)]
         # Geometry of the node: the executed kernel's (comparable with a replay's kernel records),
         # else the launch call's own args (ROCm writes grid and block there).
-        grid = [ev["grid"].iat[r] if r >= 0 else g for r, g in zip(ran_row, ev["grid"].to_numpy()[rows], strict=True)]
-        block = [ev["block"].iat[r] if r >= 0 else b for r, b in zip(ran_row, ev["block"].to_numpy()[rows], strict=True)]
+        grid = [ev["grid"].iat[r] if r >= 0 else g for r, g in zip(ran_row, numpy_column(ev, "grid")[rows], strict=True)]
+        block = [ev["block"].iat[r] if r >= 0 else b for r, b in zip(ran_row, numpy_column(ev, "block")[rows], strict=True)]
         op = op_col[rows]
         op = np.where((op >= 0) & (ts_col[np.maximum(op, 0)] >= reg.start), op, -1)
         entries = pd.DataFrame({"api": names[rows], "activity": l_act[sel], "kernel": kname, "grid": grid,
@@ -393,18 +393,18 @@ def build_graph_map(trace: Trace, details: dict[str, Any] | None = None, kernel_
         per_graph.append((reg, entries, np.unique(np.concatenate(levels))))
 
     all_ops = np.unique(np.concatenate([u for _, _, u in per_graph])) if per_graph else np.empty(0, np.int64)
-    all_ops = all_ops[np.lexsort((-ev["end"].to_numpy()[all_ops], ts_col[all_ops]))]
+    all_ops = all_ops[np.lexsort((-numpy_column(ev, "end")[all_ops], ts_col[all_ops]))]
     index_of = pd.Series(np.arange(len(all_ops)), index=all_ops)
     stacks, modules = _python_stacks(trace, all_ops)
     p_rows = parent[all_ops]
     p_idx = index_of.reindex(p_rows).to_numpy()
     ops = pd.DataFrame({
         "name": names[all_ops].astype(object) if len(all_ops) else np.empty(0, object),
-        "input_dims": ev["input_dims"].to_numpy()[all_ops], "input_type": ev["input_type"].to_numpy()[all_ops],
-        "concrete_inputs": ev["concrete_inputs"].to_numpy()[all_ops],
+        "input_dims": numpy_column(ev, "input_dims")[all_ops], "input_type": numpy_column(ev, "input_type")[all_ops],
+        "concrete_inputs": numpy_column(ev, "concrete_inputs")[all_ops],
         "parent": np.where(np.isnan(p_idx), -1, p_idx).astype(np.int64) if len(all_ops) else np.empty(0, np.int64),
         "stack": pd.Series(stacks, dtype=object), "module": pd.Series(modules, dtype=object),
-        "ts": ts_col[all_ops], "end": ev["end"].to_numpy()[all_ops],
+        "ts": ts_col[all_ops], "end": numpy_column(ev, "end")[all_ops],
     })
 
     chain_key = _chain_keys(ops)

@@ -58,7 +58,7 @@ from tokentrace.analysis.loading.graph_map import (
     find_graph_maps,
     read_graph_map,
 )
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, isin_mask, narrowed, values_at
+from tokentrace.analysis.loading.trace import NARROW_COLUMNS, Trace, isin_mask, narrowed, numpy_column, values_at
 from tokentrace.errors import TokentraceError, TraceError
 
 # Label of the thread that holds the ops added from graph maps.
@@ -119,17 +119,17 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
         none = np.empty(0, np.int64)
         return _no_replays(dtypes).copy(), _Kernels(rows=none, replay=none, pos=none, starts=none)
     g_rows = trace.kind_rows(*GPU_KINDS)
-    g_launch = ev["launch"].to_numpy()[g_rows]
+    g_launch = numpy_column(ev, "launch")[g_rows]
     owned = np.isin(g_launch, l_rows)
     rows, g_launch = g_rows[owned], g_launch[owned]
     rep_of_launch = pd.Series(np.arange(len(l_rows)), index=l_rows)
     rep = rep_of_launch.reindex(g_launch).to_numpy(np.int64)
-    order = np.lexsort((rows, ev["ts"].to_numpy()[rows], rep))
+    order = np.lexsort((rows, numpy_column(ev, "ts")[rows], rep))
     rows, rep = rows[order], rep[order]
     counts = np.bincount(rep, minlength=len(l_rows)).astype(np.int64)
     starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
     pos = np.arange(len(rows), dtype=np.int64) - starts[rep]
-    g_ts, g_end, g_dur = ev["ts"].to_numpy()[rows], ev["end"].to_numpy()[rows], ev["dur"].to_numpy()[rows]
+    g_ts, g_end, g_dur = numpy_column(ev, "ts")[rows], numpy_column(ev, "end")[rows], numpy_column(ev, "dur")[rows]
     has = counts > 0
     first = np.full(len(l_rows), -1, np.int64)
     last = np.full(len(l_rows), -1, np.int64)
@@ -139,8 +139,8 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
         first[has] = np.minimum.reduceat(g_ts, starts[has])
         last[has] = np.maximum.reduceat(g_end, starts[has])
         gpu_ns[has] = np.add.reduceat(g_dur, starts[has])
-        st = pd.DataFrame({"r": rep, "s": ev["stream"].to_numpy()[rows]}).drop_duplicates()
-        streams = np.bincount(st["r"].to_numpy(), minlength=len(l_rows)).astype(np.int64)
+        st = pd.DataFrame({"r": rep, "s": numpy_column(ev, "stream")[rows]}).drop_duplicates()
+        streams = np.bincount(numpy_column(st, "r"), minlength=len(l_rows)).astype(np.int64)
     table = _replay_table(ev, l_rows, counts, first, last, gpu_ns, streams)
     return table, _Kernels(rows=rows, replay=rep, pos=pos, starts=starts)
 
@@ -149,8 +149,8 @@ def _replay_table(ev: pd.DataFrame, l_rows: np.ndarray, counts: np.ndarray, firs
                   gpu_ns: np.ndarray, streams: np.ndarray) -> pd.DataFrame:
     """One row per graph launch (at `l_rows` of `ev`), before any map is matched."""
     return pd.DataFrame({
-        "launch_row": l_rows, "api": values_at(ev["name"], l_rows), "pid": ev["pid"].to_numpy()[l_rows],
-        "tid": ev["tid"].to_numpy()[l_rows], "ts": ev["ts"].to_numpy()[l_rows], "kernels": counts,
+        "launch_row": l_rows, "api": values_at(ev["name"], l_rows), "pid": numpy_column(ev, "pid")[l_rows],
+        "tid": numpy_column(ev, "tid")[l_rows], "ts": numpy_column(ev, "ts")[l_rows], "kernels": counts,
         "first_ns": first, "end_ns": last, "gpu_ns": gpu_ns, "streams": streams,
         "graph": None, "label": None, "status": "no_map", "reason": None, "score": np.nan, "evidence": None,
         "equivalent": 0, "attributed": np.zeros(len(l_rows), np.int64),
@@ -185,9 +185,9 @@ def _sequence_groups(trace: Trace, k: _Kernels, n_replays: int) -> np.ndarray:
         return np.zeros(n_replays, np.int64)
     ev = trace.events
     name = ev["name"].cat.codes.to_numpy()[k.rows].astype(np.uint64)
-    parts = [name, ev["stream"].to_numpy()[k.rows].astype(np.uint64),
-             _object_codes(ev["grid"].to_numpy()[k.rows]).astype(np.uint64),
-             _object_codes(ev["block"].to_numpy()[k.rows]).astype(np.uint64),
+    parts = [name, numpy_column(ev, "stream")[k.rows].astype(np.uint64),
+             _object_codes(numpy_column(ev, "grid")[k.rows]).astype(np.uint64),
+             _object_codes(numpy_column(ev, "block")[k.rows]).astype(np.uint64),
              ev["kind"].cat.codes.to_numpy()[k.rows].astype(np.uint64)]
     rng = np.random.default_rng(1234567)
     counts = np.bincount(k.replay, minlength=n_replays)
@@ -255,7 +255,7 @@ def _compare(seq: _Seq, g: CapturedGraph) -> _Verdict:
     e = g.entries
     n, m = len(seq.names), len(e)
     c_names: list[str | None] = e["kernel"].tolist()
-    c_acts = e["activity"].to_numpy(dtype=object)
+    c_acts = numpy_column(e, "activity", object)
     if n != m:
         sm = difflib.SequenceMatcher(None, _tokens(c_names, c_acts), _tokens(list(seq.names), seq.acts), autojunk=False)
         same = sum(b.size for b in sm.get_matching_blocks())
@@ -338,7 +338,7 @@ def _align_streams(seq: _Seq, c_names: list[str | None], c_acts: np.ndarray) -> 
 
 def _hints(trace: Trace, replays: pd.DataFrame) -> tuple[list[str | None], list[int | None]]:
     """Compiled-graph key and step batch size around each graph launch (None where not annotated)."""
-    pid, tid, ts = replays["pid"].to_numpy(), replays["tid"].to_numpy(), replays["ts"].to_numpy(np.int64)
+    pid, tid, ts = numpy_column(replays, "pid"), numpy_column(replays, "tid"), numpy_column(replays, "ts", np.int64)
     fx = [m.group(1) if m else None for m in enclosing_match(trace, pid, tid, ts, COMPILED_GRAPH_ANNOTATION)]
     batch: list[int | None] = [None] * len(replays)
     for pattern in STEP_BATCH_ANNOTATIONS:
@@ -399,7 +399,7 @@ def match(trace: Trace, maps: list[GraphMap]) -> tuple[pd.DataFrame, _Kernels, l
         rows = k.rows[a:b]
         seq = _Seq(names=[str(x) for x in names[rows]],
                    acts=np.array([activity_of(kd, str(nm)) for kd, nm in zip(kinds[rows], names[rows], strict=True)], dtype=object),
-                   streams=ev["stream"].to_numpy()[rows], grid=list(ev["grid"].to_numpy()[rows]), block=list(ev["block"].to_numpy()[rows]))
+                   streams=numpy_column(ev, "stream")[rows], grid=list(numpy_column(ev, "grid")[rows]), block=list(numpy_column(ev, "block")[rows]))
         n = len(rows)
         same_len = [i for i, g in enumerate(graphs) if g.kernels == n]
         results = [(i, _compare(seq, graphs[i])) for i in same_len]
@@ -409,14 +409,14 @@ def match(trace: Trace, maps: list[GraphMap]) -> tuple[pd.DataFrame, _Kernels, l
         verdicts[int(gid)] = results
     klass = pd.factorize(np.array([g.content for g in graphs], dtype=np.int64))[0]
     fx, batch = _hints(trace, replays)
-    status = replays["status"].to_numpy(dtype=object).copy()
+    status = numpy_column(replays, "status", object).copy()
     reason = np.full(len(replays), None, dtype=object)
     score = np.full(len(replays), np.nan)
     evidence = np.full(len(replays), None, dtype=object)
     equivalent = np.zeros(len(replays), np.int64)
     gidx = np.full(len(replays), -1, np.int64)
     last = -1
-    for r in np.argsort(replays["ts"].to_numpy(), kind="stable"):
+    for r in np.argsort(numpy_column(replays, "ts"), kind="stable"):
         res = verdicts[int(group[r])]
         ok = [(i, v) for i, v in res if v.ok]
         if replays["kernels"].iat[r] == 0:
@@ -452,7 +452,7 @@ def attribute(trace: Trace, maps: list[GraphMap], sources: list[MapSource] | Non
     given Trace is not changed."""
     replays, k, graphs, perms = match(trace, maps)
     info = GraphReplays(maps=list(maps), sources=list(sources or []), replays=replays.drop(columns=["graph_index"]))
-    matched = np.flatnonzero(replays["graph_index"].to_numpy() >= 0)
+    matched = np.flatnonzero(numpy_column(replays, "graph_index") >= 0)
     if not len(matched):
         out = replace(trace, graph_replays=info)
         # Same events: the views the given Trace has built already stay valid.
@@ -467,12 +467,12 @@ def _with_ops(trace: Trace, replays: pd.DataFrame, k: _Kernels, graphs: list[Cap
               perms: list[np.ndarray | None], info: GraphReplays) -> Trace:
     ev = trace.events
     n = len(ev)
-    gidx = replays["graph_index"].to_numpy()
-    l_rows = replays["launch_row"].to_numpy(np.int64)
-    l_ts = ev["ts"].to_numpy()[l_rows]
-    l_dur = np.maximum(ev["dur"].to_numpy()[l_rows], 0)
-    real_op = ev["op"].to_numpy()[l_rows]
-    new_op = ev["op"].to_numpy().astype(np.int64)  # positions past the trace's rows go in
+    gidx = numpy_column(replays, "graph_index")
+    l_rows = numpy_column(replays, "launch_row", np.int64)
+    l_ts = numpy_column(ev, "ts")[l_rows]
+    l_dur = np.maximum(numpy_column(ev, "dur")[l_rows], 0)
+    real_op = numpy_column(ev, "op")[l_rows]
+    new_op = numpy_column(ev, "op").astype(np.int64)  # positions past the trace's rows go in
     attributed = np.zeros(len(replays), np.int64)
     blocks: list[dict[str, Any]] = []
     next_row = n
@@ -483,7 +483,7 @@ def _with_ops(trace: Trace, replays: pd.DataFrame, k: _Kernels, graphs: list[Cap
         m = len(ops)
         local = np.full(len(gmap.ops), -1, np.int64)
         local[ops] = np.arange(m)
-        parent_map = gmap.ops["parent"].to_numpy()[ops]
+        parent_map = numpy_column(gmap.ops, "parent")[ops]
         local_parent = np.where(parent_map >= 0, local[np.maximum(parent_map, 0)], -1)
         base = next_row + np.arange(len(reps), dtype=np.int64) * m
         next_row += len(reps) * m
@@ -495,10 +495,10 @@ def _with_ops(trace: Trace, replays: pd.DataFrame, k: _Kernels, graphs: list[Cap
                 "op_index": np.tile(ops, len(reps)), "map": gmap,
                 "parent": np.where(lp >= 0, np.repeat(base, m) + lp, real_op[rep_of]),
                 # Capture order at the start of the launch call: zero-length, in the launching step.
-                "ts": l_ts[rep_of] + (off * l_dur[rep_of]) // max(m, 1), "pid": replays["pid"].to_numpy()[rep_of],
+                "ts": l_ts[rep_of] + (off * l_dur[rep_of]) // max(m, 1), "pid": numpy_column(replays, "pid")[rep_of],
             })
         # Each replayed kernel -> the added copy of the op that launched its node.
-        entry_op = graph.entries["op"].to_numpy()
+        entry_op = numpy_column(graph.entries, "op")
         for j, r in enumerate(reps):
             a = k.starts[r]
             cnt = int(replays["kernels"].iat[r])
@@ -546,7 +546,7 @@ def _merged_events(trace: Trace, blocks: list[dict[str, Any]], new_op: np.ndarra
         "parent": np.concatenate([b["parent"] for b in blocks]).astype(np.int64),
     }
     added["end"] = added["ts"]
-    order = np.argsort(np.concatenate([ev["ts"].to_numpy(), added["ts"]]), kind="stable")
+    order = np.argsort(np.concatenate([numpy_column(ev, "ts"), added["ts"]]), kind="stable")
     inverse = np.empty(n + add, np.int64)
     inverse[order] = np.arange(n + add, dtype=np.int64)
     for col in ev.columns:

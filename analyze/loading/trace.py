@@ -506,13 +506,29 @@ def column_array(df: pd.DataFrame, name: str) -> np.ndarray | pd.Categorical:
     loc = df.columns.get_loc(name) if getter is not None else None
     if isinstance(loc, int):
         arr = getter(loc)  # type: ignore[misc]
-        if isinstance(arr, (np.ndarray, pd.Categorical)):
+        if isinstance(arr, np.ndarray):
+            # Read-only, as pandas 3's to_numpy() gives it: a reader must not change the frame.
+            view = arr.view()
+            view.flags.writeable = False
+            return view
+        if isinstance(arr, pd.Categorical):
             return arr
     # A repeated column name, another extension array, or no such accessor: pandas' way.
     col = df[name]
     if isinstance(col, pd.DataFrame):
         raise KeyError(f"column {name!r} is repeated")
     return col.array if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
+
+
+def numpy_column(df: Any, name: str, dtype: Any = None) -> np.ndarray:
+    """`df[name].to_numpy(dtype)` (read-only where it is no copy), through `column_array` when
+    `df` is a DataFrame: the detectors read several hundred columns this way per analysis."""
+    if not isinstance(df, pd.DataFrame):
+        return df[name].to_numpy(dtype)
+    arr = column_array(df, name)
+    if isinstance(arr, pd.Categorical):
+        return np.asarray(arr, dtype=dtype)  # the values (object, NaN where missing), as to_numpy
+    return arr if dtype is None or arr.dtype == np.dtype(dtype) else arr.astype(dtype)
 
 
 def take_rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
