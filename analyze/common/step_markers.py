@@ -18,6 +18,7 @@ Nested matches keep the outermost range, as ProfilerStep nesting does.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ import pandas as pd
 from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.latency import names_to_test, regex_mask
 from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
-from tokentrace.analysis.loading.trace import category_mask
+from tokentrace.analysis.loading.trace import category_mask, values_at
 
 # Columns an engine step adds to the segment table (-1 / None where unknown or not an engine step).
 ENGINE_COLUMNS: tuple[str, ...] = ("kind", "engine", "form") + tuple(
@@ -38,15 +39,66 @@ _INT_COLUMNS = tuple(c for c in ENGINE_COLUMNS if c in es.COUNT_FIELDS)
 _ROWS_PER_NAME_ROLE = 500
 
 
-def outermost(df: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not contained in an earlier one (nested markers: keep the outer), in start order
-    (longest first among equal starts)."""
-    ts, end = df["ts"].to_numpy(np.int64), df["end"].to_numpy(np.int64)
+@dataclass(frozen=True)
+class Ranges:
+    """Host ranges as arrays, not a frame (a frame of a view's rows copies every column, and
+    an empty frame costs ~0.5 ms to build): start and end (ns), name (str) and thread per range."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # object array of str
+    tid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def empty(cls) -> Ranges:
+        none = np.empty(0, np.int64)
+        return cls(none, none, np.empty(0, object), none)
+
+    @classmethod
+    def of_rows(cls, view: pd.DataFrame, hit: np.ndarray) -> Ranges:
+        """The rows of a view (ts, end, name, tid) that `hit` marks, in the view's order."""
+        at = np.flatnonzero(hit)
+        names = np.empty(len(at), dtype=object)
+        names[:] = [str(v) for v in values_at(view["name"], at).tolist()]  # as .astype(str) gives them
+        return cls(view["ts"].to_numpy()[at], view["end"].to_numpy()[at], names, view["tid"].to_numpy()[at])
+
+    @classmethod
+    def concat(cls, parts: list[Ranges]) -> Ranges:
+        """The ranges of every part, part after part."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty()
+        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in ("ts", "end", "name", "tid")))
+
+    def take(self, at: np.ndarray) -> Ranges:
+        """The ranges at positions (or a mask) `at`."""
+        return Ranges(self.ts[at], self.end[at], self.name[at], self.tid[at])
+
+    def outermost(self) -> Ranges:
+        """The ranges not contained in an earlier one, as `outermost` keeps a frame's rows."""
+        return self.take(outermost_order(self.ts, self.end))
+
+
+def outermost_order(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the ranges not contained in an earlier one, in start order (longest first
+    among equal starts): what `outermost` keeps."""
+    ts, end = np.asarray(ts, np.int64), np.asarray(end, np.int64)
     order = np.lexsort((-end, ts))  # sort_values(["ts", "end"], ascending=[True, False]): stable
     reach = np.maximum.accumulate(end[order])
     keep = np.ones(len(order), dtype=bool)
     keep[1:] = ts[order][1:] >= reach[:-1]
-    return df.iloc[order[keep]]  # one gather of the rows, not a sort and then a filter of them
+    return order[keep]
+
+
+def outermost(df: pd.DataFrame) -> pd.DataFrame:
+    """Ranges not contained in an earlier one (nested markers: keep the outer), in start order
+    (longest first among equal starts)."""
+    # One gather of the rows, not a sort and then a filter of them.
+    return df.iloc[outermost_order(df["ts"].to_numpy(np.int64), df["end"].to_numpy(np.int64))]
 
 
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
@@ -144,28 +196,26 @@ def _role_hits(names: pd.Series, patterns: PhasePatterns) -> tuple[np.ndarray, n
     return hit, role[hit]
 
 
-def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> tuple[pd.DataFrame | None, pd.DataFrame]:
+def user_segments(frames: tuple[pd.DataFrame, ...], patterns: PhasePatterns) -> tuple[pd.DataFrame | None, Ranges]:
     """(prefill/decode segments from the user's annotations or None, the `request` ranges).
 
     `frames` are views with ts, end, name, tid (annotations, cpu ops); each distinct name is
     matched once."""
     hits = [_role_hits(f["name"], patterns) for f in frames]
     if not any(len(role) for _, role in hits):  # most traces: no name has a role
-        return None, pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
-    parts = []
-    for f, (hit, role) in zip(frames, hits, strict=True):
-        sub = f.loc[hit, ["ts", "end", "name", "tid"]].copy()
-        sub["role"] = role
-        parts.append(sub)
-    found = pd.concat(parts) if parts else pd.DataFrame(columns=["ts", "end", "name", "tid", "role"])
-    requests = outermost(found[found["role"] == "request"]) if (found["role"] == "request").any() else found.iloc[:0]
-    marks = found[found["role"].isin(("prefill", "decode"))]
-    if marks.empty:
+        return None, Ranges.empty()
+    found = Ranges.concat([Ranges.of_rows(f, hit) for f, (hit, _) in zip(frames, hits, strict=True)])
+    role = np.concatenate([r for _, r in hits]) if len(hits) > 1 else hits[0][1]
+    is_request = role == "request"
+    requests = found.take(is_request).outermost()
+    is_mark = (role == "prefill") | (role == "decode")
+    if not is_mark.any():
         return None, requests
-    marks = outermost(marks)
-    names = marks["name"].astype(str)
-    step = np.where(marks["role"] == "decode", names.map(step_number), -1).astype(np.int64)
+    at = np.flatnonzero(is_mark)[outermost_order(found.ts[is_mark], found.end[is_mark])]
+    marks, mark_role = found.take(at), role[at]
+    step = np.array([step_number(n) if r == "decode" else -1 for n, r in zip(marks.name.tolist(), mark_role.tolist(), strict=True)],
+                    dtype=np.int64)
     return pd.DataFrame({
-        "start": marks["ts"].to_numpy(np.int64), "end": marks["end"].to_numpy(np.int64), "name": names.to_numpy(),
-        "tid": marks["tid"].to_numpy(np.int64), "phase": marks["role"].to_numpy(), "step": step,
+        "start": marks.ts.astype(np.int64), "end": marks.end.astype(np.int64), "name": marks.name,
+        "tid": marks.tid.astype(np.int64), "phase": mark_role, "step": step,
     }), requests

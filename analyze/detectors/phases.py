@@ -128,9 +128,9 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     if not _any_name_matches(trace, _VLLM_STEP, "execute_model"):  # most traces: their Python frames' view is not built for this
         return None, None
     vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
-    if not vl.empty:
-        vl = _outermost(vl)
-        return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl)), "high"
+    if len(vl):
+        vl = vl.outermost()
+        return _frame(vl.ts, vl.end, vl.name, vl.tid, ["?"] * len(vl)), "high"
     return None, None
 
 
@@ -144,20 +144,16 @@ def _any_name_matches(trace: Trace, pattern: re.Pattern[str], needle: str = "") 
     return any(needle in c and pattern.search(c) for c in map(str, names.array.categories.tolist()))
 
 
-def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
-    """Rows of several views whose name matches (filtered before concatenating: views are large).
-    Views without a match are left out (the views share their columns' dtypes): most have none."""
-    hits = [lat.regex_mask(f["name"], pattern) for f in frames]
-    found = [f.loc[h, ["ts", "end", "name", "tid"]] for f, h in zip(frames, hits, strict=True) if h.any()]
-    if len(found) == 1:
-        return found[0]
-    return pd.concat(found) if found else frames[0].loc[hits[0], ["ts", "end", "name", "tid"]]
+def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> sm.Ranges:
+    """Ranges of the rows of several views whose name matches, view after view (the matches'
+    columns as arrays: a frame of a large view's rows cost more than the match)."""
+    return sm.Ranges.concat([sm.Ranges.of_rows(f, lat.regex_mask(f["name"], pattern)) for f in frames])
 
 
-def _profiler_steps(trace: Trace) -> pd.DataFrame:
+def _profiler_steps(trace: Trace) -> sm.Ranges:
+    """The outermost ProfilerStep#N ranges, in start order."""
     # Current traces record ProfilerStep#N as a user_annotation, 2021-era ones as a cpu_op.
-    ps = _matching((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP)
-    return _outermost(ps) if not ps.empty else ps
+    return _matching((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP).outermost()
 
 
 class OpMarks(NamedTuple):
@@ -200,13 +196,13 @@ def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarra
     return ts[new], cpu.index.to_numpy(np.int64)[emb][new], tid
 
 
-def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFrame) -> pd.DataFrame:
+def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: sm.Ranges) -> pd.DataFrame:
     """Forward segments from their starts: each runs to the next start (or its container's end),
     ending with the last host event of its thread before that limit."""
     limit = np.r_[starts[1:], np.iinfo(np.int64).max]
-    if not containers.empty:
-        c = containers.sort_values("ts")
-        cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+    if len(containers):
+        order = np.argsort(containers.ts, kind="quicksort")  # sort_values("ts")'s order
+        cs, ce = containers.ts.astype(np.int64)[order], containers.end.astype(np.int64)[order]
         k = np.searchsorted(cs, starts, side="right") - 1
         inside = (k >= 0) & (starts < ce[np.maximum(k, 0)])
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
@@ -296,14 +292,14 @@ def segment(trace: Trace, marks: OpMarks, patterns: pp.PhasePatterns | None = No
             starts, _, tid = _forward_starts(trace, marks)
             per_step = np.zeros(len(steps), np.int64)
             if len(steps) and len(starts):
-                k = np.searchsorted(steps["ts"].to_numpy(np.int64), starts, side="right") - 1
-                ok = (k >= 0) & (starts < steps["end"].to_numpy(np.int64)[np.maximum(k, 0)])
+                k = np.searchsorted(steps.ts.astype(np.int64), starts, side="right") - 1
+                ok = (k >= 0) & (starts < steps.end.astype(np.int64)[np.maximum(k, 0)])
                 per_step = np.bincount(k[ok], minlength=len(steps))
             if len(steps) and per_step.max(initial=0) <= 1:
-                table = _frame(steps["ts"], steps["end"], steps["name"].astype(str), steps["tid"], ["?"] * len(steps))
+                table = _frame(steps.ts, steps.end, steps.name, steps.tid, ["?"] * len(steps))
                 method = "profiler_steps"
             elif len(starts):
-                bounds = steps if requests is None or requests.empty else _outermost(pd.concat([steps, requests[steps.columns]]))
+                bounds = steps if requests is None or not len(requests) else sm.Ranges.concat([steps, requests]).outermost()
                 table = _inferred(trace, starts, tid, bounds)
                 method = "inferred"
     if table is None or table.empty:
