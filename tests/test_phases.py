@@ -490,3 +490,22 @@ def test_user_segments_and_requests_from_role_names():
     assert (requests.ts.tolist(), requests.end.tolist(), requests.name.tolist()) == ([0], [100], ["## generate ##"])
     table, requests = sm.user_segments((ops.iloc[:1],), patterns)
     assert table is None and len(requests) == 0
+
+
+def test_segment_columns_put_in_start_order_as_a_stable_sort():
+    """phases._in_start_order: a segment table's columns (arrays and lists) in start order, ties
+    kept in their order, as a frame's stable sort_values gives them; a frame and an empty table
+    go through pandas (an empty table's text columns framed as pandas frames them)."""
+    import pandas as pd
+
+    cols = phases._frame([30, 10, 10, 20], [35, 15, 12, 25], ["c", "a", "b", "d"], [1, 2, 3, 4], ["?", "x", "y", "?"])
+    got = phases._in_start_order(cols)
+    assert got["start"].tolist() == [10, 10, 20, 30] and got["end"].tolist() == [15, 12, 25, 35]
+    assert got["name"] == ["a", "b", "d", "c"] and got["phase"] == ["x", "y", "?", "?"] and got["tid"].tolist() == [2, 3, 4, 1]
+    ordered = phases._frame([1, 2], [2, 3], ["p", "q"], [0, 0], ["?", "?"])
+    assert phases._in_start_order(ordered) == ordered
+    ref = pd.DataFrame(cols).sort_values("start", kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(pd.DataFrame(got), ref)
+    pd.testing.assert_frame_equal(pd.DataFrame(phases._in_start_order(pd.DataFrame(cols))), ref)
+    empty = phases._in_start_order(phases._frame([], [], [], [], []))
+    assert {c: (len(v), v.dtype) for c, v in empty.items()} == {c: (0, s.dtype) for c, s in pd.DataFrame(phases._frame([], [], [], [], [])).items()}
