@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.loading.trace import Trace
+
+T = TypeVar("T")
 
 SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
 # Up to this many segments, instants in order are located a segment at a time (locate_times).
@@ -145,20 +148,29 @@ class Segments:
         """(start, end, seg) of the segments in start order (the order sort_values("start")
         gives), computed once per table: locate_times and first_on_thread run a dozen times per
         analysis. Read-only."""
-        # Not a dataclass field (as in locate_gpu); keyed by the table, which segment() replaces.
-        hit: tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = self.__dict__.get("_in_order")
+        return self.per_table("_in_order", self._start_order)
+
+    def _start_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_in_start_order, made (fresh arrays: they are made read-only)."""
+        t = self.table
+        starts = t["start"].to_numpy(np.int64)
+        ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
+        if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
+            return starts.copy(), ends.copy(), ids.copy()
+        order = np.argsort(starts, kind="quicksort")
+        return starts[order], ends[order], ids[order]
+
+    def per_table(self, key: str, make: Callable[[], T]) -> T:
+        """make(), kept under `key` while the table is this one (segment() replaces the table, it
+        never edits it in place); the arrays it holds (alone or in a tuple) made read-only."""
+        # Not a dataclass field (as in locate_gpu): the results cache stores the fields only.
+        hit: tuple[pd.DataFrame, T] | None = self.__dict__.get(key)
         if hit is None or hit[0] is not self.table:
-            t = self.table
-            starts = t["start"].to_numpy(np.int64)
-            ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
-            if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
-                cols = (starts.copy(), ends.copy(), ids.copy())
-            else:
-                order = np.argsort(starts, kind="quicksort")
-                cols = (starts[order], ends[order], ids[order])
-            for c in cols:
-                c.setflags(write=False)
-            self.__dict__["_in_order"] = hit = (t, cols)
+            value = make()
+            for a in value if isinstance(value, tuple) else (value,):
+                if isinstance(a, np.ndarray):
+                    a.setflags(write=False)
+            self.__dict__[key] = hit = (self.table, value)
         return hit[1]
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
