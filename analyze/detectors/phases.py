@@ -107,6 +107,9 @@ def _in_start_order(table: pd.DataFrame | Columns) -> Columns:
     their columns' dtypes are pandas' to keep (an empty list frames as float64)."""
     if isinstance(table, pd.DataFrame) or not len(table["start"]):
         frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
+        start = frame["start"].to_numpy()
+        if len(start) and frame.index.equals(pd.RangeIndex(len(start))) and bool((start[1:] >= start[:-1]).all()):
+            return dict(frame.items())  # in order and numbered already (an engine's steps): no copy sorted
         return dict(frame.sort_values("start", kind="stable").reset_index(drop=True).items())
     start = table["start"]
     if bool((start[1:] >= start[:-1]).all()):  # most sources give them in order: a stable sort keeps it
