@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
+from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.loading.trace import Trace
+
+T = TypeVar("T")
 
 SEGMENT_COLUMNS = ("seg", "phase", "index", "name", "start", "end")
 # Up to this many segments, instants in order are located a segment at a time (locate_times).
@@ -145,20 +149,27 @@ class Segments:
         """(start, end, seg) of the segments in start order (the order sort_values("start")
         gives), computed once per table: locate_times and first_on_thread run a dozen times per
         analysis. Read-only."""
-        # Not a dataclass field (as in locate_gpu); keyed by the table, which segment() replaces.
-        hit: tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = self.__dict__.get("_in_order")
+        return self.per_table("_in_order", self._start_order)
+
+    def _start_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """_in_start_order, made (fresh arrays: they are made read-only)."""
+        t = self.table
+        starts = t["start"].to_numpy(np.int64)
+        ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
+        if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
+            return starts.copy(), ends.copy(), ids.copy()
+        order = np.argsort(starts, kind="quicksort")
+        return starts[order], ends[order], ids[order]
+
+    def per_table(self, key: str, make: Callable[[], T]) -> T:
+        """make(), kept under `key` while the table is this one (segment() replaces the table, it
+        never edits it in place); the arrays it holds (alone or in a tuple) made read-only."""
+        # Not a dataclass field (as in locate_gpu): the results cache stores the fields only.
+        hit: tuple[pd.DataFrame, T] | None = self.__dict__.get(key)
         if hit is None or hit[0] is not self.table:
-            t = self.table
-            starts = t["start"].to_numpy(np.int64)
-            ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
-            if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
-                cols = (starts.copy(), ends.copy(), ids.copy())
-            else:
-                order = np.argsort(starts, kind="quicksort")
-                cols = (starts[order], ends[order], ids[order])
-            for c in cols:
-                c.setflags(write=False)
-            self.__dict__["_in_order"] = hit = (t, cols)
+            value = make()
+            _read_only(value)
+            self.__dict__[key] = hit = (self.table, value)
         return hit[1]
 
     def locate_rows(self, trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
@@ -182,14 +193,23 @@ class Segments:
         trace for these segments: the latency and critical-path work locate the same calls. Read-only."""
         return self._per_trace(trace, "_runtime_seg", lambda: self.locate_times(trace.narrow_runtime["ts"].to_numpy(np.int64)))
 
-    def _per_trace(self, trace: Trace, key: str, make: Callable[[], np.ndarray]) -> np.ndarray:
-        """make(), kept under `key` for one trace at a time (made read-only)."""
+    def gpu_extents(self, trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per segment that holds GPU rows (ids ascending): its id, the first start and the last
+        end of the union of its rows and the time that union covers (ns), over the rows of
+        `trace.narrow_gpu` located in a segment (locate_gpu): intervals.group_extents of their
+        union_grouped, computed once per trace (the step measures and the gpu detector's busy
+        time per phase read the same). Read-only."""
+        return self._per_trace(trace, "_gpu_extents", lambda: _gpu_extents(trace, self.locate_gpu(trace)))
+
+    def _per_trace(self, trace: Trace, key: str, make: Callable[[], T]) -> T:
+        """make(), kept under `key` for one trace at a time (its arrays, alone or in a tuple, made
+        read-only)."""
         # Not a dataclass field: the results cache stores the fields only, and a trace's rows are
         # no part of the segmentation.
-        hit: tuple[Trace, np.ndarray] | None = self.__dict__.get(key)
+        hit: tuple[Trace, T] | None = self.__dict__.get(key)
         if hit is None or hit[0] is not trace:
             value = make()
-            value.setflags(write=False)
+            _read_only(value)
             self.__dict__[key] = hit = (trace, value)
         return hit[1]
 
@@ -226,6 +246,21 @@ def _gpu_launch_times(trace: Trace) -> np.ndarray:
     if not has.any():
         return ts.copy()
     return np.where(has, trace.events["ts"].to_numpy(np.int64)[np.where(has, launch, 0)], ts)
+
+
+def _read_only(value: object) -> None:
+    """Make an array, or the arrays of a tuple, read-only (values kept for every reader)."""
+    for a in value if isinstance(value, tuple) else (value,):
+        if isinstance(a, np.ndarray):
+            a.setflags(write=False)
+
+
+def _gpu_extents(trace: Trace, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Segments.gpu_extents, made: `seg` is each GPU row's segment (-1: none)."""
+    gpu = trace.narrow_gpu
+    located = seg >= 0
+    ok: slice | np.ndarray = slice(None) if bool(located.all()) else located  # every row a step's: no copies
+    return iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
 
 
 def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:

@@ -564,6 +564,28 @@ def test_attention_op_spec_is_each_cpu_ops_first_matching_pattern(tmp_path):
     assert got[("vllm::unified_attention", "python_function")] == -1
 
 
+@pytest.mark.parametrize("rows_per_name", [0, 100, 10**6])
+@pytest.mark.parametrize("masked", [False, True])
+def test_match_categories_with_the_ops_prefilter_is_each_names_first_pattern(rows_per_name, masked, monkeypatch):
+    """match_categories gives each row its name's first matching pattern (-1: none, no name, or
+    outside `where`), with or without the OPS_ANY prefilter, testing every name of the trace or
+    only those present; OPS_ANY matches exactly the names one of ATTENTION_OPS matches."""
+    from tokentrace.analysis.common import attention_ops as ao
+
+    monkeypatch.setattr(ao, "_ROWS_PER_NAME", rows_per_name)
+    cats = ["aten::mm", "aten::scaled_dot_product_attention", "flash_attn_2_cuda::varlen_fwd", "x flash_attn::",
+            "vllm::unified_attention", "sglang_profiler::attention_metadata_7", "aten::_flash_attention_forward"]
+    codes = np.array([0, 1, -1, 2, 3, 4, 6, 0, 1, 5], np.int16)
+    names = pd.Categorical.from_codes(codes, categories=cats)
+    first = [next((j for j, (rx, _) in enumerate(ao.OPS_RE) if rx.search(c)), -1) for c in cats]
+    assert [bool(ao.OPS_ANY.search(c)) for c in cats] == [f >= 0 for f in first] == [False, True, True, False, True, False, True]
+    where = np.array([True, True, True, True, False, True, True, True, False, True]) if masked else None
+    expect = [first[c] if c >= 0 and (where is None or where[i]) else -1 for i, c in enumerate(codes.tolist())]
+    for prefilter in (None, ao.OPS_ANY):
+        got = ao.match_categories(names, ao.OPS_RE, where, prefilter=prefilter)
+        assert got.dtype == np.int64 and got.tolist() == expect
+
+
 def test_attention_at_answers_at_the_rows_asked(tmp_path):
     from tokentrace.analysis.common.attention_ops import attention_at, attention_op_spec
     b = TraceBuilder()

@@ -234,8 +234,28 @@ def test_checks_without_a_mask_of_real_times_equal_those_with_an_all_true_one():
     real = np.ones(len(c.ts), dtype=bool)
     for check in (_before_window, _gpu_beyond_host, _clocks):
         assert check(c, None).to_json() == check(c, real).to_json()
+    # The launches' start times the segments hold give what gathering them gives.
+    assert _clocks(c, None, segments.gpu_launch_times(trace)).to_json() == _clocks(c, None).to_json()
     cropped = _cropped_step(c, None, segments)
     assert cropped.status != "skipped" and cropped.to_json() == _cropped_step(c, real, segments).to_json()
+
+
+def test_gpu_columns_are_the_events_at_the_gpu_rows_and_the_real_ones_a_subset(tmp_path):
+    """_Cols' GPU and launch columns (from the narrow views) are the events' columns at those
+    rows; real_gpu keeps the rows whose times are real, with their columns."""
+    b = TraceBuilder()
+    steps(b, 2)
+    trace = b.load(tmp_path)
+    c = _Cols.of(trace)
+    assert len(c.gpu_rows) > 2 and (c.gpu_launch >= 0).any()
+    assert (c.gpu_ts.tolist(), c.gpu_end.tolist()) == (c.ts[c.gpu_rows].tolist(), c.end[c.gpu_rows].tolist())
+    assert c.gpu_launch.tolist() == c.launch[c.gpu_rows].tolist() and c.launch_ts.tolist() == c.ts[c.launch_rows].tolist()
+    real = np.ones(len(c.ts), dtype=bool)
+    real[c.gpu_rows[1]] = False
+    g = c.real_gpu(real)
+    assert g.rows.tolist() == np.delete(c.gpu_rows, 1).tolist() and g.ts.tolist() == c.ts[g.rows].tolist()
+    assert (g.end.tolist(), g.launch.tolist()) == (c.end[g.rows].tolist(), c.launch[g.rows].tolist())
+    assert c.real_gpu(None).rows is c.gpu_rows
 
 
 @pytest.mark.parametrize("rows", [[0], [6], [2, 3], [0, 9], [4, 5, 17], [17], list(range(18))])

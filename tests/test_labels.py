@@ -50,6 +50,11 @@ def test_phase_codes_of_rows_in_order_equal_factorizing_their_labels(tmp_path, s
     assert segs.runs(trace.events["ts"].to_numpy()[rows]) is None
     again = labels.phase_codes(trace, segs, rows)
     assert [a.tolist() for a in again] == [codes.tolist(), texts.tolist(), seg.tolist()]
+    monkeypatch.undo()
+    # Without the segment ids: the same codes and texts, on both paths.
+    assert [a.tolist() for a in labels.phase_code_labels(trace, segs, rows)] == [codes.tolist(), texts.tolist()]
+    monkeypatch.setattr(seg_mod, "_SLICE_SEGMENTS", 0)
+    assert [a.tolist() for a in labels.phase_code_labels(trace, segs, rows)] == [codes.tolist(), texts.tolist()]
 
 
 def test_table_positions_of_ids_that_are_positions_and_of_others():
@@ -73,3 +78,24 @@ def test_phase_codes_from_the_times_the_caller_holds(tmp_path):
     assert (texts[codes].tolist(), seg.tolist()) == (["other", "decode", "prefill", "other"], [-1, 1, 0, -1])
     codes, texts, seg = labels.phase_codes(trace, segs, rows, ts=ts)
     assert (texts[codes].tolist(), seg.tolist()) == (["other", "prefill", "decode", "other"], [-1, 0, 1, -1])
+
+
+def test_phase_texts_are_coded_once_per_segment_table(tmp_path):
+    """phase_codes factorizes the segments' phase texts once per table (Segments.per_table, kept
+    read-only), and anew when segment() puts in another table."""
+    b = TraceBuilder()
+    for t in (5.0, 15.0, 25.0):
+        b.cpu_op("aten::add", t, 1.0)
+    trace = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1], "phase": ["decode", "prefill"], "start": [10_000, 20_000], "end": [20_000, 30_000]}))
+    rows = trace.cpu_ops.index.to_numpy()
+    codes, texts, _ = labels.phase_codes(trace, segs, rows)
+    assert texts[codes].tolist() == ["other", "decode", "prefill"]
+    kept = segs.__dict__["_phase_texts"][1]
+    assert [a.tolist() for a in kept] == [[0, 1, 2], ["decode", "prefill", "other"]] and not kept[0].flags.writeable
+    labels.phase_codes(trace, segs, rows)
+    assert segs.__dict__["_phase_texts"][1] is kept
+    segs.table = pd.DataFrame({"seg": [0], "phase": ["mixed"], "start": [0], "end": [20_000]})
+    codes, texts, _ = labels.phase_codes(trace, segs, rows)
+    assert texts[codes].tolist() == ["mixed", "mixed", "other"]
+    assert segs.__dict__["_phase_texts"][1][1].tolist() == ["mixed", "other"]

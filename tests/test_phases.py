@@ -448,3 +448,64 @@ def test_any_name_matches_tests_the_needle_then_the_pattern(tmp_path):
     assert phases._any_name_matches(trace, phases._VLLM_STEP)
     assert not phases._any_name_matches(trace, re.compile(r"helper$"), "execute_model_x")
     assert not phases._any_name_matches(trace, re.compile(r"^nothing"), "")
+
+
+def test_ranges_of_matching_rows_and_their_outermost():
+    """step_markers.Ranges: a view's marked rows as arrays (names as str, missing names too),
+    parts concatenated in order, and the outermost ranges as outermost() keeps a frame's rows."""
+    import pandas as pd
+
+    from tokentrace.analysis.common import step_markers as sm
+
+    view = pd.DataFrame({"ts": np.array([5, 0, 2, 11], np.int32), "end": [8, 10, 4, 12], "tid": [1, 1, 2, 3],
+                         "name": pd.Categorical.from_codes([0, 1, -1, 0], categories=["a", "b"])}, index=[10, 11, 12, 13])
+    r = sm.Ranges.of_rows(view, np.array([True, True, True, False]))
+    assert (r.ts.tolist(), r.end.tolist(), r.tid.tolist(), len(r)) == ([5, 0, 2], [8, 10, 4], [1, 1, 2], 3)
+    assert r.name.tolist() == ["a", "b", "nan"]  # as .astype(str) writes a missing name
+    both = sm.Ranges.concat([r, sm.Ranges.of_rows(view, np.array([False, False, False, True]))])
+    assert both.ts.tolist() == [5, 0, 2, 11] and both.name.tolist() == ["a", "b", "nan", "a"]
+    assert sm.outermost_order(both.ts, both.end).tolist() == [1, 3]  # 5-8 and 2-4 lie in 0-10, 11-12 after it
+    outer = both.outermost()
+    assert (outer.ts.tolist(), outer.name.tolist()) == ([0, 11], ["b", "a"])
+    assert len(sm.Ranges.concat([])) == 0 and len(sm.Ranges.empty().outermost()) == 0
+
+
+def test_user_segments_and_requests_from_role_names():
+    """user_segments: the user's prefill/decode names as segments (outermost, decode steps
+    numbered from the name), `request` ranges apart; no role: no segments, no requests."""
+    import pandas as pd
+
+    from tokentrace.analysis.common import phase_patterns as pp
+    from tokentrace.analysis.common import step_markers as sm
+
+    cats = ["## generate ##", "prefill", "decode_step_4", "aten::mm"]
+    ann = pd.DataFrame({"ts": [0, 1, 20, 21], "end": [100, 19, 30, 25], "tid": [7, 7, 7, 7],
+                        "name": pd.Categorical.from_codes([0, 1, 2, 2], categories=cats)})
+    ops = pd.DataFrame({"ts": [2, 40], "end": [3, 50], "tid": [8, 8], "name": pd.Categorical.from_codes([3, 2], categories=cats)})
+    patterns = pp.compile_patterns()
+    assert [patterns.role_of(c) for c in cats] == ["request", "prefill", "decode", None]
+    table, requests = sm.user_segments((ann, ops), patterns)
+    assert table.to_dict("list") == {"start": [1, 20, 40], "end": [19, 30, 50], "name": ["prefill", "decode_step_4", "decode_step_4"],
+                                     "tid": [7, 7, 8], "phase": ["prefill", "decode", "decode"], "step": [-1, 4, 4]}
+    assert (requests.ts.tolist(), requests.end.tolist(), requests.name.tolist()) == ([0], [100], ["## generate ##"])
+    table, requests = sm.user_segments((ops.iloc[:1],), patterns)
+    assert table is None and len(requests) == 0
+
+
+def test_segment_columns_put_in_start_order_as_a_stable_sort():
+    """phases._in_start_order: a segment table's columns (arrays and lists) in start order, ties
+    kept in their order, as a frame's stable sort_values gives them; a frame and an empty table
+    go through pandas (an empty table's text columns framed as pandas frames them)."""
+    import pandas as pd
+
+    cols = phases._frame([30, 10, 10, 20], [35, 15, 12, 25], ["c", "a", "b", "d"], [1, 2, 3, 4], ["?", "x", "y", "?"])
+    got = phases._in_start_order(cols)
+    assert got["start"].tolist() == [10, 10, 20, 30] and got["end"].tolist() == [15, 12, 25, 35]
+    assert got["name"] == ["a", "b", "d", "c"] and got["phase"] == ["x", "y", "?", "?"] and got["tid"].tolist() == [2, 3, 4, 1]
+    ordered = phases._frame([1, 2], [2, 3], ["p", "q"], [0, 0], ["?", "?"])
+    assert phases._in_start_order(ordered) == ordered
+    ref = pd.DataFrame(cols).sort_values("start", kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(pd.DataFrame(got), ref)
+    pd.testing.assert_frame_equal(pd.DataFrame(phases._in_start_order(pd.DataFrame(cols))), ref)
+    empty = phases._in_start_order(phases._frame([], [], [], [], []))
+    assert {c: (len(v), v.dtype) for c, v in empty.items()} == {c: (0, s.dtype) for c, s in pd.DataFrame(phases._frame([], [], [], [], [])).items()}

@@ -127,6 +127,26 @@ def test_runtime_calls_and_launch_times_of_gpu_rows(tmp_path):
     assert segs.gpu_launch_times(t) is launch_ts and not launch_ts.flags.writeable
 
 
+def test_gpu_extents_of_each_segments_rows_once_per_trace(tmp_path):
+    """gpu_extents: per segment holding GPU rows (by their launch), the first start, the last end
+    and the time covered by the union of its rows (overlaps counted once, a gap left out); rows
+    outside every segment count nowhere; once per trace, read-only, made again for another."""
+    b = TraceBuilder()
+    b.launch("k0", 10.0, 20.0, 10.0)  # step 0: 20-30 us
+    b.launch("k1", 40.0, 25.0, 15.0)  # step 0: 25-40 us, overlapping k0
+    b.launch("k2", 50.0, 120.0, 5.0)  # step 0 (launched in it): 120-125 us, after a gap
+    b.launch("k3", 150.0, 160.0, 5.0)  # launched outside every step
+    b.launch("k4", 210.0, 215.0, 5.0)  # step 2 (step 1 holds none)
+    t = b.load(tmp_path)
+    segs = Segments(pd.DataFrame({"seg": [0, 1, 2], "start": [0, 170_000, 200_000], "end": [100_000, 190_000, 300_000]}))
+    got = segs.gpu_extents(t)
+    assert [a.tolist() for a in got] == [[0, 2], [20_000, 215_000], [125_000, 220_000], [20_000 + 5_000, 5_000]]
+    assert segs.gpu_extents(t) is got and not any(a.flags.writeable for a in got)
+    b.launch("k5", 230.0, 230.0, 5.0)
+    other = b.load(tmp_path, "other.pt.trace.json")
+    assert [a.tolist() for a in segs.gpu_extents(other)] == [[0, 2], [20_000, 215_000], [125_000, 235_000], [25_000, 10_000]]
+
+
 def test_rows_with_and_without_a_launch_are_located_by_the_right_start(tmp_path):
     """locate_rows of host and GPU rows together (GPU rows by their launch's start, the others by
     their own), and of host rows only (no launch at all), equal locating those starts."""

@@ -489,3 +489,26 @@ def test_the_device_that_ran_most_kernels_names_the_gpu(tmp_path):
     assert named([1, 0, 0, 1], name="tie.json") == "NVIDIA A100-SXM4-80GB"  # device 1's kernel came first
     assert named([0, 1, 1, 0], name="tie2.json") == "NVIDIA H100 80GB HBM3"
     assert named([0, 1, 1], copies=4, name="copies.json") == "NVIDIA A100-SXM4-80GB"
+
+
+def test_engine_segments_merge_a_single_inner_marker_and_keep_an_outer_holding_two():
+    """step_markers.engine_segments on a frame of annotations (in no order): an outer vLLM marker
+    holding one SGLang step takes its range and name, keeps its own counts and kind (the inner's
+    differs: the note says so); one holding two steps is kept whole; other names are no steps."""
+    import pandas as pd
+
+    from tokentrace.analysis.common import step_markers as sm
+
+    outer = vllm_name([], [(1, 10), (1, 20)])
+    names = ["step[DECODE bs=3]", outer, "aten::mm", outer, "step[EXTEND bs=2 toks=8]", "step[DECODE bs=2]"]
+    ann = pd.DataFrame({"ts": np.array([250, 200, 5, 0, 10, 210], np.int64), "end": np.array([290, 300, 6, 100, 50, 240], np.int64),
+                        "tid": np.array([7, 7, 7, 7, 7, 7], np.int32), "name": pd.Categorical(names)}, index=[10, 11, 12, 13, 14, 15])
+    t = sm.engine_segments(ann)
+    assert t[["start", "end", "name", "tid", "phase", "kind", "engine", "form"]].to_dict("list") == {
+        "start": [10, 200], "end": [50, 300], "name": ["step[EXTEND bs=2 toks=8]", outer], "tid": [7, 7],
+        "phase": ["decode", "decode"], "kind": ["decode", "decode"], "engine": ["sglang", "vllm"],
+        "form": ["vllm_detailed+sglang", "vllm_detailed"]}
+    assert t["decode_requests"].tolist() == [2, 2] and t["decode_kv_tokens"].tolist() == [30, 30] and t["batch"].tolist() == [2, 2]
+    assert t["q_len"].tolist() == [1, 1] and t["tid"].dtype == np.int32
+    assert t["note"].tolist() == [f"counts from the enclosing {outer} (which says decode; its kind is used)", None]
+    assert sm.engine_segments(ann.iloc[[2]]) is None

@@ -32,13 +32,28 @@ def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndar
     integers: factorizing a million label strings is what would cost. `seg`: the rows' segments
     where the caller has them (`segments.locate_rows(trace, rows)`, as `locate_gpu` gives); `ts`:
     else the times that locate the rows (`row_times(trace, rows)`) where the caller has them."""
+    codes, labels, found = _phase_codes(trace, segments, rows, seg, ts, True)
+    assert found is not None
+    return codes, labels, found
+
+
+def phase_code_labels(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndarray | None = None,
+                      ts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """phase_codes' (phase code, phase labels) without the rows' segment ids, for a caller that
+    does not read them (rows located a segment at a time then write no array of ids)."""
+    codes, labels, _ = _phase_codes(trace, segments, rows, seg, ts, False)
+    return codes, labels
+
+
+def _phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndarray | None, ts: np.ndarray | None,
+                 want_seg: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """phase_codes, the segment ids only where `want_seg` (or where they were located anyway)."""
     rows = np.asarray(rows, dtype=np.int64)
     if len(segments) == 0:
         labels = np.array([NO_PHASE] if len(rows) else [], dtype=object)
         return np.zeros(len(rows), dtype=np.int64), labels, np.full(len(rows), -1, dtype=np.int64)
     table = segments.table
-    # One code per distinct label text, OUTSIDE_PHASE last, so equal texts of different segments share it.
-    text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
+    text_code, texts = segments.per_table("_phase_texts", lambda: _phase_texts(table))
 
     def text_of(seg_ids: np.ndarray) -> np.ndarray:
         pos = table_positions(table, seg_ids)
@@ -49,18 +64,26 @@ def phase_codes(trace: Trace, segments: Segments, rows: np.ndarray, seg: np.ndar
             ts = row_times(trace, rows)
         runs = segments.runs(ts)
         if runs is not None:
-            return _run_codes(runs, len(rows), text_of(runs[2]), int(text_code[-1]), np.asarray(texts, dtype=object))
+            return _run_codes(runs, len(rows), text_of(runs[2]), int(text_code[-1]), texts, want_seg)
         seg = segments.locate_each(ts)
     codes, used = _factorize_small(text_of(seg), len(texts))
-    return codes, np.asarray(texts, dtype=object)[used], seg
+    return codes, texts[used], seg
+
+
+def _phase_texts(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(text code of each segment's phase, then OUTSIDE_PHASE's last; the texts): one code per
+    distinct text, so that equal texts of different segments share it. Once per segment table."""
+    text_code, texts = pd.factorize(np.append(table["phase"].astype(str).to_numpy(dtype=object), OUTSIDE_PHASE))
+    return text_code, np.asarray(texts, dtype=object)
 
 
 def _run_codes(runs: tuple[np.ndarray, np.ndarray, np.ndarray], n: int, run_text: np.ndarray, outside: int,
-               texts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               texts: np.ndarray, want_seg: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """phase_codes of n rows located in runs (Segments.runs: first, end, seg of each; the other
     rows outside every segment; `run_text`: each run's text code, `outside`: the outside's): each
     text's first row is a run's first or the first row between runs, so the codes (in order of
-    first appearance) come from the runs, and are written a run at a time."""
+    first appearance) come from the runs, and are written a run at a time (the segment ids too
+    where `want_seg`, else None)."""
     first, end, seg_of_run = runs
     # The first row outside every run: before the first run, in the first gap, or after the last.
     gaps = np.flatnonzero(np.append(first, n) > np.insert(end, 0, 0))
@@ -73,9 +96,12 @@ def _run_codes(runs: tuple[np.ndarray, np.ndarray, np.ndarray], n: int, run_text
     remap = np.full(len(texts), -1, dtype=np.int64)
     remap[used] = np.arange(len(used))
     codes = np.full(n, remap[outside], dtype=np.int64)
-    seg = np.full(n, -1, dtype=np.int64)
-    for a, b, s, c in zip(first.tolist(), end.tolist(), seg_of_run.tolist(), remap[run_text].tolist(), strict=True):
+    for a, b, c in zip(first.tolist(), end.tolist(), remap[run_text].tolist(), strict=True):
         codes[a:b] = c
+    if not want_seg:
+        return codes, texts[used], None
+    seg = np.full(n, -1, dtype=np.int64)
+    for a, b, s in zip(first.tolist(), end.tolist(), seg_of_run.tolist(), strict=True):
         seg[a:b] = s
     return codes, texts[used], seg
 

@@ -136,12 +136,14 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
     kind = gpu["kind"]
     orphan = gk & (all_launch < 0)
     gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
+    # Without a row left out, the steps' GPU rows are those the segments' GPU extents cover.
+    extents = segs.gpu_extents(trace) if bool(gk[orphan].all()) else None
     # Plain arrays over the kept rows (a frame of them cost more than all the work below): the
     # columns themselves where every GPU row is a step's (no copies; nothing below writes to them).
     kept: slice | np.ndarray = slice(None) if gk.all() else gk
     g = _GpuRows(seg=gseg[kept], ts=all_ts[kept], end=gpu["end"].to_numpy(np.int64)[kept],
                  kernel=isin_mask(kind, ("kernel",))[kept], launch=all_launch[kept])
-    gpu_first, gpu_last, busy = _gpu_extents(g, n)
+    gpu_first, gpu_last, busy = _gpu_extents(g, n, extents)
     kernels = np.bincount(g.seg[g.kernel], minlength=n).astype(np.int64)
     # Device-to-host copies, only where the kept rows hold a copy at all (the name test is per name).
     copy_rows = isin_mask(kind, ("gpu_memcpy",))
@@ -167,9 +169,10 @@ class _GpuRows:
     launch: np.ndarray
 
 
-def _gpu_extents(g: _GpuRows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gpu_extents(g: _GpuRows, n: int, extents: tuple[np.ndarray, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per segment (by id, n of them): first GPU start and last end (-1 without GPU rows), and the
-    time covered by the union of its rows (ns)."""
+    time covered by the union of its rows (ns). `extents`: the group_extents of the rows' union
+    where the caller has them (Segments.gpu_extents, when `g` holds the same rows)."""
     gpu_first = np.full(n, -1, np.int64)
     gpu_last = np.full(n, -1, np.int64)
     busy = np.zeros(n, np.int64)
@@ -178,7 +181,7 @@ def _gpu_extents(g: _GpuRows, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
     # Each segment's merged intervals, in start order: the first starts at its earliest start, the
     # last ends at its latest end (no per-segment minimum and maximum over the rows). A union
     # interval never ends before it starts: where a row does, its latest end is the rows' own.
-    seg_of, first_start, last_end, covered = iv.group_extents(*iv.union_grouped(g.seg, g.ts, g.end))
+    seg_of, first_start, last_end, covered = extents or iv.group_extents(*iv.union_grouped(g.seg, g.ts, g.end))
     gpu_first[seg_of] = first_start
     busy[seg_of] = covered
     if bool((g.end >= g.ts).all()):

@@ -58,7 +58,7 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     seg = segs.locate_gpu(trace)
     table = segs.table
     # Whether each segment is a step (by row, then by id), then per GPU row through its segment.
-    is_step = np.isin(table["phase"].astype(str).to_numpy(), STEP_PHASES)
+    is_step = np.isin(table["phase"].to_numpy(object), STEP_PHASES)  # the texts as they are (no str copy of the column)
     ids = table["seg"].to_numpy(np.int64)
     step_of_id = np.zeros(int(ids.max()) + 2, dtype=bool)  # the last slot: id -1 (no segment)
     step_of_id[ids] = is_step
@@ -68,7 +68,7 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     ts, end = gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
     first = int(np.argmin(np.where(ok, ts, np.iinfo(np.int64).max)))
     gpu_start, gpu_end = int(ts[first]), int(end[ok].max())
-    launch = int(gpu["launch"].to_numpy(np.int64)[first])
+    launch = int(gpu["launch"].to_numpy()[first])  # one value: the column is not converted
     queued = ts[first] - int(trace.events["end"].to_numpy(np.int64)[launch]) if launch >= 0 else 0
     if queued > QUEUED_WAIT_MIN_NS:
         return Window(gpu_start, gpu_end, queued=True)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_CAPTURE_END_APIS, HOST_API_KINDS, LAUNCH_APIS
+from tokentrace.analysis.common.steady_state import STEP_PHASES
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask
@@ -136,6 +137,12 @@ class _Cols:
     launch_rows: np.ndarray
     capture_begin: np.ndarray
     capture_end: np.ndarray
+    # The GPU rows' start, end and launch row, and the launch calls' starts (in launch_rows'
+    # order): the narrow views' columns, not gathers from every event's.
+    gpu_ts: np.ndarray
+    gpu_end: np.ndarray
+    gpu_launch: np.ndarray
+    launch_ts: np.ndarray
     ts_sorted: bool  # the events' start order (as the loader writes them): a mask's earliest start is its first row
     last_end: int  # the row that ends last (of all events)
 
@@ -147,10 +154,6 @@ class _Cols:
         """`end[mask].max()` (mask has a True), without gathering the masked rows when the row that
         ends last is one of them (the GPU's or the host's last event: one of any two disjoint masks)."""
         return int(self.end[self.last_end]) if mask[self.last_end] else int(self.end[mask].max())
-
-    def min_ts_at(self, rows: np.ndarray) -> int:
-        """`ts[rows].min()` for ascending rows (at least one)."""
-        return int(self.ts[rows[0]]) if self.ts_sorted else int(self.ts[rows].min())
 
     def max_ts(self, mask: np.ndarray) -> int:
         """`ts[mask].max()` (mask has a True), likewise."""
@@ -170,16 +173,28 @@ class _Cols:
         def api_calls(names: Collection[str]) -> np.ndarray:
             return rt_rows[isin_mask(rt["name"], names)]
 
+        is_launch = isin_mask(rt["name"], LAUNCH_APIS)
+        gpu = trace.narrow_gpu
         return cls(
             ts=ts, end=end, dur=ev["dur"].to_numpy(np.int64),
             launch=ev["launch"].to_numpy(), names=trace.names,
             timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
             op=trace.kind_mask("cpu_op"),
             host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
-            gpu_rows=trace.narrow_gpu.index.to_numpy(np.int64), launch_rows=api_calls(LAUNCH_APIS),
+            gpu_rows=gpu.index.to_numpy(np.int64), launch_rows=rt_rows[is_launch],
             capture_begin=api_calls(GRAPH_CAPTURE_BEGIN_APIS), capture_end=api_calls(GRAPH_CAPTURE_END_APIS),
+            gpu_ts=gpu["ts"].to_numpy(np.int64), gpu_end=gpu["end"].to_numpy(np.int64),
+            gpu_launch=gpu["launch"].to_numpy(np.int64), launch_ts=rt["ts"].to_numpy(np.int64)[is_launch],
             ts_sorted=trace.in_start_order, last_end=trace.last_end_row,
         )
+
+    def real_gpu(self, real: np.ndarray | None) -> _Gpu:
+        """The GPU rows whose times are real (`real` None: every row's are) and their columns."""
+        cols = _Gpu(self.gpu_rows, self.gpu_ts, self.gpu_end, self.gpu_launch)
+        if real is None:
+            return cols
+        keep = real[self.gpu_rows]
+        return _Gpu(*(c[keep] for c in cols))
 
     def in_capture(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row lies inside a stream capture (begin .. end call), where launches record a
@@ -193,6 +208,15 @@ class _Cols:
         j = np.searchsorted(ends, begins[np.maximum(i, 0)], side="left")  # ... and the first end after it
         close = np.where(j < len(ends), ends[np.minimum(j, len(ends) - 1)], np.iinfo(np.int64).max)
         return (i >= 0) & (t <= close)
+
+
+class _Gpu(NamedTuple):
+    """GPU rows (ascending) with their start, end and launch row (-1: none)."""
+
+    rows: np.ndarray
+    ts: np.ndarray
+    end: np.ndarray
+    launch: np.ndarray
 
 
 def _last_true(mask: np.ndarray, chunk: int = 1 << 16) -> int:
@@ -219,8 +243,10 @@ def _timestamps(trace: Trace, c: _Cols) -> tuple[HealthCheck, np.ndarray]:
     """Zero or constant timestamps; also returns the mask of rows whose times are not real."""
     ts, dur = c.ts, c.dur
     bad = np.zeros(len(ts), dtype=bool)
-    is_zero = ts == 0
-    any_zero = bool(is_zero.any())  # almost never: then no mask of zeros is built per group
+    # Times in order starting past 0 have none at 0: no pass over every event to find them.
+    none_zero = c.ts_sorted and len(ts) and int(ts[0]) > 0
+    is_zero = np.zeros(0, dtype=bool) if none_zero else ts == 0
+    any_zero = not none_zero and bool(is_zero.any())  # almost never: then no mask of zeros is built per group
     nonzero = c.timed & ~is_zero if any_zero else c.timed
     far = bool(nonzero.any()) and c.min_ts(nonzero) >= ZERO_FAR_NS
     parts: list[str] = []
@@ -262,7 +288,7 @@ def _gpu_activity(c: _Cols) -> HealthCheck:
         return HealthCheck("gpu_activity", "error", msg, int(len(launches)), [GPU_TIMES, ATTRIBUTION, LATENCY],
                            {"launches": int(len(launches)), "gpu_activities": 0})
     linked = np.zeros(len(c.ts), dtype=bool)
-    targets = c.launch[gpu_rows]
+    targets = c.gpu_launch
     linked[targets[targets >= 0]] = True
     missing = launches[~linked[launches]]
     share = len(missing) / len(launches)
@@ -280,17 +306,12 @@ def _top_names(values: np.ndarray, n: int = 2) -> str:
     return ", ".join(f"{uniq[i]} x{counts[i]}" for i in order)
 
 
-def _real_rows(rows: np.ndarray, real: np.ndarray | None) -> np.ndarray:
-    """The rows whose times are real (`real` None: every row's are)."""
-    return rows if real is None else rows[real[rows]]
-
-
 def _gpu_and_host(c: _Cols, real: np.ndarray | None, host_kinds: np.ndarray,
-                  check_id: str) -> tuple[np.ndarray, np.ndarray] | HealthCheck:
-    """The rows of the real GPU activity and the mask of the real host events a check compares, or
-    the check skipped without them."""
-    gpu, host = _real_rows(c.gpu_rows, real), host_kinds if real is None else host_kinds & real
-    if not len(gpu) or not host.any():
+                  check_id: str) -> tuple[_Gpu, np.ndarray] | HealthCheck:
+    """The real GPU activity and the mask of the real host events a check compares, or the check
+    skipped without them."""
+    gpu, host = c.real_gpu(real), host_kinds if real is None else host_kinds & real
+    if not len(gpu.rows) or not host.any():
         return HealthCheck(check_id, "skipped", "no GPU activity or host events to compare")
     return gpu, host
 
@@ -302,11 +323,11 @@ def _before_window(c: _Cols, real: np.ndarray | None) -> HealthCheck:
         return masks
     gpu, host = masks
     first_host = c.min_ts(host)
-    early = gpu[(c.launch[gpu] < 0) & (c.ts[gpu] < first_host)]
-    n = len(early)
+    early = (gpu.launch < 0) & (gpu.ts < first_host)
+    n = int(np.count_nonzero(early))
     if not n:
         return _ok("launched_before_window", "no GPU activity from launches before the window")
-    busy_us = float((c.end[early] - c.ts[early]).sum()) / US
+    busy_us = float((gpu.end[early] - gpu.ts[early]).sum()) / US
     msg = (f"{n} GPU {'activity' if n == 1 else 'activities'} ({busy_us:.1f} us) at the start have no launch call in the trace: they were "
            "launched before the profiler started, so they count as GPU busy time but belong to no op or step")
     return HealthCheck("launched_before_window", "warning", msg, n, [ATTRIBUTION, STEPS],
@@ -320,16 +341,17 @@ def _gpu_beyond_host(c: _Cols, real: np.ndarray | None) -> HealthCheck:
         return masks
     gpu, host = masks
     host_end = c.max_end(host)
-    gpu_end = int(c.end[gpu].max())
-    span = max(gpu_end, host_end) - min(c.min_ts_at(gpu), c.min_ts(host))
+    gpu_end = int(gpu.end.max())
+    gpu_start = _first_start(c, gpu)
+    span = max(gpu_end, host_end) - min(gpu_start, c.min_ts(host))
     tail = gpu_end - host_end
-    n_after = int(np.count_nonzero(c.ts[gpu] > host_end))
+    n_after = int(np.count_nonzero(gpu.ts > host_end))
     evidence = {"gpu_end_after_host_us": round(tail / US, 3), "activities_after_host": n_after}
     if tail <= max(GPU_TAIL_MIN_NS, GPU_TAIL_SHARE * span):
         return HealthCheck("gpu_beyond_host", "ok", "GPU activity ends with the host events", 0, [], evidence)
-    if n_after == len(gpu):
+    if n_after == len(gpu.rows):
         # Not one GPU activity overlaps the host side: a clock offset is as likely as a cut window.
-        lag = c.min_ts_at(gpu) - host_end
+        lag = gpu_start - host_end
         msg = (f"all {n_after} GPU activities start after the last CPU event (the first {lag / US:.1f} us after it): "
                "the GPU and CPU clocks disagree or the host side of the window was cut, so launch-to-GPU times, gaps "
                "and step times are unreliable")
@@ -337,6 +359,11 @@ def _gpu_beyond_host(c: _Cols, real: np.ndarray | None) -> HealthCheck:
     msg = (f"GPU activity runs {tail / US:.1f} us past the last CPU event ({n_after} GPU activities start after "
            "it): the host timeline was cut before the GPU finished, so the last step's host side is missing")
     return HealthCheck("gpu_beyond_host", "warning", msg, n_after, [LATENCY, STEPS], evidence)
+
+
+def _first_start(c: _Cols, gpu: _Gpu) -> int:
+    """The earliest start of the GPU rows (at least one): the first row's when events are in start order."""
+    return int(gpu.ts[0]) if c.ts_sorted else int(gpu.ts.min())
 
 
 def _damaged(trace: Trace) -> HealthCheck:
@@ -351,14 +378,17 @@ def _damaged(trace: Trace) -> HealthCheck:
 def _cropped_step(c: _Cols, real: np.ndarray | None, segments: Any) -> HealthCheck:
     """Launches before the first or after the last step that add up to a step the window cut."""
     table = getattr(segments, "table", None)
-    steps = table[table["phase"].isin(("prefill", "decode", "step", "mixed"))] if table is not None and len(table) else None
-    if steps is None or steps.empty:
+    # The steps' columns by a mask (a filtered frame of the table copied every column).
+    is_step = np.isin(table["phase"].to_numpy(object), STEP_PHASES) if table is not None and len(table) else None
+    if table is None or is_step is None or not is_step.any():
         return HealthCheck("cropped_step", "skipped", "no steps found to check the window against")
-    lts = np.sort(c.ts[_real_rows(c.launch_rows, real)], kind="stable")  # in order already: stable sorts take one pass
+    launch_ts = c.launch_ts if real is None else c.launch_ts[real[c.launch_rows]]
+    lts = np.sort(launch_ts, kind="stable")  # in order already: stable sorts take one pass
     if not len(lts):
         return HealthCheck("cropped_step", "skipped", "no launch calls to count")
-    starts = steps["start"].to_numpy(np.int64)
-    ends = steps["end"].to_numpy(np.int64)
+    starts = table["start"].to_numpy(np.int64)[is_step]
+    ends = table["end"].to_numpy(np.int64)[is_step]
+    step_names = table["name"].to_numpy(object)[is_step]
     per_step = np.searchsorted(lts, ends, side="left") - np.searchsorted(lts, starts, side="left")
     i_first, i_last = int(np.argmin(starts)), int(np.argmax(ends))
     head = int(np.searchsorted(lts, int(starts[i_first]), side="left"))
@@ -370,7 +400,7 @@ def _cropped_step(c: _Cols, real: np.ndarray | None, segments: Any) -> HealthChe
     cut = []
     for n, i, where in ((head, i_first, "before the first step"), (tail, i_last, "after the last step")):
         if n >= max(MIN_CROPPED_LAUNCHES, CROPPED_STEP_SHARE * per_step[i]):
-            cut.append(f"{n} launches {where} ({steps['name'].iloc[i]}, which has {per_step[i]})")
+            cut.append(f"{n} launches {where} ({step_names[i]}, which has {per_step[i]})")
     if not cut:
         return HealthCheck("cropped_step", "ok", "no partial step at either end of the window", 0, [], evidence)
     msg = (f"the profiler window cuts a step: {' and '.join(cut)}; that step has no complete annotation, so it is left "
@@ -378,25 +408,28 @@ def _cropped_step(c: _Cols, real: np.ndarray | None, segments: Any) -> HealthChe
     return HealthCheck("cropped_step", "warning", msg, head + tail, [STEPS, LATENCY], evidence)
 
 
-def _clocks(c: _Cols, real: np.ndarray | None) -> HealthCheck:
-    """GPU activity before its own launch call, or GPU and host times that never overlap."""
+def _clocks(c: _Cols, real: np.ndarray | None, launch_times: np.ndarray | None = None) -> HealthCheck:
+    """GPU activity before its own launch call, or GPU and host times that never overlap.
+    `launch_times`: per GPU row (c.gpu_rows), its launch's start where it has one, when the caller
+    holds them (Segments.gpu_launch_times); gathered otherwise."""
     masks = _gpu_and_host(c, real, c.op | c.api, "clocks")
     if isinstance(masks, HealthCheck):
         return masks
     gpu, host = masks
-    g1 = int(c.end[gpu].max())
+    g1 = int(gpu.end.max())
     h0 = c.min_ts(host)
     if g1 < h0:  # GPU work that ended before the host did anything: impossible on one clock
         msg = (f"all GPU activity ends {(h0 - g1) / US:.1f} us before the first host event: GPU and CPU timestamps are "
                "on different clock bases, so no gap, launch latency or step time that mixes them means anything")
-        return HealthCheck("clocks", "error", msg, int(len(gpu)), [GPU_TIMES, LATENCY, ATTRIBUTION],
+        return HealthCheck("clocks", "error", msg, int(len(gpu.rows)), [GPU_TIMES, LATENCY, ATTRIBUTION],
                            {"gpu_end_us": g1 / US, "host_start_us": h0 / US})
-    linked = gpu[c.launch[gpu] >= 0]
+    linked = np.flatnonzero(gpu.launch >= 0)
     if real is not None:
-        linked = linked[real[c.launch[linked]]]
+        linked = linked[real[gpu.launch[linked]]]
     if not len(linked):
         return HealthCheck("clocks", "skipped", "no GPU activity linked to its launch call")
-    lead = c.ts[c.launch[linked]] - c.ts[linked]  # > 0: the activity started before its launch
+    started = launch_times[linked] if real is None and launch_times is not None else c.ts[gpu.launch[linked]]
+    lead = started - gpu.ts[linked]  # > 0: the activity started before its launch
     n = int(np.count_nonzero(lead > CLOCK_SLACK_NS))
     share = n / len(linked)
     evidence = {"linked": int(len(linked)), "before_launch": n, "max_lead_us": round(float(lead.max()) / US, 3)}
@@ -422,5 +455,5 @@ def run(trace: Trace, ctx: Context) -> Health:
         _gpu_beyond_host(c, real),
         _damaged(trace),
         _cropped_step(c, real, segments),
-        _clocks(c, real),
+        _clocks(c, real, segments.gpu_launch_times(trace) if len(c.gpu_rows) else None),
     ])

@@ -83,16 +83,40 @@ CONFIDENCE = {"annotations": "exact", "framework_markers": "exact", "user_annota
 
 # ---- segmentation ----------------------------------------------------------------------------------
 
-def _frame(start, end, name, tid, phase, batch=None, q_len=None, step=None) -> pd.DataFrame:
+# A segment table's columns by name, before it is framed (arrays, lists, or a frame's Series).
+Columns = dict[str, Any]
+
+
+def _frame(start, end, name, tid, phase, batch=None, q_len=None, step=None) -> Columns:
+    """A segment table's columns (framed once, when segment() has them all: a frame built per
+    step of the segmentation cost ~0.5 ms each). Texts as lists, as the frame was given them."""
     n = len(start)
     none = np.full(n, -1, np.int64)
-    return pd.DataFrame({
+    return {
         "start": np.asarray(start, np.int64), "end": np.asarray(end, np.int64), "name": list(name),
         "tid": np.asarray(tid, np.int64), "phase": list(phase),
         "batch": none if batch is None else np.asarray(batch, np.int64),
         "q_len": none if q_len is None else np.asarray(q_len, np.int64),
         "step": none if step is None else np.asarray(step, np.int64),
-    })
+    }
+
+
+def _in_start_order(table: pd.DataFrame | Columns) -> Columns:
+    """The table's columns in start order (a stable sort, as sort_values("start", kind="stable")
+    and reset_index give them). An engine's table (a frame) and an empty one go through pandas:
+    their columns' dtypes are pandas' to keep (an empty list frames as float64)."""
+    if isinstance(table, pd.DataFrame) or not len(table["start"]):
+        frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
+        start = frame["start"].to_numpy()
+        if len(start) and frame.index.equals(pd.RangeIndex(len(start))) and bool((start[1:] >= start[:-1]).all()):
+            return dict(frame.items())  # in order and numbered already (an engine's steps): no copy sorted
+        return dict(frame.sort_values("start", kind="stable").reset_index(drop=True).items())
+    start = table["start"]
+    if bool((start[1:] >= start[:-1]).all()):  # most sources give them in order: a stable sort keeps it
+        return dict(table)
+    order = np.argsort(start, kind="stable")
+    at = order.tolist()
+    return {c: [v[i] for i in at] if isinstance(v, list) else v[order] for c, v in table.items()}
 
 
 _outermost = sm.outermost
@@ -105,7 +129,7 @@ def _annotations(trace: Trace) -> pd.DataFrame:
     return trace.narrow(("user_annotation",), ANNOTATION_COLUMNS)
 
 
-def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
+def _tokentrace_annotations(trace: Trace) -> Columns | None:
     ann = _annotations(trace)
     hit = lat.regex_mask(ann["name"], _TOKENTRACE_NAME)
     if not hit.any():
@@ -119,7 +143,7 @@ def _tokentrace_annotations(trace: Trace) -> pd.DataFrame | None:
     return _frame(mine["ts"], mine["end"], n, mine["tid"], phase, step=pd.to_numeric(step, errors="coerce").fillna(-1).astype(np.int64))
 
 
-def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
+def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | Columns | None, str | None]:
     """(segments, confidence): engine step annotations (exact), else vLLM's execute_model (high)."""
     ann = _annotations(trace)
     engine = sm.engine_segments(ann)
@@ -128,9 +152,9 @@ def _framework_markers(trace: Trace) -> tuple[pd.DataFrame | None, str | None]:
     if not _any_name_matches(trace, _VLLM_STEP, "execute_model"):  # most traces: their Python frames' view is not built for this
         return None, None
     vl = _matching((ann, trace.narrow(("python_function",), PYTHON_COLUMNS)), _VLLM_STEP)
-    if not vl.empty:
-        vl = _outermost(vl)
-        return _frame(vl["ts"], vl["end"], vl["name"].astype(str), vl["tid"], ["?"] * len(vl)), "high"
+    if len(vl):
+        vl = vl.outermost()
+        return _frame(vl.ts, vl.end, vl.name, vl.tid, ["?"] * len(vl)), "high"
     return None, None
 
 
@@ -144,20 +168,16 @@ def _any_name_matches(trace: Trace, pattern: re.Pattern[str], needle: str = "") 
     return any(needle in c and pattern.search(c) for c in map(str, names.array.categories.tolist()))
 
 
-def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> pd.DataFrame:
-    """Rows of several views whose name matches (filtered before concatenating: views are large).
-    Views without a match are left out (the views share their columns' dtypes): most have none."""
-    hits = [lat.regex_mask(f["name"], pattern) for f in frames]
-    found = [f.loc[h, ["ts", "end", "name", "tid"]] for f, h in zip(frames, hits, strict=True) if h.any()]
-    if len(found) == 1:
-        return found[0]
-    return pd.concat(found) if found else frames[0].loc[hits[0], ["ts", "end", "name", "tid"]]
+def _matching(frames: tuple[pd.DataFrame, ...], pattern: re.Pattern[str]) -> sm.Ranges:
+    """Ranges of the rows of several views whose name matches, view after view (the matches'
+    columns as arrays: a frame of a large view's rows cost more than the match)."""
+    return sm.Ranges.concat([sm.Ranges.of_rows(f, lat.regex_mask(f["name"], pattern)) for f in frames])
 
 
-def _profiler_steps(trace: Trace) -> pd.DataFrame:
+def _profiler_steps(trace: Trace) -> sm.Ranges:
+    """The outermost ProfilerStep#N ranges, in start order."""
     # Current traces record ProfilerStep#N as a user_annotation, 2021-era ones as a cpu_op.
-    ps = _matching((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP)
-    return _outermost(ps) if not ps.empty else ps
+    return _matching((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), _PROFILER_STEP).outermost()
 
 
 class OpMarks(NamedTuple):
@@ -200,13 +220,13 @@ def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarra
     return ts[new], cpu.index.to_numpy(np.int64)[emb][new], tid
 
 
-def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: pd.DataFrame) -> pd.DataFrame:
+def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: sm.Ranges) -> Columns:
     """Forward segments from their starts: each runs to the next start (or its container's end),
     ending with the last host event of its thread before that limit."""
     limit = np.r_[starts[1:], np.iinfo(np.int64).max]
-    if not containers.empty:
-        c = containers.sort_values("ts")
-        cs, ce = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+    if len(containers):
+        order = np.argsort(containers.ts, kind="quicksort")  # sort_values("ts")'s order
+        cs, ce = containers.ts.astype(np.int64)[order], containers.end.astype(np.int64)[order]
         k = np.searchsorted(cs, starts, side="right") - 1
         inside = (k >= 0) & (starts < ce[np.maximum(k, 0)])
         limit = np.where(inside, np.minimum(limit, ce[np.maximum(k, 0)]), limit)
@@ -276,56 +296,30 @@ def segment(trace: Trace, marks: OpMarks, patterns: pp.PhasePatterns | None = No
     tid, step (index within its request), request, batch, q_len, kv_len, and the step's kind,
     requests and tokens (analyze.common.step_markers.ENGINE_COLUMNS; -1 where unknown).
     `marks`: the cpu ops' attention ops and embedding lookups; `patterns`: users' phase names."""
-    method = "none"
-    confidence = None
-    table = _tokentrace_annotations(trace)
-    requests = None
-    if table is not None:
-        method = "annotations"
-    else:
-        table, confidence = _framework_markers(trace)
-        if table is not None:
-            method = "framework_markers"
-        else:
-            table, requests = sm.user_segments((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), patterns or pp.compile_patterns())
-            if table is not None:
-                method = "user_annotations"
-                table = _frame(table["start"], table["end"], table["name"], table["tid"], table["phase"], step=table["step"])
-        if table is None:
-            steps = _profiler_steps(trace)
-            starts, _, tid = _forward_starts(trace, marks)
-            per_step = np.zeros(len(steps), np.int64)
-            if len(steps) and len(starts):
-                k = np.searchsorted(steps["ts"].to_numpy(np.int64), starts, side="right") - 1
-                ok = (k >= 0) & (starts < steps["end"].to_numpy(np.int64)[np.maximum(k, 0)])
-                per_step = np.bincount(k[ok], minlength=len(steps))
-            if len(steps) and per_step.max(initial=0) <= 1:
-                table = _frame(steps["ts"], steps["end"], steps["name"].astype(str), steps["tid"], ["?"] * len(steps))
-                method = "profiler_steps"
-            elif len(starts):
-                bounds = steps if requests is None or requests.empty else _outermost(pd.concat([steps, requests[steps.columns]]))
-                table = _inferred(trace, starts, tid, bounds)
-                method = "inferred"
-    if table is None or table.empty:
+    method, table, confidence = _source_table(trace, marks, patterns)
+    if table is None or not len(table["start"]):
         table = _frame([], [], [], [], [])
         method = "none"
-    table = table.sort_values("start", kind="stable").reset_index(drop=True)
+    cols = _in_start_order(table)
+    start = np.asarray(cols["start"], np.int64)
     # Segments must not overlap: clip each at the next one's start.
-    nxt = np.r_[table["start"].to_numpy(np.int64)[1:], np.iinfo(np.int64).max]
-    table["end"] = np.minimum(table["end"].to_numpy(np.int64), nxt)
-    table["seg"] = np.arange(len(table), dtype=np.int64)
-    segs = Segments(table=table, method=method, confidence=confidence or CONFIDENCE[method])
+    cols["end"] = np.minimum(np.asarray(cols["end"], np.int64), np.r_[start[1:], np.iinfo(np.int64).max])
+    cols["seg"] = np.arange(len(start), dtype=np.int64)
+    # The segments' ranges alone locate the shape evidence; the table is framed once, at the end
+    # (each column written into a frame costs ~0.1 ms). The dict keeps the order the frame's
+    # columns had when they were written one by one.
+    segs = Segments(table=pd.DataFrame({c: cols[c] for c in ("start", "end", "seg")}), method=method,
+                    confidence=confidence or CONFIDENCE[method])
     ev = _shape_evidence(trace, segs, marks)
-    # The other columns are gathered here and framed once (each column written into a frame costs
-    # ~0.1 ms); the dict keeps the order the frame's columns had when they were written one by one.
-    cols: dict[str, Any] = dict(table.items())
-    given_q = table["q_len"].to_numpy(np.int64)
+    given_q = np.asarray(cols["q_len"], np.int64)
     q = np.where(given_q > 0, given_q, np.where(ev["emb_len"] > 0, ev["emb_len"], ev["att_q"]))
-    batch = table["batch"].to_numpy(np.int64)
+    batch = np.asarray(cols["batch"], np.int64)
     cols["batch"] = np.where(batch > 0, batch, np.where(ev["emb_batch"] > 0, ev["emb_batch"], ev["att_batch"]))
     cols["q_len"] = q
     cols["kv_len"] = ev["att_kv"]
-    phase = table["phase"].to_numpy()
+    phase = cols["phase"]
+    # A list of texts as its frame's column gives them back (an object array).
+    phase = np.array(phase, dtype=object) if isinstance(phase, list) else phase.to_numpy()
     unknown = phase == "?"
     by_shape = np.where(ev["training"], "step", np.where(q > 1, "prefill", np.where(q == 1, "decode", "step")))
     cols["phase"] = phase = np.where(unknown, by_shape, phase)
@@ -337,12 +331,39 @@ def segment(trace: Trace, marks: OpMarks, patterns: pp.PhasePatterns | None = No
     request = np.cumsum(phase == "prefill") - 1
     cols["request"] = request
     dec = phase == "decode"
-    step = table["step"].to_numpy(np.int64).copy()
+    step = np.array(cols["step"], np.int64)
     step[dec] = _cumcount(request[dec])
     cols["step"] = step
     order = list(SEGMENT_COLUMNS) + [c for c in cols if c not in SEGMENT_COLUMNS]
-    segs.table = pd.DataFrame({c: cols[c] for c in order}, index=table.index)
+    segs.table = pd.DataFrame({c: cols[c] for c in order}, index=pd.RangeIndex(len(start)))
     return segs
+
+
+def _source_table(trace: Trace, marks: OpMarks, patterns: pp.PhasePatterns | None) -> tuple[str, pd.DataFrame | Columns | None, str | None]:
+    """(method, segment table or None, confidence or None) of the first source (module docstring)
+    that gives segments."""
+    table = _tokentrace_annotations(trace)
+    if table is not None:
+        return "annotations", table, None
+    engine, confidence = _framework_markers(trace)
+    if engine is not None:
+        return "framework_markers", engine, confidence
+    user, requests = sm.user_segments((_annotations(trace), trace.narrow(("cpu_op",), OP_COLUMNS)), patterns or pp.compile_patterns())
+    if user is not None:
+        return "user_annotations", _frame(user["start"], user["end"], user["name"], user["tid"], user["phase"], step=user["step"]), None
+    steps = _profiler_steps(trace)
+    starts, _, tid = _forward_starts(trace, marks)
+    per_step = np.zeros(len(steps), np.int64)
+    if len(steps) and len(starts):
+        k = np.searchsorted(steps.ts.astype(np.int64), starts, side="right") - 1
+        ok = (k >= 0) & (starts < steps.end.astype(np.int64)[np.maximum(k, 0)])
+        per_step = np.bincount(k[ok], minlength=len(steps))
+    if len(steps) and per_step.max(initial=0) <= 1:
+        return "profiler_steps", _frame(steps.ts, steps.end, steps.name, steps.tid, ["?"] * len(steps)), None
+    if len(starts):
+        bounds = steps if not len(requests) else sm.Ranges.concat([steps, requests]).outermost()
+        return "inferred", _inferred(trace, starts, tid, bounds), None
+    return "none", None, None
 
 
 # ---- result --------------------------------------------------------------------------------------

@@ -166,11 +166,10 @@ def _by_phase(trace: Trace, segs: Segments) -> pd.DataFrame:
     gpu = trace.narrow_gpu
     if len(segs) == 0 or gpu.empty:
         return pd.DataFrame(columns=cols)
-    seg = segs.locate_gpu(trace)
-    ok = seg >= 0
-    if not ok.any():
+    # The segments' GPU extents (the phases detector's step measures made them: read, not redone).
+    g, s, e, b = segs.gpu_extents(trace)
+    if not len(g):
         return pd.DataFrame(columns=cols)
-    g, s, e, b = iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
     # The segments' phases by position (g: ids these segments located, each in the table).
     phase = segs.table["phase"].astype(str).to_numpy()[table_positions(segs.table, g)]
     names, inv = np.unique(phase, return_inverse=True)
