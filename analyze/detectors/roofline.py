@@ -29,7 +29,7 @@ from tokentrace.analysis.common.attribution import climb_to, op_gpu, outermost
 from tokentrace.analysis.common.dtypes import DTYPE_BYTES, dtype_name
 from tokentrace.analysis.common.gpu_specs import spec_for_trace
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.labels import phase_codes
+from tokentrace.analysis.common.labels import phase_code_labels
 from tokentrace.analysis.common.shape_codes import (
     distinct_objects,
     first_known,
@@ -176,10 +176,12 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     pos, rows = pos[free], rows[free]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
-    phase_c, phase_u, _ = phase_codes(trace, segments, rows)
+    # cpu ops: their own start locates them (no launch to look up); no segment ids are read.
+    op_ts = numpy_column(ev, "ts")[rows]
+    phase_c, phase_u = phase_code_labels(trace, segments, rows, ts=op_ts)
     phase = phase_u[phase_c].astype(object, copy=False)
     if len(segments) == 0:
-        inferred = _phase_from_attention(numpy_column(ev, "ts")[rows], calls)
+        inferred = _phase_from_attention(op_ts, calls)
         if inferred is not None:
             phase, phase_c = inferred, pd.factorize(inferred)[0]
     dims_key = ctx.shared(op_dims_codes)[pos]  # the shapes detector's codes (equal dims share one)
