@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 
 T = TypeVar("T")
 
@@ -154,8 +154,8 @@ class Segments:
     def _start_order(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """_in_start_order, made (fresh arrays: they are made read-only)."""
         t = self.table
-        starts = t["start"].to_numpy(np.int64)
-        ends, ids = t["end"].to_numpy(np.int64), t["seg"].to_numpy(np.int64)
+        starts = numpy_column(t, "start", np.int64)
+        ends, ids = numpy_column(t, "end", np.int64), numpy_column(t, "seg", np.int64)
         if bool((starts[1:] > starts[:-1]).all()):  # phases' tables: in order already (no ties to reorder)
             return starts.copy(), ends.copy(), ids.copy()
         order = np.argsort(starts, kind="quicksort")
@@ -191,7 +191,7 @@ class Segments:
     def locate_runtime(self, trace: Trace) -> np.ndarray:
         """`locate_times` of every row of `trace.narrow_runtime` (in its order), computed once per
         trace for these segments: the latency and critical-path work locate the same calls. Read-only."""
-        return self._per_trace(trace, "_runtime_seg", lambda: self.locate_times(trace.narrow_runtime["ts"].to_numpy(np.int64)))
+        return self._per_trace(trace, "_runtime_seg", lambda: self.locate_times(numpy_column(trace.narrow_runtime, "ts", np.int64)))
 
     def gpu_extents(self, trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per segment that holds GPU rows (ids ascending): its id, the first start and the last
@@ -229,23 +229,23 @@ def row_times(trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
     a launch link, else its own start."""
     rows = np.asarray(rows, dtype=np.int64)
     ev = trace.events
-    launch = ev["launch"].to_numpy()[rows]
+    launch = numpy_column(ev, "launch")[rows]
     has = launch >= 0
     # The row whose start locates each row (its launch, else itself), then one gather of the
     # starts (not the rows' starts and a masked overwrite of most of them). Host rows (most
     # callers' cpu ops) have no launch: their own rows.
-    return np.asarray(ev["ts"].to_numpy()[np.where(has, launch, rows) if has.any() else rows])
+    return np.asarray(numpy_column(ev, "ts")[np.where(has, launch, rows) if has.any() else rows])
 
 
 def _gpu_launch_times(trace: Trace) -> np.ndarray:
     """Segments.gpu_launch_times, made (a fresh array: it is made read-only)."""
     gpu = trace.narrow_gpu
-    launch = gpu["launch"].to_numpy(np.int64)
-    ts = gpu["ts"].to_numpy(np.int64)
+    launch = numpy_column(gpu, "launch", np.int64)
+    ts = numpy_column(gpu, "ts", np.int64)
     has = launch >= 0
     if not has.any():
         return ts.copy()
-    return np.where(has, trace.events["ts"].to_numpy(np.int64)[np.where(has, launch, 0)], ts)
+    return np.where(has, numpy_column(trace.events, "ts", np.int64)[np.where(has, launch, 0)], ts)
 
 
 def _read_only(value: object) -> None:
@@ -260,7 +260,7 @@ def _gpu_extents(trace: Trace, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     gpu = trace.narrow_gpu
     located = seg >= 0
     ok: slice | np.ndarray = slice(None) if bool(located.all()) else located  # every row a step's: no copies
-    return iv.group_extents(*iv.union_grouped(seg[ok], gpu["ts"].to_numpy(np.int64)[ok], gpu["end"].to_numpy(np.int64)[ok]))
+    return iv.group_extents(*iv.union_grouped(seg[ok], numpy_column(gpu, "ts", np.int64)[ok], numpy_column(gpu, "end", np.int64)[ok]))
 
 
 def first_rows(seg: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:

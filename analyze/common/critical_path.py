@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.analysis.segments import Segments
 
 if TYPE_CHECKING:
@@ -104,10 +104,10 @@ def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int)
     has node nh + i, its end), GPU activity j is node 2*nh + j (`G.graph["gpu_from"]`), S and E
     are -1 and -2. A non-blocking call and the host gap after it are one edge to the next call.
     """
-    hts = host["ts"].to_numpy(np.int64)
-    hend = host["end"].to_numpy(np.int64)
-    hblock = host["blocking"].to_numpy(bool)
-    hrow = host["row"].to_numpy(np.int64)
+    hts = numpy_column(host, "ts", np.int64)
+    hend = numpy_column(host, "end", np.int64)
+    hblock = numpy_column(host, "blocking", bool)
+    hrow = numpy_column(host, "row", np.int64)
     nh = len(hts)
     import networkx as nx
 
@@ -127,14 +127,14 @@ def step_graph(host: pd.DataFrame, gpu: pd.DataFrame, start: int, host_end: int)
         edges.append((S, E, max(0, host_end - start)))
 
     if len(gpu):
-        gts = gpu["ts"].to_numpy(np.int64)
-        gdur = np.maximum(gpu["end"].to_numpy(np.int64) - gts, 0)
-        stream = gpu["stream"].to_numpy(np.int64)
-        launch = gpu["launch"].to_numpy(np.int64)
+        gts = numpy_column(gpu, "ts", np.int64)
+        gdur = np.maximum(numpy_column(gpu, "end", np.int64) - gts, 0)
+        stream = numpy_column(gpu, "stream", np.int64)
+        launch = numpy_column(gpu, "launch", np.int64)
         base = 2 * nh
         # Position in the host chain of the call that launched each activity (or of the last call
         # before it): orders launches and decides which blocking calls wait for it.
-        ci = np.searchsorted(hts, gpu["launch_ts"].to_numpy(np.int64), side="right") - 1 if nh else np.full(len(gts), -1)
+        ci = np.searchsorted(hts, numpy_column(gpu, "launch_ts", np.int64), side="right") - 1 if nh else np.full(len(gts), -1)
         here = (ci >= 0) & (launch >= 0)
         here[here] = hrow[ci[here]] == launch[here]
         hj = np.flatnonzero(here)
@@ -390,11 +390,11 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     rseg_all = segs.locate_runtime(trace)
     is_launch, is_block = masks
     calls = np.flatnonzero(wanted[rseg_all] & (is_launch | is_block))
-    calls = calls[rt["tid"].to_numpy(np.int64)[calls] == table["tid"].to_numpy(np.int64)[rseg_all[calls]]]
+    calls = calls[numpy_column(rt, "tid", np.int64)[calls] == numpy_column(table, "tid", np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.
-    h_cols = {"seg": rseg_all[calls], "row": rt.index.to_numpy(np.int64)[calls], "ts": rt["ts"].to_numpy(np.int64)[calls],
-              "end": rt["end"].to_numpy(np.int64)[calls], "blocking": is_block[calls]}
+    h_cols = {"seg": rseg_all[calls], "row": rt.index.to_numpy(np.int64)[calls], "ts": numpy_column(rt, "ts", np.int64)[calls],
+              "end": numpy_column(rt, "end", np.int64)[calls], "blocking": is_block[calls]}
     horder = iv.group_start_order(h_cols["seg"], h_cols["ts"])  # sort_values(["seg", "ts"]): stable
     if horder is not None:
         h_cols = {c: v[horder] for c, v in h_cols.items()}
@@ -402,9 +402,9 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
 
     gpu = trace.narrow_gpu
     # The GPU rows in launch order; the columns step_path reads besides ts (clipped per step below).
-    g_seg, g_ts = segs.locate_gpu(trace), gpu["ts"].to_numpy(np.int64)
-    g_cols = {"end": gpu["end"].to_numpy(np.int64), "stream": gpu["stream"].to_numpy(np.int64),
-              "launch": gpu["launch"].to_numpy(np.int64), "launch_ts": segs.gpu_launch_times(trace)}
+    g_seg, g_ts = segs.locate_gpu(trace), numpy_column(gpu, "ts", np.int64)
+    g_cols = {"end": numpy_column(gpu, "end", np.int64), "stream": numpy_column(gpu, "stream", np.int64),
+              "launch": numpy_column(gpu, "launch", np.int64), "launch_ts": segs.gpu_launch_times(trace)}
     launch_ts = g_cols["launch_ts"]
     if not bool((launch_ts[1:] >= launch_ts[:-1]).all()):  # in start order, launched out of it: reorder
         gorder = np.argsort(launch_ts, kind="stable")
@@ -416,7 +416,7 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids)
     by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
     sorted_seg = g_seg[by_seg]
-    starts = table["start"].to_numpy(np.int64)
+    starts = numpy_column(table, "start", np.int64)
     rows = []
     for s in seg_ids.tolist():
         start, hend, send = int(starts[s]), int(host_end[s]), int(step_end[s])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.analysis.segments import Segments, row_times
 
 # Phase label when the trace has no segmentation at all (every row belongs to one phase).
@@ -131,7 +131,7 @@ def table_positions(table: pd.DataFrame, seg: np.ndarray) -> np.ndarray:
     """Row position in a segment table of each segment id, -1 for an id not in it: what
     table.set_index("seg").reindex(seg) looks up, without building either frame."""
     seg = np.asarray(seg, dtype=np.int64)
-    ids = table["seg"].to_numpy()
+    ids = numpy_column(table, "seg")
     if len(ids) and ids[0] == 0 and ids[-1] == len(ids) - 1 and np.array_equal(ids, np.arange(len(ids))):
         # The ids are the positions (as phases numbers them): no hash table of them to build.
         return np.where((seg >= 0) & (seg < len(ids)), seg, -1)
@@ -153,10 +153,10 @@ def segment_labels(segments: Segments | None, seg: np.ndarray, index: pd.Index) 
         # Each segment's step as a Python int (None when missing) made once per segment, then
         # gathered per row (a conversion per row was 1.3-1.8 ms of train_200's gaps and syncs).
         steps = np.empty(len(t), dtype=object)
-        steps[:] = [None if v != v else int(v) for v in t["index"].to_numpy().tolist()]
+        steps[:] = [None if v != v else int(v) for v in numpy_column(t, "index").tolist()]
         step[found] = steps[pos]
-        phase[found] = t["phase"].to_numpy(object)[pos]
-        region[found] = t["name"].to_numpy(object)[pos]
+        phase[found] = numpy_column(t, "phase", object)[pos]
+        region[found] = numpy_column(t, "name", object)[pos]
     return (pd.Series(phase, index=index, dtype=object), pd.Series(step, index=index, dtype=object),
             pd.Series(region, index=index, dtype=object))
 
@@ -166,7 +166,7 @@ def decode_scale(trace: Trace, segments: Segments | None) -> dict[str, Any]:
     segments (phases detector) or the capture metadata; None where unknown."""
     table = segments.table if segments is not None and len(segments) else pd.DataFrame()
     # The decode segments as a mask over the table (a filtered copy of its every column cost more).
-    dec = table["phase"].to_numpy(dtype=object) == "decode" if len(table) else np.zeros(0, dtype=bool)
+    dec = numpy_column(table, "phase", object) == "decode" if len(table) else np.zeros(0, dtype=bool)
     batch = None
     for col in ("batch", "batch_size", "tokens"):
         if col in table.columns:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from tokentrace.analysis.apis import BLOCKING_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, category_mask, isin_mask, numpy_column
 from tokentrace.analysis.segments import NO_TIME, Segments
 
 # Kineto names copies "Memcpy DtoH (Device -> Pageable)"; ROCm traces also say "CopyDeviceToHost".
@@ -87,8 +87,8 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, rt_ts: np.n
     step) waits for earlier work; it is not the step's first operation."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     # Each kind on its own (each in start order as loaded), the earlier of the two per segment.
-    first_op = segs.first_on_thread(ops["ts"].to_numpy(), ops["tid"].to_numpy(), tid_of_seg)
-    first_launch = segs.first_on_thread(rt_ts[launch], trace.narrow_runtime["tid"].to_numpy()[launch], tid_of_seg)
+    first_op = segs.first_on_thread(numpy_column(ops, "ts"), numpy_column(ops, "tid"), tid_of_seg)
+    first_launch = segs.first_on_thread(rt_ts[launch], numpy_column(trace.narrow_runtime, "tid")[launch], tid_of_seg)
     return np.minimum(first_op, first_launch)
 
 
@@ -106,12 +106,12 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
     n = len(table)
     if n == 0:
         return {c: np.empty(0, dtype=object if c == "token_source" else np.int64) for c in MEASURE_COLUMNS}
-    start = table["start"].to_numpy(np.int64)
-    end = table["end"].to_numpy(np.int64)
-    tid_of_seg = table["tid"].to_numpy(np.int64) if "tid" in table else np.full(n, -1, np.int64)
+    start = numpy_column(table, "start", np.int64)
+    end = numpy_column(table, "end", np.int64)
+    tid_of_seg = numpy_column(table, "tid", np.int64) if "tid" in table else np.full(n, -1, np.int64)
     # Each column read once (a frame's column costs ~25 us a read).
     rt = trace.narrow_runtime
-    rt_ts = rt["ts"].to_numpy(np.int64)
+    rt_ts = numpy_column(rt, "ts", np.int64)
     is_launch, is_block = call_masks(trace) if masks is None else masks
 
     # First host operation of each step on the step's own thread.
@@ -122,7 +122,7 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
     rseg = segs.locate_runtime(trace)
     launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
     bmask = (rseg >= 0) & is_block
-    blocked = np.bincount(rseg[bmask], weights=rt["dur"].to_numpy(np.int64)[bmask], minlength=n).astype(np.int64)
+    blocked = np.bincount(rseg[bmask], weights=numpy_column(rt, "dur", np.int64)[bmask], minlength=n).astype(np.int64)
     nblock = np.bincount(rseg[bmask], minlength=n)
 
     # GPU activity, located by the launch that started it. Activity with no launch in the trace
@@ -131,8 +131,8 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
     gpu = trace.narrow_gpu
     gseg = segs.locate_gpu(trace)
     gk = gseg >= 0
-    all_ts = gpu["ts"].to_numpy(np.int64)
-    all_launch = gpu["launch"].to_numpy(np.int64)
+    all_ts = numpy_column(gpu, "ts", np.int64)
+    all_launch = numpy_column(gpu, "launch", np.int64)
     kind = gpu["kind"]
     orphan = gk & (all_launch < 0)
     gk[orphan] = all_ts[orphan] >= first_op[gseg[orphan]]
@@ -141,7 +141,7 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
     # Plain arrays over the kept rows (a frame of them cost more than all the work below): the
     # columns themselves where every GPU row is a step's (no copies; nothing below writes to them).
     kept: slice | np.ndarray = slice(None) if gk.all() else gk
-    g = _GpuRows(seg=gseg[kept], ts=all_ts[kept], end=gpu["end"].to_numpy(np.int64)[kept],
+    g = _GpuRows(seg=gseg[kept], ts=all_ts[kept], end=numpy_column(gpu, "end", np.int64)[kept],
                  kernel=isin_mask(kind, ("kernel",))[kept], launch=all_launch[kept])
     gpu_first, gpu_last, busy = _gpu_extents(g, n, extents)
     kernels = np.bincount(g.seg[g.kernel], minlength=n).astype(np.int64)
@@ -214,12 +214,12 @@ def _token_ready(trace: Trace, g: _GpuRows, dtoh: np.ndarray, rt: pd.DataFrame, 
     if not keep.any():
         return ready, source
     c_seg, c_ts, c_end, c_launch = c_seg[keep], c_ts[keep], c_end[keep], c_launch[keep]
-    ev_ts = trace.events["ts"].to_numpy(np.int64)
+    ev_ts = numpy_column(trace.events, "ts", np.int64)
     launch_ts = np.where(c_launch >= 0, ev_ts[np.maximum(c_launch, 0)], c_ts)
     # The first blocking host call at or after the copy's launch, within the same step.
     bseg = rseg[bmask]
     bts = rt_ts[bmask]
-    bend = rt["end"].to_numpy(np.int64)[bmask]
+    bend = numpy_column(rt, "end", np.int64)[bmask]
     order = np.lexsort((bts, bseg))
     bseg, bts, bend = bseg[order], bts[order], bend[order]
     for seg, cts, cend in zip(c_seg.tolist(), launch_ts.tolist(), c_end.tolist(), strict=True):

@@ -29,7 +29,7 @@ from tokentrace.analysis.common.attention_ops import attention_at
 from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.latency import percentiles
 from tokentrace.analysis.common.step_markers import ENGINE_COLUMNS
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, numpy_column
 from tokentrace.analysis.segments import Segments, first_rows
 
 US = 1000.0
@@ -79,13 +79,13 @@ def attention_geometry(trace: Trace, segs: Segments, spec: np.ndarray, op_attent
     rows = cpu.index.to_numpy(np.int64)
     att = op_attention
     if n and att.any():
-        parent = cpu["parent"].to_numpy(np.int64)[att]
+        parent = numpy_column(cpu, "parent", np.int64)[att]
         top = ~np.where(parent >= 0, attention_at(spec, np.maximum(parent, 0)), False)
         arows = rows[att][top]
-        seg = segs.locate_times(trace.events["ts"].to_numpy(np.int64)[arows])
+        seg = segs.locate_times(numpy_column(trace.events, "ts", np.int64)[arows])
         ok = seg >= 0
         calls = np.bincount(seg[ok], minlength=n).astype(np.int64)
-        dims = trace.events["input_dims"].to_numpy(object)
+        dims = numpy_column(trace.events, "input_dims", object)
         for s, row in first_rows(seg, arows):  # each segment's first call (in row order)
             d = dims[row]
             if not isinstance(d, list) or not d or not isinstance(d[0], list) or len(d[0]) != 3:
@@ -108,18 +108,18 @@ def _rows_of(frame: pd.DataFrame, wanted: np.ndarray) -> np.ndarray:
 def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """Per segment (same rows as `steps`): the serving numbers (see the module docstring).
     `geometry`: attention_geometry's arrays by seg id."""
-    seg = steps["seg"].to_numpy()
+    seg = numpy_column(steps, "seg")
     at = _rows_of(table, seg)
     t = {c: table[c].to_numpy()[at] for c in (
         "kind", "requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
         "decode_kv_tokens", "total_tokens", "prefill_sqsq", "decode_sqsq", "prefill_sqsk", "decode_sqsk", "note")}
-    wall = steps["step_us"].to_numpy(float)
+    wall = numpy_column(steps, "step_us", float)
     tokens = t["total_tokens"].astype(np.int64)
     kind = t["kind"].astype(object)
     # Gathered in a dict and framed once (each column written into a frame costs ~0.1 ms).
     out: dict[str, Any] = {
-        "seg": seg, "index": steps["index"].to_numpy(), "kind": kind, "name": steps["name"].to_numpy(),
-        "start_us": steps["start_us"].to_numpy(float), "wall_us": wall, "gpu_busy_us": steps["gpu_busy_us"].to_numpy(float),
+        "seg": seg, "index": numpy_column(steps, "index"), "kind": kind, "name": numpy_column(steps, "name"),
+        "start_us": numpy_column(steps, "start_us", float), "wall_us": wall, "gpu_busy_us": numpy_column(steps, "gpu_busy_us", float),
     }
     for c in ("requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
               "decode_kv_tokens", "total_tokens"):
@@ -152,25 +152,25 @@ def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[flo
     over `gpu_window_us` (the steady-state window, relative to the trace start) when given."""
     # The token steps' columns as arrays (a frame of them would copy every column).
     keep = serving["kind"].isin(("prefill", "decode", "mixed", "step")).to_numpy()
-    tok = serving["total_tokens"].to_numpy(np.int64)[keep]
+    tok = numpy_column(serving, "total_tokens", np.int64)[keep]
     if not len(tok) or not (tok > 0).any():
         return None
     if gpu_window_us:
         t0, t1 = gpu_window_us
     else:
-        at = _rows_of(steps, serving["seg"].to_numpy()[keep])
-        t0, t1 = float(np.nanmin(steps["first_op_us"].to_numpy(float)[at])), float(np.nanmax(steps["token_ready_us"].to_numpy(float)[at]))
+        at = _rows_of(steps, numpy_column(serving, "seg")[keep])
+        t0, t1 = float(np.nanmin(numpy_column(steps, "first_op_us", float)[at])), float(np.nanmax(numpy_column(steps, "token_ready_us", float)[at]))
     window = max(t1 - t0, 0.0)
     columns = [c for c in PER_STEP_KEYS if c in serving]  # the columns _record reads
     known = tok >= 0
     total = int(tok[known].sum())
-    dec = serving["decode_tokens"].to_numpy(np.int64)[keep]
-    pre = serving["prefill_tokens"].to_numpy(np.int64)[keep]
-    itl = serving["itl_us"].to_numpy(float)[keep]
+    dec = numpy_column(serving, "decode_tokens", np.int64)[keep]
+    pre = numpy_column(serving, "prefill_tokens", np.int64)[keep]
+    itl = numpy_column(serving, "itl_us", float)[keep]
     itl = itl[~np.isnan(itl)]
-    flops = serving["attention_flops"].to_numpy(float)[keep]
+    flops = numpy_column(serving, "attention_flops", float)[keep]
     flops = flops[~np.isnan(flops)]
-    notes = sorted({str(n) for n in serving["note"].to_numpy(object)[keep] if isinstance(n, str) and n})
+    notes = sorted({str(n) for n in numpy_column(serving, "note", object)[keep] if isinstance(n, str) and n})
     return {
         "steps": int(len(tok)),
         "by_kind": {str(k): int(v) for k, v in serving["kind"][keep].value_counts().items()},

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.loading.trace import Trace
+from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.analysis.segments import Segments
 
 if TYPE_CHECKING:
@@ -58,21 +58,21 @@ def steps_window(trace: Trace, segs: Segments) -> Window | None:
     seg = segs.locate_gpu(trace)
     table = segs.table
     # Whether each segment is a step (by row, then by id), then per GPU row through its segment.
-    is_step = np.isin(table["phase"].to_numpy(object), STEP_PHASES)  # the texts as they are (no str copy of the column)
-    ids = table["seg"].to_numpy(np.int64)
+    is_step = np.isin(numpy_column(table, "phase", object), STEP_PHASES)  # the texts as they are (no str copy of the column)
+    ids = numpy_column(table, "seg", np.int64)
     step_of_id = np.zeros(int(ids.max()) + 2, dtype=bool)  # the last slot: id -1 (no segment)
     step_of_id[ids] = is_step
     ok = step_of_id[seg]
     if not ok.any():
         return None
-    ts, end = gpu["ts"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
+    ts, end = numpy_column(gpu, "ts", np.int64), numpy_column(gpu, "end", np.int64)
     first = int(np.argmin(np.where(ok, ts, np.iinfo(np.int64).max)))
     gpu_start, gpu_end = int(ts[first]), int(end[ok].max())
-    launch = int(gpu["launch"].to_numpy()[first])  # one value: the column is not converted
-    queued = ts[first] - int(trace.events["end"].to_numpy(np.int64)[launch]) if launch >= 0 else 0
+    launch = int(numpy_column(gpu, "launch")[first])  # one value: the column is not converted
+    queued = ts[first] - int(numpy_column(trace.events, "end", np.int64)[launch]) if launch >= 0 else 0
     if queued > QUEUED_WAIT_MIN_NS:
         return Window(gpu_start, gpu_end, queued=True)
-    start = min(int(table["start"].to_numpy(np.int64)[is_step].min()), gpu_start)
+    start = min(int(numpy_column(table, "start", np.int64)[is_step].min()), gpu_start)
     before = end[end <= start]
     if len(before) and not ((ts < start) & (end > start)).any():
         # The first step starts while the GPU is idle: the window takes that idle stretch whole,

@@ -26,7 +26,7 @@ import pandas as pd
 from tokentrace.analysis.common import engine_steps as es
 from tokentrace.analysis.common.latency import names_to_test, regex_mask
 from tokentrace.analysis.common.phase_patterns import PhasePatterns, step_number
-from tokentrace.analysis.loading.trace import category_mask, values_at
+from tokentrace.analysis.loading.trace import category_mask, numpy_column, values_at
 
 # Columns an engine step adds to the segment table (-1 / None where unknown or not an engine step).
 ENGINE_COLUMNS: tuple[str, ...] = ("kind", "engine", "form") + tuple(
@@ -63,7 +63,7 @@ class Ranges:
         at = np.flatnonzero(hit)
         names = np.empty(len(at), dtype=object)
         names[:] = [str(v) for v in values_at(view["name"], at).tolist()]  # as .astype(str) gives them
-        return cls(view["ts"].to_numpy()[at], view["end"].to_numpy()[at], names, view["tid"].to_numpy()[at])
+        return cls(numpy_column(view, "ts")[at], numpy_column(view, "end")[at], names, numpy_column(view, "tid")[at])
 
     @classmethod
     def concat(cls, parts: list[Ranges]) -> Ranges:
@@ -98,7 +98,7 @@ def outermost(df: pd.DataFrame) -> pd.DataFrame:
     """Ranges not contained in an earlier one (nested markers: keep the outer), in start order
     (longest first among equal starts)."""
     # One gather of the rows, not a sort and then a filter of them.
-    return df.iloc[outermost_order(df["ts"].to_numpy(np.int64), df["end"].to_numpy(np.int64))]
+    return df.iloc[outermost_order(numpy_column(df, "ts", np.int64), numpy_column(df, "end", np.int64))]
 
 
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
@@ -114,11 +114,11 @@ def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
     # The markers' columns as arrays, worked on by position (a serving trace's frame of a few dozen
     # steps cost ~3 ms of pandas: a concat, a sort, a filter and a .loc write per count column).
     rows = at[pd.Index(annotations.index[at]).get_indexer(parsed.index)]
-    ts, end = annotations["ts"].to_numpy()[rows], annotations["end"].to_numpy()[rows]
+    ts, end = numpy_column(annotations, "ts")[rows], numpy_column(annotations, "end")[rows]
     order = np.lexsort((-end.astype(np.int64), ts))  # sort_values(["ts", "end"], ascending=[True, False]): stable
     names = np.empty(len(rows), dtype=object)
     names[:] = [str(v) for v in values_at(annotations["name"], rows[order]).tolist()]
-    cols = {"ts": ts[order], "end": end[order], "tid": annotations["tid"].to_numpy()[rows][order], "name": names,
+    cols = {"ts": ts[order], "end": end[order], "tid": numpy_column(annotations, "tid")[rows][order], "name": names,
             **{c: parsed[c].to_numpy()[order] for c in es.STEP_FIELDS}}
     reach = np.maximum.accumulate(cols["end"])
     is_outer = np.r_[True, cols["ts"][1:] >= reach[:-1]]

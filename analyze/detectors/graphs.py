@@ -31,7 +31,7 @@ from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
 from tokentrace.analysis.loading.graph_map import MODULE_FRAME
 from tokentrace.analysis.loading.graph_replay import GraphReplays, attribute
-from tokentrace.analysis.loading.trace import Trace, values_at
+from tokentrace.analysis.loading.trace import Trace, numpy_column, values_at
 from tokentrace.analysis.segments import Segments
 
 NAME = "graphs"
@@ -252,19 +252,19 @@ def run(trace: Trace, ctx: Context) -> GraphsResult:
     empty = pd.DataFrame()
     if not len(replays):
         return GraphsResult(info, 0, 0.0, 0, 0.0, empty, empty, {}, None, empty, empty, {})
-    launch_rows = replays["launch_row"].to_numpy(np.int64)
-    g_launch = gpu["launch"].to_numpy()
+    launch_rows = numpy_column(replays, "launch_row", np.int64)
+    g_launch = numpy_column(gpu, "launch")
     owned = np.isin(g_launch, launch_rows)
     rows = gpu.index.to_numpy(np.int64)[owned]
     rep = pd.Series(np.arange(len(replays)), index=launch_rows).reindex(g_launch[owned]).to_numpy(np.int64)
-    order = np.lexsort((ev["ts"].to_numpy()[rows], rep))
+    order = np.lexsort((numpy_column(ev, "ts")[rows], rep))
     rows, rep = rows[order], rep[order]
-    dur = ev["dur"].to_numpy()[rows]
-    op = ev["op"].to_numpy()[rows]
+    dur = numpy_column(ev, "dur")[rows]
+    op = numpy_column(ev, "op")[rows]
     attributed = (op >= 0) & (values_at(ev["cat"], np.maximum(op, 0)) == GRAPH_MAP_CATEGORY)
     seg, phase = _phase_of(segments, trace, rows)
 
-    status = replays["status"].to_numpy(dtype=object)
+    status = numpy_column(replays, "status", object)
     per_graph = pd.DataFrame()
     matched = replays[status == "matched"]
     if len(matched):
@@ -282,12 +282,12 @@ def run(trace: Trace, ctx: Context) -> GraphsResult:
                      .reset_index().sort_values("gpu_us", ascending=False, kind="stable").reset_index(drop=True))
         unmatched["gpu_us"] = unmatched["gpu_us"] / US
 
-    has_k = replays["kernels"].to_numpy() > 0
-    span_us = (replays["end_ns"].to_numpy() - replays["first_ns"].to_numpy())[has_k] / US
+    has_k = numpy_column(replays, "kernels") > 0
+    span_us = (numpy_column(replays, "end_ns") - numpy_column(replays, "first_ns"))[has_k] / US
     stats = {
-        "kernels_per_replay": percentiles(replays["kernels"].to_numpy()) or {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0},
+        "kernels_per_replay": percentiles(numpy_column(replays, "kernels")) or {"p50": 0.0, "p90": 0.0, "mean": 0.0, "max": 0.0},
         "duration_us": percentiles(span_us),
-        "gpu_us_per_replay": percentiles(replays["gpu_ns"].to_numpy()[has_k] / US),
+        "gpu_us_per_replay": percentiles(numpy_column(replays, "gpu_ns")[has_k] / US),
         "by_api": {str(k): int(v) for k, v in replays["api"].value_counts().items()},
     }
 
@@ -348,9 +348,9 @@ def _op_table(trace: Trace, rows: np.ndarray, op: np.ndarray, dur: np.ndarray, p
     names = trace.names
     name_codes = ev["name"].cat.codes.to_numpy()
     enc = msgspec.json.encode
-    dims_c, dims_txt = _codes(ev["input_dims"].to_numpy()[op], lambda d: enc(d).decode() if d is not None else "")
+    dims_c, dims_txt = _codes(numpy_column(ev, "input_dims")[op], lambda d: enc(d).decode() if d is not None else "")
     # Module class and instance per distinct stack object (the added ops of one op share one).
-    stacks = ev["stack"].to_numpy()[op]
+    stacks = numpy_column(ev, "stack")[op]
     st_code, st_uniq = pd.factorize(np.fromiter(map(id, stacks), dtype=np.intp, count=len(stacks)))
     st_obj = np.empty(len(st_uniq), dtype=object)
     st_obj[st_code] = stacks
@@ -390,7 +390,7 @@ def _idle(trace: Trace, rows: np.ndarray, rep: np.ndarray, op: np.ndarray, attri
     ev = trace.events
     if len(rows) < 2:
         return {"total_us": 0.0, "count": 0, "by_boundary": []}
-    ts, end = ev["ts"].to_numpy()[rows], ev["end"].to_numpy()[rows]
+    ts, end = numpy_column(ev, "ts")[rows], numpy_column(ev, "end")[rows]
     # Running end per replay (kernels of one replay on several streams overlap).
     reach = pd.Series(end).groupby(rep).cummax().to_numpy()
     same = rep[1:] == rep[:-1]

@@ -33,7 +33,7 @@ from tokentrace.analysis.apis import GPU_KINDS, GRAPH_CAPTURE_BEGIN_APIS, GRAPH_
 from tokentrace.analysis.common.steady_state import STEP_PHASES
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
-from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask
+from tokentrace.analysis.loading.trace import RowNames, Trace, isin_mask, numpy_column
 
 NAME = "health"
 NEEDS = ("phases",)
@@ -163,8 +163,8 @@ class _Cols:
     def of(cls, trace: Trace) -> _Cols:
         ev = trace.events
         api = trace.kind_mask(*HOST_API_KINDS)
-        ts = ev["ts"].to_numpy(np.int64)
-        end = ev["end"].to_numpy(np.int64)
+        ts = numpy_column(ev, "ts", np.int64)
+        end = numpy_column(ev, "end", np.int64)
         # The rows from the narrow GPU and runtime views the detectors share (those kinds' rows
         # in order), not from passes over every event.
         rt = trace.narrow_runtime
@@ -176,15 +176,15 @@ class _Cols:
         is_launch = isin_mask(rt["name"], LAUNCH_APIS)
         gpu = trace.narrow_gpu
         return cls(
-            ts=ts, end=end, dur=ev["dur"].to_numpy(np.int64),
-            launch=ev["launch"].to_numpy(), names=trace.names,
+            ts=ts, end=end, dur=numpy_column(ev, "dur", np.int64),
+            launch=numpy_column(ev, "launch"), names=trace.names,
             timed=~trace.kind_mask("flow", "metadata"), gpu=trace.kind_mask(*GPU_KINDS), api=api,
             op=trace.kind_mask("cpu_op"),
             host=trace.kind_mask("cpu_op", "user_annotation", "python_function", *HOST_API_KINDS),
             gpu_rows=gpu.index.to_numpy(np.int64), launch_rows=rt_rows[is_launch],
             capture_begin=api_calls(GRAPH_CAPTURE_BEGIN_APIS), capture_end=api_calls(GRAPH_CAPTURE_END_APIS),
-            gpu_ts=gpu["ts"].to_numpy(np.int64), gpu_end=gpu["end"].to_numpy(np.int64),
-            gpu_launch=gpu["launch"].to_numpy(np.int64), launch_ts=rt["ts"].to_numpy(np.int64)[is_launch],
+            gpu_ts=numpy_column(gpu, "ts", np.int64), gpu_end=numpy_column(gpu, "end", np.int64),
+            gpu_launch=numpy_column(gpu, "launch", np.int64), launch_ts=numpy_column(rt, "ts", np.int64)[is_launch],
             ts_sorted=trace.in_start_order, last_end=trace.last_end_row,
         )
 
@@ -379,16 +379,16 @@ def _cropped_step(c: _Cols, real: np.ndarray | None, segments: Any) -> HealthChe
     """Launches before the first or after the last step that add up to a step the window cut."""
     table = getattr(segments, "table", None)
     # The steps' columns by a mask (a filtered frame of the table copied every column).
-    is_step = np.isin(table["phase"].to_numpy(object), STEP_PHASES) if table is not None and len(table) else None
+    is_step = np.isin(numpy_column(table, "phase", object), STEP_PHASES) if table is not None and len(table) else None
     if table is None or is_step is None or not is_step.any():
         return HealthCheck("cropped_step", "skipped", "no steps found to check the window against")
     launch_ts = c.launch_ts if real is None else c.launch_ts[real[c.launch_rows]]
     lts = np.sort(launch_ts, kind="stable")  # in order already: stable sorts take one pass
     if not len(lts):
         return HealthCheck("cropped_step", "skipped", "no launch calls to count")
-    starts = table["start"].to_numpy(np.int64)[is_step]
-    ends = table["end"].to_numpy(np.int64)[is_step]
-    step_names = table["name"].to_numpy(object)[is_step]
+    starts = numpy_column(table, "start", np.int64)[is_step]
+    ends = numpy_column(table, "end", np.int64)[is_step]
+    step_names = numpy_column(table, "name", object)[is_step]
     per_step = np.searchsorted(lts, ends, side="left") - np.searchsorted(lts, starts, side="left")
     i_first, i_last = int(np.argmin(starts)), int(np.argmax(ends))
     head = int(np.searchsorted(lts, int(starts[i_first]), side="left"))

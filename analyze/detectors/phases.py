@@ -46,7 +46,7 @@ from tokentrace.analysis.common.attention_ops import OPS_RE, attention_at, atten
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding
-from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, numpy_column
 from tokentrace.analysis.segments import SEGMENT_COLUMNS, Segments, first_rows
 from tokentrace.profiling.conventions import ANNOTATION_PREFIX, decode_step_name
 from tokentrace.profiling.conventions import PREFILL as PREFILL_ANNOTATION
@@ -107,7 +107,7 @@ def _in_start_order(table: pd.DataFrame | Columns) -> Columns:
     their columns' dtypes are pandas' to keep (an empty list frames as float64)."""
     if isinstance(table, pd.DataFrame) or not len(table["start"]):
         frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table)
-        start = frame["start"].to_numpy()
+        start = numpy_column(frame, "start")
         if len(start) and frame.index.equals(pd.RangeIndex(len(start))) and bool((start[1:] >= start[:-1]).all()):
             return dict(frame.items())  # in order and numbered already (an engine's steps): no copy sorted
         return dict(frame.sort_values("start", kind="stable").reset_index(drop=True).items())
@@ -201,12 +201,12 @@ def _forward_starts(trace: Trace, marks: OpMarks) -> tuple[np.ndarray, np.ndarra
     if not is_emb.any():
         return np.empty(0, np.int64), np.empty(0, np.int64), -1
     # Columns as arrays, not frames of the rows (a frame filter copies every column).
-    tids = cpu["tid"].to_numpy()
+    tids = numpy_column(cpu, "tid")
     # The thread with the most lookups; the lowest id among equals (Series.mode's first).
     values, counts = np.unique(tids[is_emb], return_counts=True)
     tid = int(values[np.argmax(counts)])
     on_tid = tids == tid
-    all_ts = cpu["ts"].to_numpy(np.int64)
+    all_ts = numpy_column(cpu, "ts", np.int64)
     emb = np.flatnonzero(is_emb & on_tid)
     emb = emb[np.argsort(all_ts[emb], kind="quicksort")]  # sort_values("ts")'s order
     ts = all_ts[emb]
@@ -233,12 +233,12 @@ def _inferred(trace: Trace, starts: np.ndarray, tid: int, containers: sm.Ranges)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rt = trace.narrow_runtime
     # The thread's top-level ops and runtime calls: two columns of them as arrays.
-    top = (cpu["tid"].to_numpy() == tid) & (cpu["parent"].to_numpy() < 0)
-    calls = rt["tid"].to_numpy() == tid
-    hts = np.concatenate([cpu["ts"].to_numpy(np.int64)[top], rt["ts"].to_numpy(np.int64)[calls]])
+    top = (numpy_column(cpu, "tid") == tid) & (numpy_column(cpu, "parent") < 0)
+    calls = numpy_column(rt, "tid") == tid
+    hts = np.concatenate([numpy_column(cpu, "ts", np.int64)[top], numpy_column(rt, "ts", np.int64)[calls]])
     order = np.argsort(hts, kind="quicksort")  # sort_values("ts")'s order
     hts = hts[order]
-    hend = np.concatenate([cpu["end"].to_numpy(np.int64)[top], rt["end"].to_numpy(np.int64)[calls]])[order]
+    hend = np.concatenate([numpy_column(cpu, "end", np.int64)[top], numpy_column(rt, "end", np.int64)[calls]])[order]
     reach = np.maximum.accumulate(hend) if len(hend) else np.empty(0, np.int64)
     j = np.searchsorted(hts, limit, side="left") - 1
     end = np.where(j >= 0, reach[np.maximum(j, 0)] if len(reach) else starts, starts)
@@ -255,8 +255,8 @@ def _shape_evidence(trace: Trace, segs: Segments, marks: OpMarks) -> dict[str, n
     training = np.zeros(n, bool)
     cpu = trace.narrow(("cpu_op",), OP_COLUMNS)
     rows = cpu.index.to_numpy(np.int64)
-    ts = cpu["ts"].to_numpy(np.int64)
-    dims_of = trace.events["input_dims"].to_numpy(object)
+    ts = numpy_column(cpu, "ts", np.int64)
+    dims_of = numpy_column(trace.events, "input_dims", object)
     emb = marks.embedding
     for s, row in first_rows(segs.locate_times(ts[emb]), rows[emb]):
         dims = dims_of[row]
@@ -275,7 +275,7 @@ def _shape_evidence(trace: Trace, segs: Segments, marks: OpMarks) -> dict[str, n
     # Start times of the training markers only (a training trace's backward ops are most of its ops:
     # no frame of them is built, nor is each located).
     for f in (cpu, _annotations(trace)):
-        training |= segs.holds_any(f["ts"].to_numpy(np.int64)[lat.regex_mask(f["name"], _TRAINING)])
+        training |= segs.holds_any(numpy_column(f, "ts", np.int64)[lat.regex_mask(f["name"], _TRAINING)])
     return {**col, "training": training}
 
 
@@ -538,7 +538,7 @@ def _group_json(steps: pd.DataFrame, keys: tuple[str, ...]) -> dict[str, Any] | 
         return None
     return {
         "count": int(len(steps)),
-        "step_us": lat.percentiles(steps["step_us"].to_numpy()),
+        "step_us": lat.percentiles(numpy_column(steps, "step_us")),
         "per_step": [_step_json(r, keys + STEP_FIELDS + ("cpu_share", "gpu_share", "bound")) for r in steps.itertuples(index=False)],
     }
 
@@ -574,38 +574,38 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
     first_op = host_first_op
     if window is not None and window.queued:
         first_op = np.where(ready > window.start, np.maximum(host_first_op, window.start), host_first_op)
-    phase = t["phase"].to_numpy()
+    phase = numpy_column(t, "phase")
     # A mixed step gives its decoding requests their next token, as a decode step does.
     request, interval, has_prev = lat.token_intervals(np.where(phase == "mixed", "decode", phase), ready, first_op)
     has_gpu = m["gpu_first"] >= 0
     gspan = np.where(has_gpu, m["gpu_last"] - m["gpu_first"], 0)
     capture_prompt = trace.capture.get("prompt_len")
-    q = t["q_len"].to_numpy(np.int64)
+    q = numpy_column(t, "q_len", np.int64)
     prompt = np.where(phase == "prefill", q, -1)
     if isinstance(capture_prompt, int) and (phase == "prefill").sum() == 1:
         prompt = np.where((phase == "prefill") & (prompt <= 0), capture_prompt, prompt)
-    batch = t["batch"].to_numpy(np.int64)
+    batch = numpy_column(t, "batch", np.int64)
     capture_batch = trace.capture.get("batch")
     if isinstance(capture_batch, int) and segs.method == "annotations":
         batch = np.where(batch <= 0, capture_batch, batch)
     measured = np.concatenate([cp.sample(np.flatnonzero(phase == ph)) for ph in ("prefill", "decode", "mixed", "step")])
-    host_end = t["end"].to_numpy(np.int64)
+    host_end = numpy_column(t, "end", np.int64)
     paths = cp.analyse(trace, segs, host_end, np.maximum(host_end, ready), measured, masks)
     # The critical path's columns as arrays by segment (NaN / None where no path was analysed).
     on_path = {c: np.full(len(t), np.nan) for c in ("cp_cpu_us", "cp_gpu_us", "cp_wait_us", "cpu_share", "gpu_share")}
     bound = np.full(len(t), None, object)
     if not paths.empty:
-        at = paths["seg"].to_numpy(np.int64)
-        on_path["cp_cpu_us"][at] = paths["cp_cpu"].to_numpy(float) / US
-        on_path["cp_gpu_us"][at] = paths["cp_gpu"].to_numpy(float) / US
-        on_path["cp_wait_us"][at] = paths["cp_wait"].to_numpy(float) / US
-        on_path["cpu_share"][at] = paths["cpu_share"].to_numpy(float)
-        on_path["gpu_share"][at] = paths["gpu_share"].to_numpy(float)
-        bound[at] = paths["bound"].to_numpy(object)
+        at = numpy_column(paths, "seg", np.int64)
+        on_path["cp_cpu_us"][at] = numpy_column(paths, "cp_cpu", float) / US
+        on_path["cp_gpu_us"][at] = numpy_column(paths, "cp_gpu", float) / US
+        on_path["cp_wait_us"][at] = numpy_column(paths, "cp_wait", float) / US
+        on_path["cpu_share"][at] = numpy_column(paths, "cpu_share", float)
+        on_path["gpu_share"][at] = numpy_column(paths, "gpu_share", float)
+        bound[at] = numpy_column(paths, "bound", object)
     steps = pd.DataFrame({
-        "seg": t["seg"].to_numpy(), "phase": phase, "index": t["index"].to_numpy(), "name": t["name"], "request": request,
-        "step": t["step"].to_numpy(), "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": t["kv_len"].to_numpy(),
-        "start_us": (t["start"].to_numpy(np.int64) - origin) / US,
+        "seg": numpy_column(t, "seg"), "phase": phase, "index": numpy_column(t, "index"), "name": t["name"], "request": request,
+        "step": numpy_column(t, "step"), "batch": batch, "prompt_len": prompt, "q_len": q, "kv_len": numpy_column(t, "kv_len"),
+        "start_us": (numpy_column(t, "start", np.int64) - origin) / US,
         "first_op_us": (first_op - origin) / US,
         "queued_us": (first_op - host_first_op) / US,
         "token_ready_us": (ready - origin) / US,
@@ -635,7 +635,7 @@ def _slope_basis(d: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, meth
     else tokentrace's annotations (prompt length + decode step index + 1), else the attention key
     length of the shapes when it varies (graph replays keep their capture shapes: constant), else
     prompt + step from segments found otherwise, else the step number within the request."""
-    t = table.set_index("seg").reindex(d["seg"].to_numpy())
+    t = table.set_index("seg").reindex(numpy_column(d, "seg"))
     if {"decode_kv_tokens", "decode_requests"} <= set(t.columns):
         kv_sum = pd.to_numeric(t["decode_kv_tokens"], errors="coerce").fillna(-1).to_numpy(float)
         n = pd.to_numeric(t["decode_requests"], errors="coerce").fillna(-1).to_numpy(float)
@@ -643,23 +643,23 @@ def _slope_basis(d: pd.DataFrame, steps: pd.DataFrame, table: pd.DataFrame, meth
             return kv_sum / n, "kv_token", "engine_annotation"
     prompt_of = steps[steps["phase"] == "prefill"].set_index("request")["prompt_len"]
     p = d["request"].map(prompt_of).fillna(-1).to_numpy(np.int64)
-    by_prompt = (p + d["step"].to_numpy(np.int64) + 1).astype(float)
+    by_prompt = (p + numpy_column(d, "step", np.int64) + 1).astype(float)
     if method == "annotations" and (p > 0).all():
         return by_prompt, "kv_token", "capture_annotations"
-    kv = d["kv_len"].to_numpy(np.int64)
+    kv = numpy_column(d, "kv_len", np.int64)
     if (kv > 0).all() and np.ptp(kv) > 0:
         return kv.astype(float), "kv_token", "shapes"
     if (p > 0).all():
         return by_prompt, "kv_token", "prompt_and_step"
-    return d["step"].to_numpy(float) + 1.0, "step", "step_index"  # steps counted from 1: a positive x, as fits need
+    return numpy_column(d, "step", float) + 1.0, "step", "step_index"  # steps counted from 1: a positive x, as fits need
 
 
 def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, method: str = "none") -> dict[str, Any] | None:
-    is_decode = steps["phase"].to_numpy(object) == "decode"
+    is_decode = numpy_column(steps, "phase", object) == "decode"
     if not is_decode.any():
         return None
     d = steps[is_decode]
-    tpot = d["tpot_us"].to_numpy(float)
+    tpot = numpy_column(d, "tpot_us", float)
     # Growth per token of context (see _slope_basis for where the context length comes from).
     x, basis, x_source = _slope_basis(d, steps, table if table is not None else pd.DataFrame({"seg": []}), method)
     paths = steps.attrs.get("paths")
@@ -677,7 +677,7 @@ def _decode_summary(steps: pd.DataFrame, table: pd.DataFrame | None = None, meth
         "tpot_slope_basis": basis,
         "tpot_slope_x_source": x_source,
         "tpot_slope": None if fit is None else fit.record(x=basis),
-        "gpu_busy_us": lat.percentiles(d["gpu_busy_us"].to_numpy(float)),
+        "gpu_busy_us": lat.percentiles(numpy_column(d, "gpu_busy_us", float)),
         "bound": bound,
     }
 
@@ -697,17 +697,17 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     notes: list[str] = []
     if segs.method == "none":
         notes.append("no step annotations, profiler steps or forward passes (embedding lookups) found: phases absent")
-    queued = np.flatnonzero(steps["queued_us"].to_numpy(float) > 0)
+    queued = np.flatnonzero(numpy_column(steps, "queued_us", float) > 0)
     if len(queued):
         q = steps.iloc[queued[0]]
         notes.append(f"step {q['name']} waited {q['queued_us'] / 1000:.2f} ms with its work queued behind work or an event "
                      "the trace does not show (before the steady state): its times start when its work started")
-    tok = steps["cpu_span_us"].to_numpy(float)[steps["name"].to_numpy(object) == TOKENIZE_ANNOTATION]
+    tok = numpy_column(steps, "cpu_span_us", float)[numpy_column(steps, "name", object) == TOKENIZE_ANNOTATION]
     decode = _decode_summary(steps, segs.table, segs.method)
     if decode and decode["tpot_intervals"] < decode["steps"]:
         notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
                      "their TPOT is the step's own time from first op to token")
-    phase = steps["phase"].to_numpy(object)
+    phase = numpy_column(steps, "phase", object)
     sources = steps["token_source"][(phase == "prefill") | (phase == "decode")].value_counts()
     if len(sources):
         notes.append("token ready from: " + ", ".join(f"{k} x{v}" for k, v in sources.items()))
