@@ -170,6 +170,55 @@ def test_step_path_equals_networkx_on_every_step_of_real_traces(path, monkeypatc
     pd.testing.assert_frame_equal(by_walk, by_graph)
 
 
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}-{p.name.split('.')[0]}") for p in SAMPLE_GPU_TRACES])
+def test_analyse_reads_the_steps_runs_as_the_mask_over_every_call(path, monkeypatch):
+    # In start order each step's calls and GPU rows are read as runs; out of it, every call is
+    # masked: the same paths.
+    trace = tokentrace.load(path)
+    segs = run_alone(phases, trace).segments
+    assert trace.in_start_order
+    by_runs = _all_paths(trace, segs, monkeypatch, False)
+    trace.__dict__["in_start_order"] = False  # the cached answer, as a trace out of order gives
+    pd.testing.assert_frame_equal(by_runs, _all_paths(trace, segs, monkeypatch, False))
+
+
+def test_step_path_without_nodes_gives_the_same_times():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        h, g, start, host_end = _random_step(rng)
+        want = cp.step_path(h, g, start, host_end)
+        got = cp.step_path(h, g, start, host_end, with_nodes=False)
+        assert (got.cpu_ns, got.gpu_ns, got.nodes) == (want.cpu_ns, want.gpu_ns, [])
+
+
+def test_concat_ranges_known_answer():
+    got = cp.concat_ranges(np.array([3, 10, 10, 0]), np.array([5, 10, 12, 1]))
+    assert got.tolist() == [3, 4, 10, 11, 0]
+    assert cp.concat_ranges(np.array([4]), np.array([4])).tolist() == []
+
+
+def test_located_rows_known_answer():
+    # Segments 0: [10, 20), 1: [20, 30), 2: [40, 50); rows in start order located in them (row 4
+    # at 25 says -1, as a caller's own location may: only rows located in a listed segment count).
+    ts = np.array([5, 10, 15, 20, 25, 29, 30, 41, 49, 50])
+    seg = np.array([-1, 0, 0, 1, -1, 1, -1, 2, 2, -1])
+    starts, ends = np.array([10, 20, 40]), np.array([20, 30, 50])
+    assert cp._located_rows(ts, seg, np.array([0, 2]), starts, ends).tolist() == [1, 2, 7, 8]
+    assert cp._located_rows(ts, seg, np.array([1]), starts, ends).tolist() == [3, 5]
+    assert cp._located_rows(ts, seg, np.array([0, 1, 2]), starts, ends).tolist() == [1, 2, 3, 5, 7, 8]
+
+
+def test_first_in_order_known_answer():
+    # nh 2 host calls (starts 0-1, ends 2-3), GPU activity 4-6 (base 4), S 7, E 8. Activity 1
+    # (node 5) was launched at chain position 0, so it comes before call 0's end (node 2) and
+    # call 1's start (node 1); among GPU work at one position, stream order (rank) decides.
+    ci, rank = np.array([1, 0, 0]), np.array([2, 1, 0])
+    assert cp._first_in_order(np.array([1, 2, 5]), 2, 4, 7, ci, rank) == 5
+    assert cp._first_in_order(np.array([5, 6]), 2, 4, 7, ci, rank) == 6
+    assert cp._first_in_order(np.array([0, 5]), 2, 4, 7, ci, rank) == 0
+    assert cp._first_in_order(np.array([8, 3]), 2, 4, 7, None, None) == 3
+
+
 def test_an_analysis_never_imports_networkx(tmp_path):
     """The walk serves every step, so a first analysis does not pay networkx's 0.2 s import."""
     import subprocess

@@ -188,7 +188,7 @@ def longest_path(G: nx.DiGraph) -> StepPath:
 _NEG = -(1 << 62)  # minus infinity for int64 path lengths (real lengths are far smaller)
 
 
-def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPath:
+def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes: bool = True) -> StepPath:
     """`longest_path(step_graph(host, gpu, start, host_end))` without building the graph.
 
     The same longest path, node for node, ties broken as networkx breaks them (the first
@@ -198,7 +198,8 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     previous activity" (d_k = C_k + max_m<=k (L_m - C_m), C the stream's prefix sum of
     durations). Only blocking calls join the two, so the loop runs once per blocking call and
     stream, not once per node. tests/test_critical_path.py checks it equals networkx on every step
-    of the real traces.
+    of the real traces. `with_nodes` False: the path's CPU and GPU time only (`nodes` empty; a
+    path through thousands of kernels is a long list nobody reads in an analysis).
     """
     hts = np.asarray(host["ts"], np.int64)
     hend = np.asarray(host["end"], np.int64)
@@ -239,7 +240,9 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
         # Host starts lo..hi: one predecessor each, so a prefix sum.
         if hi >= lo:
             d0 = int(dist[prev_out]) + prev_w
-            dist[lo:hi + 1] = d0 + np.concatenate(([0], np.cumsum(w[lo:hi])))
+            dist[lo] = d0
+            np.cumsum(w[lo:hi], out=dist[lo + 1:hi + 1])  # then shifted by d0 in place: no temporaries
+            dist[lo + 1:hi + 1] += d0
             pred[lo] = prev_out
             pred[lo + 1:hi + 1] = np.arange(lo, hi)
             block_lo[lo:hi + 1] = lo
@@ -250,7 +253,8 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
                 continue
             nodes = js[a:b]
             dur = gdur[nodes]
-            c = np.concatenate(([0], np.cumsum(dur[:-1])))
+            c = np.cumsum(dur)
+            c -= dur  # the durations queued ahead of each activity: an exclusive prefix sum
             h = here[nodes]
             A = np.where(h, dist[np.maximum(ci[nodes], 0)] - c, _NEG)
             last = carry[k]
@@ -297,18 +301,14 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     hit = np.flatnonzero(dist == best)
     if nh:  # a non-blocking call has no end node (its slot stays unused)
         end_slot = (hit >= nh) & (hit < base)
-        hit = hit[~end_slot | hblock[np.where(end_slot, hit - nh, 0)]]
-    on_gpu = (hit >= base) & (hit < iS)
-    k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
-    k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
-    k3 = np.zeros(len(hit), np.int64)
+        if end_slot.any():
+            hit = hit[~end_slot | hblock[np.where(end_slot, hit - nh, 0)]]
     if ng:
         rank, queue_lo = _queued_runs(pred, order, in_order, base)
-    if on_gpu.any():
-        j = hit[on_gpu] - base
-        k1[on_gpu], k2[on_gpu] = ci[j], 1
-        k3[on_gpu] = rank[j]
-    end = int(hit[np.lexsort((k3, k2, k1))[0]])
+    if len(hit) == 1:
+        end = int(hit[0])
+    else:
+        end = _first_in_order(hit, nh, base, iS, ci, rank) if ng else _first_in_order(hit, nh, base, iS, None, None)
     # Predecessors followed back to S (its own predecessor), a run at a time: the path backwards,
     # in pieces. Runs (a host run, a stream's queue) are most of a path and a few dozen in number.
     back: list[np.ndarray | list[int]] = [[end]]
@@ -336,6 +336,8 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     step = dist[p[1:]] - dist[p[:-1]]
     gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
     cpu_ns = int(dist[end] - dist[p[0]]) - gpu_ns  # the rest of the path's length
+    if not with_nodes:
+        return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=[])
     path = p.tolist()
     # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
     if path[0] == iS:
@@ -343,6 +345,22 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int) -> StepPat
     if end == iE:
         path[-1] = E
     return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=path)
+
+
+def _first_in_order(hit: np.ndarray, nh: int, base: int, iS: int, ci: np.ndarray | None, rank: np.ndarray | None) -> int:
+    """step_path's nodes `hit` (internal indices: host starts below nh, call ends below base, GPU
+    activity below iS, then S and E), the first in the graph's topological order: by chain
+    position, call start < its GPU work < call end, GPU work in stream order (`ci`: each
+    activity's chain position, `rank`: its place in stream order)."""
+    on_gpu = (hit >= base) & (hit < iS)
+    k1 = np.where(hit < nh, hit, np.where(hit < base, hit - nh, np.where(hit == iS, -2, nh + 1)))
+    k2 = np.where(hit < nh, 0, np.where(hit < base, 2, 0))
+    k3 = np.zeros(len(hit), np.int64)
+    if ci is not None and rank is not None and on_gpu.any():
+        j = hit[on_gpu] - base
+        k1[on_gpu], k2[on_gpu] = ci[j], 1
+        k3[on_gpu] = rank[j]
+    return int(hit[np.lexsort((k3, k2, k1))[0]])
 
 
 def _queued_runs(pred: np.ndarray, order: np.ndarray, stream_in_order: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -385,12 +403,19 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     rt = trace.narrow_runtime
     # The launch and blocking calls of the listed steps on their own threads, as row positions in
     # the view: its columns are gathered at these only (a mask over every call costs more).
-    wanted = np.zeros(len(table) + 1, dtype=bool)
-    wanted[seg_ids] = True  # no segment (-1) reads the last slot
     rseg_all = segs.locate_runtime(trace)
     is_launch, is_block = masks
-    calls = np.flatnonzero(wanted[rseg_all] & (is_launch | is_block))
-    calls = calls[numpy_column(rt, "tid", np.int64)[calls] == numpy_column(table, "tid", np.int64)[rseg_all[calls]]]
+    seg_start, seg_end = numpy_column(table, "start", np.int64), numpy_column(table, "end", np.int64)
+    ids = np.unique(seg_ids)
+    if trace.in_start_order:  # the calls in start order: each listed step's run of them
+        calls = _located_rows(numpy_column(rt, "ts", np.int64), rseg_all, ids, seg_start, seg_end)
+        calls = calls[is_launch[calls] | is_block[calls]]
+    else:  # a mask over every call
+        wanted = np.zeros(len(table) + 1, dtype=bool)
+        wanted[seg_ids] = True  # no segment (-1) reads the last slot
+        calls = np.flatnonzero(wanted[rseg_all] & (is_launch | is_block))
+    # The tid column as stored (int32), gathered before widening: no int64 copy of every call's.
+    calls = calls[numpy_column(rt, "tid")[calls] == numpy_column(table, "tid", np.int64)[rseg_all[calls]]]
     # The step's host calls and GPU work as column arrays sliced per step: a frame per step (and
     # a groupby of the host calls) cost more than the walk itself.
     h_cols = {"seg": rseg_all[calls], "row": rt.index.to_numpy(np.int64)[calls], "ts": numpy_column(rt, "ts", np.int64)[calls],
@@ -413,31 +438,60 @@ def analyse(trace: Trace, segs: Segments, host_end: np.ndarray, step_end: np.nda
     g_launch_ts, g_end = g_cols["launch_ts"], g_cols["end"]
 
     # Each step's GPU rows as positions in launch order (the order a groupby keeps).
-    in_wanted = np.flatnonzero(wanted[g_seg])  # np.isin(g_seg, seg_ids)
-    by_seg = in_wanted[np.argsort(g_seg[in_wanted], kind="stable")]
+    # Each step's GPU rows as positions in launch order (the order a groupby keeps): in launch
+    # order, located by their launch's start, each step's rows are one run.
+    by_seg = _located_rows(g_launch_ts, g_seg, ids, seg_start, seg_end)
     sorted_seg = g_seg[by_seg]
-    starts = numpy_column(table, "start", np.int64)
+    # The steps' rows gathered once (a step with no work carried in reads slices of them).
+    g_mine = {c: v[by_seg] for c, v in g_cols.items()}
+    g_mine["ts"] = g_ts[by_seg]
+    starts = seg_start[seg_ids]
+    # Per listed step: where its work carried in ends (launch order), its GPU rows' and its calls' runs.
+    carry_end = np.searchsorted(g_launch_ts, starts, side="left")
+    g_lo, g_hi = np.searchsorted(sorted_seg, seg_ids, side="left"), np.searchsorted(sorted_seg, seg_ids, side="right")
+    h_lo, h_hi = np.searchsorted(h_seg, seg_ids, side="left"), np.searchsorted(h_seg, seg_ids, side="right")
     rows = []
-    for s in seg_ids.tolist():
-        start, hend, send = int(starts[s]), int(host_end[s]), int(step_end[s])
+    for k, s in enumerate(seg_ids.tolist()):
+        start, hend, send = int(starts[k]), int(host_end[s]), int(step_end[s])
         # GPU work launched before the step and still running at its start.
-        p = int(np.searchsorted(g_launch_ts, start, side="left"))
+        p = int(carry_end[k])
         lo = max(0, p - CARRY_WINDOW)
         carried = np.flatnonzero((g_end[lo:p] > start) & (g_seg[lo:p] != s)) + lo
-        a, b = np.searchsorted(sorted_seg, s, side="left"), np.searchsorted(sorted_seg, s, side="right")
-        at = np.concatenate([carried, by_seg[a:b]])
-        mine = {c: v[at] for c, v in g_cols.items()}
-        mine["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_ts[by_seg[a:b]]])
-        a, b = np.searchsorted(h_seg, s, side="left"), np.searchsorted(h_seg, s, side="right")
-        h = {c: v[a:b] for c, v in h_cols.items()}
+        a, b = g_lo[k], g_hi[k]
+        if len(carried):
+            mine = {c: np.concatenate([v[carried], g_mine[c][a:b]]) for c, v in g_cols.items()}
+            mine["ts"] = np.concatenate([np.maximum(g_ts[carried], start), g_mine["ts"][a:b]])
+        else:
+            mine = {c: v[a:b] for c, v in g_mine.items()}
+        h = {c: v[h_lo[k]:h_hi[k]] for c, v in h_cols.items()}
         if USE_NETWORKX:
             path = longest_path(step_graph(pd.DataFrame(h), pd.DataFrame(mine), start, hend))
         else:
-            path = step_path(h, mine, start, hend)
+            path = step_path(h, mine, start, hend, with_nodes=False)
         share = path.cpu_share
         wait = max(0, send - start - path.cpu_ns - path.gpu_ns)
         rows.append((int(s), path.cpu_ns, path.gpu_ns, wait, share, None if share is None else 1.0 - share, verdict(share)))
     return pd.DataFrame(rows, columns=cols)
+
+
+def _located_rows(ts: np.ndarray, seg: np.ndarray, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Positions of the rows located in segments `ids` (ascending, distinct), per segment in row
+    order: rows in start order (`ts`, ascending) with `seg` their segment (Segments.locate_times
+    of `ts`), the segments' `starts` and `ends` by id. `np.flatnonzero(np.isin(seg, ids))` stably
+    sorted by segment, without a pass over every row: locate_times puts an instant in the segment
+    that holds it, so a segment's rows lie between the first at or after its start and the first
+    at or after its end (the listed steps are a sample of a few)."""
+    a = np.searchsorted(ts, starts[ids], side="left")
+    b = np.maximum(np.searchsorted(ts, ends[ids], side="left"), a)
+    idx = concat_ranges(a, b)
+    return idx[seg[idx] == np.repeat(ids, b - a)]
+
+
+def concat_ranges(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.concatenate([np.arange(x, y) for x, y in zip(a, b)]) without a Python loop (b >= a)."""
+    n = b - a
+    # Output position k of run r holds a_r + (k - where run r starts in the output).
+    return np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def aggregate(paths: pd.DataFrame) -> dict | None:
