@@ -88,9 +88,11 @@ class Segments:
         held = b > a
         return a[held], b[held], segs[held]
 
-    def first_on_thread(self, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray) -> np.ndarray:
+    def first_on_thread(self, ts: np.ndarray, tid: np.ndarray, seg_tid: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
         """Per segment (by id), the earliest of the instants `ts` located in it (locate_times)
-        whose `tid` is the segment's own (`seg_tid`, by id); NO_TIME where there is none.
+        whose `tid` is the segment's own (`seg_tid`, by id); NO_TIME where there is none. `keep`:
+        only the instants it marks count (`first_on_thread(ts[keep], tid[keep], seg_tid)` without
+        copying the kept rows' columns: a view's launch calls are most of its rows).
 
         Instants in order (a kind's rows in start order) are not located one by one: a segment's
         instants are one run of them (as in locate_times), and its first on its thread is found
@@ -106,6 +108,8 @@ class Segments:
         if len(starts) > _SLICE_SEGMENTS or not bool((ts[1:] >= ts[:-1]).all()):
             seg = self.locate_each(ts)  # locate_times' runs need instants in order and few segments
             ok = seg >= 0
+            if keep is not None:
+                ok &= keep
             ok[ok] = np.asarray(tid)[ok] == np.asarray(seg_tid)[seg[ok]]
             np.minimum.at(out, seg[ok], ts[ok])
             return out
@@ -119,12 +123,17 @@ class Segments:
                 break
             at = j[active]
             hit = tid[at] == want[active]
+            if keep is not None:
+                hit &= keep[at]
             found[active[hit]] = at[hit]
             j[active] += 1
             active = active[~hit]
             active = active[j[active] < e[active]]
         for k in active.tolist():  # the rest of a run whose first instants were on other threads
-            rel = np.flatnonzero(tid[j[k]:e[k]] == want[k])
+            on = tid[j[k]:e[k]] == want[k]
+            if keep is not None:
+                on &= keep[j[k]:e[k]]
+            rel = np.flatnonzero(on)
             if len(rel):
                 found[k] = j[k] + rel[0]
         ok = found >= 0

@@ -128,3 +128,31 @@ def test_call_masks_mark_launch_and_blocking_calls(tmp_path):
     launch, block = lat.call_masks(b.load(tmp_path))
     assert launch.tolist() == [True, False, False, False]
     assert block.tolist() == [False, True, False, True]
+
+
+def test_run_sums_known_answer():
+    from tokentrace.analysis.common.latency import run_sums
+
+    mask = np.array([1, 1, 0, 1, 0, 1, 1, 1], dtype=bool)
+    # Segment 2 holds places 0-2, segment 0 places 3-4 (next to it), segment 3 places 5-8 (to the end).
+    assert run_sums(mask, np.array([0, 3, 5]), np.array([3, 5, 8]), np.array([2, 0, 3]), 5).tolist() == [1, 0, 2, 3, 0]
+    # A gap between runs, the last run short of the end.
+    assert run_sums(mask, np.array([1, 5]), np.array([2, 6]), np.array([0, 1]), 2).tolist() == [1, 1]
+    assert run_sums(mask, np.array([], np.int64), np.array([], np.int64), np.array([], np.int64), 2).tolist() == [0, 0]
+
+
+def test_per_segment_count_equals_bincount_of_the_located_instants():
+    from tokentrace.analysis.common.latency import _per_segment_count
+    from tokentrace.analysis.segments import Segments
+
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        m = int(rng.integers(1, 12))
+        starts = np.sort(rng.choice(1000, m, replace=False))
+        ends = np.minimum(starts + rng.integers(0, 150, m), np.append(starts[1:], 2000))  # no overlaps
+        segs = Segments(pd.DataFrame({"seg": np.arange(m), "start": starts, "end": ends}))
+        ts = np.sort(rng.integers(-50, 1200, int(rng.integers(0, 400))))
+        for t in (ts, rng.permutation(ts)):  # in order (by runs) and out of it (bincount)
+            seg, mask = segs.locate_times(t), rng.random(len(t)) < 0.4
+            want = np.bincount(seg[(seg >= 0) & mask], minlength=m)
+            assert _per_segment_count(segs, t, seg, mask, m).tolist() == want.tolist()

@@ -73,6 +73,11 @@ def test_first_instant_on_the_segments_thread_equals_locating_every_instant(monk
         # Out of start order the located path gives the same answer.
         shuffled = rng.permutation(n)
         np.testing.assert_array_equal(segs.first_on_thread(ts[shuffled], tid[shuffled], seg_tid), want)
+        # Only the kept instants, marked or compressed: the same answer, in order or not.
+        keep = rng.random(n) < 0.5
+        want_kept = _first_by_location(segs, ts[keep], tid[keep], seg_tid)
+        np.testing.assert_array_equal(segs.first_on_thread(ts, tid, seg_tid, keep=keep), want_kept, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(segs.first_on_thread(ts[shuffled], tid[shuffled], seg_tid, keep=keep[shuffled]), want_kept)
         found += int((want != seg_mod.NO_TIME).sum())
     assert found > 1000  # the trials are not all empty
 
@@ -85,6 +90,10 @@ def test_known_first_instants_on_each_segments_thread():
     got = segs.first_on_thread(ts, tid, np.array([6, 5, 5]))
     # 0: the first thread-6 instant in [20, 40) is 22; 1: 12 (10 is thread 6); 2: none on thread 5.
     assert got.tolist() == [22, 12, seg_mod.NO_TIME]
+    # Instants 12 and 22 left out: segment 1's first on thread 5 is 19, segment 0's on thread 6 is 39.
+    keep = np.ones(len(ts), dtype=bool)
+    keep[[2, 6]] = False
+    assert segs.first_on_thread(ts, tid, np.array([6, 5, 5]), keep=keep).tolist() == [39, 19, seg_mod.NO_TIME]
 
 
 def test_gpu_rows_are_located_by_their_launch_once_per_trace(tmp_path):

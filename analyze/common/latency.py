@@ -88,7 +88,7 @@ def _first_ops(trace: Trace, segs: Segments, tid_of_seg: np.ndarray, rt_ts: np.n
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     # Each kind on its own (each in start order as loaded), the earlier of the two per segment.
     first_op = segs.first_on_thread(numpy_column(ops, "ts"), numpy_column(ops, "tid"), tid_of_seg)
-    first_launch = segs.first_on_thread(rt_ts[launch], numpy_column(trace.narrow_runtime, "tid")[launch], tid_of_seg)
+    first_launch = segs.first_on_thread(rt_ts, numpy_column(trace.narrow_runtime, "tid"), tid_of_seg, keep=launch)
     return np.minimum(first_op, first_launch)
 
 
@@ -97,6 +97,31 @@ def call_masks(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     blocking call (BLOCKING_APIS). The step measures and the critical path read both."""
     names = trace.narrow_runtime["name"]
     return name_mask(names, LAUNCH_APIS), name_mask(names, BLOCKING_APIS)
+
+
+def _per_segment_count(segs: Segments, ts: np.ndarray, seg: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (by id, `n` of them): how many of the instants `ts` marked by `mask` it holds
+    (`seg`: their locate_times). `np.bincount(seg[(seg >= 0) & mask], minlength=n)`, for
+    instants in order as a sum over each segment's run of them (no gather of the marked rows:
+    a bincount into a few dozen counters is slow, its increments queue on the same ones)."""
+    found = segs.runs(ts)
+    if found is None:
+        return np.bincount(seg[(seg >= 0) & mask], minlength=n)
+    return run_sums(mask, *found, n)
+
+
+def run_sums(mask: np.ndarray, first: np.ndarray, end: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (by id, `n` of them): the marked places of `mask` in its run first:end (runs
+    ascending, disjoint and non-empty, as Segments.runs gives them), 0 for a segment without one."""
+    out = np.zeros(n, np.int64)
+    if not len(first):
+        return out
+    # One reduceat over the runs' bounds: even places sum a run, odd ones the gap after it.
+    bounds = np.column_stack([first, end]).ravel()
+    if bounds[-1] == len(mask):  # the last run reaches the end: reduceat sums to the end from its start
+        bounds = bounds[:-1]
+    out[seg] = np.add.reduceat(mask.view(np.int8), bounds, dtype=np.int64)[::2]
+    return out
 
 
 def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -120,7 +145,7 @@ def measure(trace: Trace, segs: Segments, masks: tuple[np.ndarray, np.ndarray] |
 
     # Launch and blocking calls (all threads), located by their own start.
     rseg = segs.locate_runtime(trace)
-    launches = np.bincount(rseg[(rseg >= 0) & is_launch], minlength=n)
+    launches = _per_segment_count(segs, rt_ts, rseg, is_launch, n)
     bmask = (rseg >= 0) & is_block
     blocked = np.bincount(rseg[bmask], weights=numpy_column(rt, "dur", np.int64)[bmask], minlength=n).astype(np.int64)
     nblock = np.bincount(rseg[bmask], minlength=n)
