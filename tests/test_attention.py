@@ -557,6 +557,8 @@ def test_attention_op_spec_is_each_cpu_ops_first_matching_pattern(tmp_path):
     got = {(str(n), str(k)): int(s) for n, k, s in zip(ev["name"].astype(object), ev["kind"].astype(object), spec, strict=True)}
     first = {n: next((j for j, (rx, _) in enumerate(OPS_RE) if rx.search(n)), -1) for n in names}
     assert len(spec) == len(ev) and not spec.flags.writeable
+    # A byte a row, which holds every pattern's index.
+    assert spec.dtype == np.int8 and len(ATTENTION_OPS) - 1 <= np.iinfo(spec.dtype).max
     for n in set(names):
         assert got[(n, "cpu_op")] == first[n]
     assert first["aten::add"] == -1 and ATTENTION_OPS[first["aten::_flash_attention_forward"]][0].startswith("^aten::_flash")
