@@ -8,7 +8,7 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _name_test, _text_at
+from tokentrace.analysis.detectors.launches import _name_test, _percentiles, _text_at
 from tokentrace.analysis.loading.trace import isin_mask, values_at
 
 
@@ -165,3 +165,20 @@ def test_text_at_is_the_column_a_frame_makes_of_the_values(values, rows):
     want = pd.DataFrame({"c": values_at(col, rows)})
     pd.testing.assert_frame_equal(got, want)
     assert got["c"].dtype == want["c"].dtype
+
+
+def test_percentiles_known_values():
+    # (n - 1) * q: 4 values -> index 1.5 (gamma 0.5: b - (b - a) * 0.5) and 2.7; one value: itself.
+    assert _percentiles(np.array([4.0, 1.0, 3.0, 2.0])).tolist() == [2.5, 3.7]
+    assert _percentiles(np.array([7.0])).tolist() == [7.0, 7.0]
+    assert np.isnan(_percentiles(np.array([1.0, np.nan, 2.0]))).all()
+    assert _percentiles(np.array([3, 1, 2])).tolist() == [2.0, 2.8]  # integers: numpy's own way
+
+
+@pytest.mark.parametrize("n", [*range(1, 40), 1001])
+def test_percentiles_are_numpys_to_the_bit(n):
+    rng = np.random.default_rng(n)
+    for x in (rng.normal(size=n), rng.lognormal(1, 2, n).round(3), rng.integers(0, 5, n).astype(float),
+              rng.uniform(-1e9, 1e9, n), np.r_[rng.normal(size=n), np.inf, -np.inf]):
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(_percentiles(x.copy()), np.percentile(x, [50, 90]), equal_nan=True)

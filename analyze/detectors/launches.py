@@ -47,8 +47,31 @@ def _stats(x: np.ndarray, pct: np.ndarray | None = None) -> dict[str, float | No
 
 
 def _percentiles(x: np.ndarray) -> np.ndarray:
-    """The 50th and 90th percentiles of x: one partition for both (the same values as two calls)."""
-    return np.percentile(x, [50, 90])
+    """The 50th and 90th percentiles of x, as np.percentile(x, [50, 90]) gives them. Of float
+    values without a NaN, from one sort: numpy 2's partition costs two to three sorts' time
+    (1.2 ms against 0.46 ms at 88 k values), and its linear method reads only the two values
+    around each virtual index."""
+    if x.dtype != np.float64 or not len(x):
+        return np.percentile(x, [50, 90])
+    s = np.sort(x)
+    if np.isnan(s[-1]):  # NaNs sort last: numpy's answer is NaN
+        return np.percentile(x, [50, 90])
+    return np.array([_sorted_quantile(s, q) for q in (0.5, 0.9)])
+
+
+def _sorted_quantile(s: np.ndarray, q: float) -> float:
+    """The q-quantile of sorted float values (no NaN) by np.quantile's linear method, step for
+    step in float64: the virtual index (n - 1) * q, its floor and fraction (gamma), and numpy's
+    _lerp, which takes b - (b - a) * (1 - gamma) from gamma 0.5 on, else a + (b - a) * gamma."""
+    n = len(s)
+    v = (n - 1) * q
+    if v >= n - 1:  # numpy reads the last value twice there
+        return float(s[-1])
+    p = int(v // 1)
+    a, b = float(s[p]), float(s[p + 1])
+    gamma = v - p
+    d = b - a
+    return b - d * (1 - gamma) if gamma >= 0.5 else a + d * gamma
 
 
 @dataclass
