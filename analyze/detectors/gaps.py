@@ -354,7 +354,8 @@ class _ThreadIntervals:
         # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
         launching = iv.with_ancestors(numpy_column(ev, "parent"), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
         free = ~launching[op_rows]
-        nolaunch = free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])
+        # Parent -1 (none) reads the True appended: one gather, no masks for the missing parents.
+        nolaunch = free & np.append(launching, True)[op_parent]
         # Each set as parts, a part a mask over the columns of a frame whose rows are in start
         # order (the ops', the runtime calls', the collective rows'): a thread's members are read
         # with a mask there, not gathered from the events' columns up front. A set's union is
