@@ -182,3 +182,18 @@ def test_percentiles_are_numpys_to_the_bit(n):
               rng.uniform(-1e9, 1e9, n), np.r_[rng.normal(size=n), np.inf, -np.inf]):
         with np.errstate(invalid="ignore"):
             assert np.array_equal(_percentiles(x.copy()), np.percentile(x, [50, 90]), equal_nan=True)
+
+
+def test_stream_table_with_unlinked_streams_in_between(builder, tmp_path):
+    # Unlinked GPU work on stream 3 and on device 1's stream 2 takes codes of its own among the
+    # GPU rows' (device, stream) pairs: the linked streams' table is unchanged by them.
+    builder.gpu("lone", 5, 2, corr=9001, stream=3)
+    builder.gpu("lone", 5, 2, corr=9002, stream=2, device=1)
+    builder.launch("k0", 0, 10, 10)
+    builder.launch("k1", 1, 20, 10)
+    builder.launch("k2", 2, 40, 10, stream=9, device=1)
+    _, res = _launches(builder, tmp_path)
+    assert res.to_json()["queue_depth"]["streams"] == [
+        {"device": 0, "stream": 7, "launches": 2, "depth_mean": 0.5, "depth_p50": 0.5, "depth_max": 1, "starved_share": 0.5},
+        {"device": 1, "stream": 9, "launches": 1, "depth_mean": 0.0, "depth_p50": 0.0, "depth_max": 0, "starved_share": 1.0}]
+    assert res.activities.sort_values("launch_ts")["depth"].tolist() == [0, 1, 0]
