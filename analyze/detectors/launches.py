@@ -256,6 +256,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         streams.append({"device": int(d), "stream": int(s), "launches": len(g), "depth_mean": round(float(dep.mean()), 3),
                         "depth_p50": p50, "depth_max": int(dep.max()),
                         "starved_share": round(float((dep == 0).mean()), 4)})
+    delay = numpy_column(act, "delay_us", float)
     n_graph_calls = int(numpy_column(calls, "graph", bool).sum())
     graph_launch = numpy_column(act, "launch")[graph]
     per_graph = np.unique(graph_launch, return_counts=True)[1]  # kernels per replay (launch row)
@@ -288,7 +289,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         "api_total_us": round(float(np.nansum(dur_us)), 3),
         "api_per_call_us": _stats(dur_us),
         "by_api": per_api,
-        "launch_to_start_us": _stats(act["delay_us"].dropna().to_numpy()),
+        "launch_to_start_us": _stats(delay[~np.isnan(delay)]),  # dropna's values, without a Series
         "kernels": n_kernels,
         "kernels_launched_singly": n_own,
         "shorter_than_launch": {"count": n_shorter, "share": round(n_shorter / n_own, 4) if n_own else None},
