@@ -372,3 +372,27 @@ def test_first_per_call_is_groupby_first():
         assert [type(x) for x in got[c].tolist()] == [type(x) for x in want[c].tolist()]
     empty = pd.Series([], dtype="str")
     assert len(_first_per_call(empty, np.zeros(0, np.int64), 0)) == 0
+
+
+def test_no_all_to_all_leaves_imbalance_unset(tmp_path):
+    # Splits given, but on an all-reduce: only all-to-alls read them.
+    b = TraceBuilder()
+    b.collective("all_reduce", 10, 20, 100.0, in_nelems=MiB, group_size=4, in_split=[10, 30], out_split=[10, 30])
+    b.collective("all_gather", 200, 210, 50.0, in_nelems=MiB, out_nelems=4 * MiB, group_size=4)
+    inst = comm(analyze(b, tmp_path)).instances
+    assert inst["a2a_imbalance"].dtype == np.float64 and inst["a2a_imbalance"].isna().all()
+    assert inst["splits_truncated"].dtype == bool and not inst["splits_truncated"].any()
+    assert inst["busbw_gbs"].tolist() == pytest.approx([MiB * 2 / 100e-6 / 1e9 * 2 * 3 / 4, 4 * MiB * 2 / 50e-6 / 1e9 * 3 / 4])
+
+
+def test_per_pair_calls_once_per_distinct_pair():
+    from tokentrace.analysis.detectors.collectives import _per_pair
+    seen = []
+
+    def fn(k, g):
+        seen.append((k, g))
+        return None if k is None else len(k) * g
+
+    out = _per_pair(["ab", "ab", None, "abc", "ab"], [2.0, 2.0, 2.0, 1.0, 3.0], fn)
+    assert np.array_equal(out, [4.0, 4.0, np.nan, 3.0, 6.0], equal_nan=True) and out.dtype == float
+    assert seen == [("ab", 2.0), (None, 2.0), ("abc", 1.0), ("ab", 3.0)]

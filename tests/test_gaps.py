@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +11,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import busiest, longest, mode
+from tokentrace.analysis.detectors.gaps import _main_threads, _thread_key, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -290,3 +292,25 @@ def test_segment_labels_read_the_table_by_segment_id():
     assert {type(v) for v in step.tolist() if v is not None} == {int}  # Python ints, as the JSON writes them
     assert region.tolist()[:4] == ["s2", OUTSIDE_REGION, "s0", "s1"] and pd.isna(region[4]) and region[5] == "s0"
     assert str(phase.dtype) == str(step.dtype) == str(region.dtype) == "object"
+
+
+def test_thread_key_packs_pid_and_tid_when_both_fit_31_bits():
+    pid, tid = np.array([0, 7, 2**31 - 1]), np.array([5, 0, 2**31 - 1])
+    key = _thread_key(pid, tid)
+    assert key is not None and key.tolist() == [5, 7 << 32, ((2**31 - 1) << 32) + 2**31 - 1]
+    assert (key >> 32).tolist() == pid.tolist() and (key & 0xFFFFFFFF).tolist() == tid.tolist()
+    assert _thread_key(np.array([-1]), np.array([1])) is None
+    assert _thread_key(np.array([1]), np.array([2**31])) is None
+
+
+@pytest.mark.parametrize("tids", [(11, 12), (11, 2**40), (-3, 12)])  # packed; too wide; negative: factorised apart
+def test_main_threads_is_the_busiest_launching_thread_per_device(tids):
+    t1, t2 = tids
+    # Event rows 0-4 are launch calls (pid, tid); rows 5-11 GPU work on devices 1 and 0 naming them.
+    ev = pd.DataFrame({"pid": np.array([1, 1, 2, 1, 2, 0, 0, 0, 0, 0, 0, 0], np.int32),
+                       "tid": np.array([t1, t2, t1, t2, t1, 0, 0, 0, 0, 0, 0, 0], np.int64)})
+    gpu = pd.DataFrame({"device": np.array([1, 1, 1, 0, 0, 0, 1], np.int32),
+                        "launch": np.array([0, 2, 4, 1, 3, -1, 2], np.int32)}, index=range(5, 12))
+    trace = SimpleNamespace(narrow_gpu=gpu, events=ev)
+    # device 1: (2, t1) launched three of its four; device 0: (1, t2) both of its linked two.
+    assert _main_threads(trace) == {1: (2, t1), 0: (1, t2)}

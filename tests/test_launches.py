@@ -8,7 +8,7 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _name_test, _text_at
+from tokentrace.analysis.detectors.launches import _name_test, _percentiles, _text_at
 from tokentrace.analysis.loading.trace import isin_mask, values_at
 
 
@@ -165,3 +165,35 @@ def test_text_at_is_the_column_a_frame_makes_of_the_values(values, rows):
     want = pd.DataFrame({"c": values_at(col, rows)})
     pd.testing.assert_frame_equal(got, want)
     assert got["c"].dtype == want["c"].dtype
+
+
+def test_percentiles_known_values():
+    # (n - 1) * q: 4 values -> index 1.5 (gamma 0.5: b - (b - a) * 0.5) and 2.7; one value: itself.
+    assert _percentiles(np.array([4.0, 1.0, 3.0, 2.0])).tolist() == [2.5, 3.7]
+    assert _percentiles(np.array([7.0])).tolist() == [7.0, 7.0]
+    assert np.isnan(_percentiles(np.array([1.0, np.nan, 2.0]))).all()
+    assert _percentiles(np.array([3, 1, 2])).tolist() == [2.0, 2.8]  # integers: numpy's own way
+
+
+@pytest.mark.parametrize("n", [*range(1, 40), 1001])
+def test_percentiles_are_numpys_to_the_bit(n):
+    rng = np.random.default_rng(n)
+    for x in (rng.normal(size=n), rng.lognormal(1, 2, n).round(3), rng.integers(0, 5, n).astype(float),
+              rng.uniform(-1e9, 1e9, n), np.r_[rng.normal(size=n), np.inf, -np.inf]):
+        with np.errstate(invalid="ignore"):
+            assert np.array_equal(_percentiles(x.copy()), np.percentile(x, [50, 90]), equal_nan=True)
+
+
+def test_stream_table_with_unlinked_streams_in_between(builder, tmp_path):
+    # Unlinked GPU work on stream 3 and on device 1's stream 2 takes codes of its own among the
+    # GPU rows' (device, stream) pairs: the linked streams' table is unchanged by them.
+    builder.gpu("lone", 5, 2, corr=9001, stream=3)
+    builder.gpu("lone", 5, 2, corr=9002, stream=2, device=1)
+    builder.launch("k0", 0, 10, 10)
+    builder.launch("k1", 1, 20, 10)
+    builder.launch("k2", 2, 40, 10, stream=9, device=1)
+    _, res = _launches(builder, tmp_path)
+    assert res.to_json()["queue_depth"]["streams"] == [
+        {"device": 0, "stream": 7, "launches": 2, "depth_mean": 0.5, "depth_p50": 0.5, "depth_max": 1, "starved_share": 0.5},
+        {"device": 1, "stream": 9, "launches": 1, "depth_mean": 0.0, "depth_p50": 0.0, "depth_max": 0, "starved_share": 1.0}]
+    assert res.activities.sort_values("launch_ts")["depth"].tolist() == [0, 1, 0]

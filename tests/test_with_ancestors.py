@@ -52,3 +52,15 @@ def test_with_ancestors_of_rows_in_order(seed):
     parent[1:] = np.maximum(parent[1:], np.maximum.accumulate(parent[:-1]))  # parents in order too
     rows = np.sort(rng.integers(-1, n, size=int(rng.integers(1, 3 * n))))
     np.testing.assert_array_equal(iv.with_ancestors(parent, rows), _walk(parent, rows))
+
+
+def test_drop_repeats_keeps_one_of_each_run():
+    assert iv._drop_repeats(np.array([3, 3, 1, 1, 1, 3, 2, 2])).tolist() == [3, 1, 3, 2]
+    assert iv._drop_repeats(np.array([5])).tolist() == [5]
+    assert iv._drop_repeats(np.array([], np.int64)).tolist() == []
+
+
+def test_with_ancestors_of_interleaved_repeats():
+    # Two chains 4 -> 2 -> 0 and 5 -> 3 -> 1, their leaves asked alternately (two threads' rows).
+    parent = np.array([-1, -1, 0, 1, 2, 3, 0])
+    assert np.flatnonzero(iv.with_ancestors(parent, np.array([4, 5, 4, 5, 4, -1]))).tolist() == [0, 1, 2, 3, 4, 5]

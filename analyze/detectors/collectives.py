@@ -491,11 +491,16 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     t = numpy_column(inst, "busy_us", float)
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(t > 0, numpy_column(inst, "bytes", float) / (t / 1e6) / GB, np.nan)
-    factor = np.array([cc.busbw_factor(k, g) if isinstance(k, str) else None for k, g in zip(inst["type"], n, strict=True)], dtype=float)
+    factor = _per_pair(inst["type"].tolist(), n.tolist(), lambda k, g: cc.busbw_factor(k, g) if isinstance(k, str) else None)
     inst["algbw_gbs"] = algbw
     inst["busbw_gbs"] = algbw * factor
+    types = inst["type"].tolist()
+    if "all_to_all" not in types:  # the splits are read for all-to-alls only (most traces have none)
+        inst["a2a_imbalance"] = [np.nan] * len(types)
+        inst["splits_truncated"] = [False] * len(types)
+        return
     imb, trunc = [], []
-    for kind, a, b in zip(inst["type"], inst["in_split"], inst["out_split"], strict=True):
+    for kind, a, b in zip(types, inst["in_split"], inst["out_split"], strict=True):
         worst, cut = np.nan, False
         if kind == "all_to_all":
             for text in (a, b):
@@ -519,6 +524,19 @@ def _map_float(col: pd.Series, fn: Callable[[Any], Any]) -> np.ndarray:
         if v not in seen:
             seen[v] = fn(v)
         out.append(seen[v])
+    return np.array(out, dtype=float)
+
+
+def _per_pair(a: list[Any], b: list[Any], fn: Callable[[Any, Any], Any]) -> np.ndarray:
+    """`[fn(x, y) for x, y in zip(a, b)]` as floats, fn called once per distinct pair (instances
+    share a few types and group sizes). NaN keys miss the dict (NaN != NaN): fn is called again
+    for them, with the same answer."""
+    seen: dict[tuple[Any, Any], Any] = {}
+    out = []
+    for key in zip(a, b, strict=True):
+        if key not in seen:
+            seen[key] = fn(*key)
+        out.append(seen[key])
     return np.array(out, dtype=float)
 
 

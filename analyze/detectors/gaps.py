@@ -286,15 +286,40 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
         p, t = rt.groupby(["pid", "tid"]).size().idxmax()
         return {int(d): (int(p), int(t)) for d in gpu["device"].unique()}
     ev = trace.events
-    keys = (numpy_column(gpu, "device")[ok], numpy_column(ev, "pid")[ln[ok]], numpy_column(ev, "tid")[ln[ok]])
+    lrows = ln[ok]
+    device = numpy_column(gpu, "device")[ok]
+    pid, tid = numpy_column(ev, "pid")[lrows], numpy_column(ev, "tid")[lrows]
     # The counts groupby(["device", "pid", "tid"]).size() gives, from factor codes and one
-    # bincount; `busiest` picks among the few groups.
-    codes, values = zip(*(pd.factorize(k) for k in keys), strict=True)
+    # bincount; `busiest` picks among the few groups (in its own order: the codes' order is free).
+    thread = _thread_key(pid, tid)
+    if thread is None or device.min() < 0 or device.max() >= 1 << 16:  # wide ids, odd devices
+        return _busiest_by_columns(device, pid, tid)
+    # One factorisation of the packed (pid, tid) key, the devices (small numbers) their own
+    # codes: hashing one column instead of three.
+    tcode, tvals = pd.factorize(thread)
+    nt = len(tvals)
+    counts = np.bincount(device.astype(np.int64) * nt + tcode)
+    at = np.flatnonzero(counts)
+    keys = np.asarray(tvals)[at % nt]
+    return busiest(at // nt, keys >> 32, keys & 0xFFFFFFFF, counts[at])
+
+
+def _busiest_by_columns(device: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> dict[int, tuple[int, int]]:
+    """`_main_threads`' answer from a factorisation of each column (any integers)."""
+    codes, values = zip(*(pd.factorize(k) for k in (device, pid, tid)), strict=True)
     n1, n2 = len(values[1]), len(values[2])
     counts = np.bincount((codes[0].astype(np.int64) * n1 + codes[1]) * n2 + codes[2])
     at = np.flatnonzero(counts)
     return busiest(np.asarray(values[0])[at // (n1 * n2)], np.asarray(values[1])[at // n2 % n1],
                    np.asarray(values[2])[at % n2], counts[at])
+
+
+def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
+    """pid and tid packed into one int64 (pid in the high 32 bits), or None when either is
+    negative or needs more than 31 bits (the sign bit stays clear so that unpacking is exact)."""
+    if len(pid) and (int(min(pid.min(), tid.min())) < 0 or int(max(pid.max(), tid.max())) >= 1 << 31):
+        return None
+    return (pid.astype(np.int64) << 32) | tid
 
 
 def busiest(device: np.ndarray, pid: np.ndarray, tid: np.ndarray, n: np.ndarray) -> dict[int, tuple[int, int]]:
@@ -329,7 +354,8 @@ class _ThreadIntervals:
         # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
         launching = iv.with_ancestors(numpy_column(ev, "parent"), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
         free = ~launching[op_rows]
-        nolaunch = free & ((op_parent < 0) | launching[np.maximum(op_parent, 0)])
+        # Parent -1 (none) reads the True appended: one gather, no masks for the missing parents.
+        nolaunch = free & np.append(launching, True)[op_parent]
         # Each set as parts, a part a mask over the columns of a frame whose rows are in start
         # order (the ops', the runtime calls', the collective rows'): a thread's members are read
         # with a mask there, not gathered from the events' columns up front. A set's union is
