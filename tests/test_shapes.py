@@ -296,7 +296,7 @@ def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
         "st": ["p", na, na, "q", "r", na, "s"],
         "s2": ["b", "a", "a", na, "b", "x", na],  # the values of "s" and "mix" in another order: text keys factorized together
     })
-    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"], ["s", "s2", "mix"], ["s2", "s"]):
+    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"], ["s", "s2", "mix"], ["s2", "s"], ["v", "i"], ["v", "s", "b"]):
         for rows in (None, np.array([6, 4, 3, 1]), np.array([0, 2, 5])):
             sub = df if rows is None else df.iloc[rows].reset_index(drop=True)
             want = sub.groupby(keys, dropna=False, sort=False).agg(o=("o", "first"), st=("st", "first"), v=("v", "first")).reset_index()
