@@ -602,3 +602,29 @@ def test_attention_at_answers_at_the_rows_asked(tmp_path):
                      names.index("aten::_scaled_dot_product_flash_attention")])
     assert attention_at(spec, rows).tolist() == [True, False, True]
     assert attention_at(spec, rows[:0]).tolist() == []
+
+
+def test_call_parts_merge_typed_as_the_concat_of_their_frames():
+    """find_calls joins its sources' columns as arrays (no frame per source): each column comes
+    out typed as pd.concat of frames built from the parts typed it (string parts `str`, a mix of
+    text and all-missing parts objects with NaN in the text part's gaps, nullable integers), in
+    the order given."""
+    from tokentrace.analysis.common.attention_calls import _merge, _part
+
+    texts = [np.array(["a", None], dtype=object), np.array(["k"], dtype=object)]
+    mixed = [np.array(["a", None], dtype=object), np.array([None], dtype=object)]
+    ints = [np.array([None, 4], dtype=object), np.array([7])]
+    nums = [np.array([3, 1]), np.array([2])]
+    order = np.array([2, 0, 1])
+    for parts in (texts, mixed, ints, nums):
+        frames = [pd.DataFrame({"x": p}) for p in parts]
+        want = pd.concat(frames, ignore_index=True)["x"].take(order).reset_index(drop=True)
+        got = pd.DataFrame({"x": _merge(parts, order, ints=parts is ints)})["x"]
+        if parts is ints:
+            want = pd.Series(pd.to_numeric(want, errors="coerce"), dtype="Int64")
+        pd.testing.assert_series_equal(got, want, check_exact=True)
+    gaps = pd.DataFrame({"x": _merge(mixed, None, ints=False)})["x"].tolist()
+    assert gaps[0] == "a" and isinstance(gaps[1], float) and np.isnan(gaps[1]) and gaps[2] is None
+    assert pd.DataFrame({"x": _merge(texts, None, ints=False)})["x"].dtype == "str"
+    part = _part(2, {"source": "op", "module": None, "ts": np.array([5, 6])})
+    assert part["source"].tolist() == ["op", "op"] and part["module"].tolist() == [None, None] and part["ts"].tolist() == [5, 6]

@@ -47,3 +47,31 @@ def test_op_gpu_positions_pair_each_row_with_its_op(seed):
         dest, src = og.positions(rows)
         expect = [(i, int(np.flatnonzero(ops == r)[0])) for i, r in enumerate(rows.tolist()) if r in set(ops.tolist())]
         assert list(zip(dest.tolist(), src.tolist(), strict=True)) == expect
+
+
+def test_op_gpu_keeps_each_gpu_rows_top_level_op(tmp_path):
+    """gpu_root: per narrow_gpu row the outermost op around its launch, reached by op_gpu's own
+    walk up (a kernel three ops deep, one directly under a top-level op, one launched outside every
+    op, one with no launch at all); equal to a separate root_of climb."""
+    from tracebuilder import TraceBuilder
+
+    from tokentrace.analysis.loading.trace import numpy_column
+
+    b = TraceBuilder()
+    b.cpu_op("aten::linear", 100, 60)
+    b.cpu_op("aten::matmul", 101, 30)
+    b.cpu_op("aten::mm", 102, 25)
+    b.launch("gemm", 103, 110, 40)
+    b.cpu_op("aten::add", 140, 15)
+    b.launch("add", 141, 160, 3)
+    b.cpu_op("aten::relu", 200, 10)
+    b.launch("relu", 201, 210, 2)
+    b.launch("bare", 300, 310, 2)
+    b.gpu("orphan", 400, 5, corr=999_999)
+    tr = b.load(tmp_path)
+    og = attribution.op_gpu(tr)
+    gpu, names = tr.narrow_gpu, tr.events["name"].astype(object).to_numpy()
+    got = {k: (names[r] if r >= 0 else None) for k, r in zip(gpu["name"].astype(str), og.gpu_root.tolist(), strict=True)}
+    assert got == {"gemm": "aten::linear", "add": "aten::linear", "relu": "aten::relu", "bare": None, "orphan": None}
+    parent = numpy_column(tr.events, "parent")
+    assert og.gpu_root.tolist() == attribution.root_of(parent, numpy_column(gpu, "op")).tolist()

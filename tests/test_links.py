@@ -289,6 +289,12 @@ def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed)
         want.append(max(inside, key=lambda o: (ev_ts[o], -ev_end[o], o)) if inside else -1)
     cols = dict(ts=ev_ts, end=ev_end, pid=np.zeros(len(ev_ts), np.int32), tid=ev_tid, parent=ev_parent)
     assert innermost_ops(**cols, op_rows=np.sort(op_rows), at_rows=at_rows).tolist() == want
+    # The ops' own values and mask given (as the memory detector passes a trace's narrow frame's): the same answer.
+    ordered = np.sort(op_rows)
+    is_op = np.zeros(len(ev_ts), dtype=bool)
+    is_op[ordered] = True
+    given = {c: cols[c][ordered] for c in ("ts", "pid", "tid")}
+    assert innermost_ops(**cols, op_rows=ordered, at_rows=at_rows, op_values=given, is_op=is_op).tolist() == want
     # Ops given out of order take the general path: the same answer.
     assert innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows).tolist() == want
     assert sum(w >= 0 for w in want) > 50  # most instants fall inside some op
@@ -343,6 +349,10 @@ def test_innermost_ops_walks_the_parent_column_through_the_given_ops_only(seed):
     op_rows = np.sort(rng.choice(new_row[:n], n * 2 // 3, replace=False))
     at_rows = new_row[n:]
     fast = innermost_ops(**cols, op_rows=op_rows, at_rows=at_rows)
+    is_op = np.zeros(len(order), dtype=bool)
+    is_op[op_rows] = True
+    given = {c: cols[c][op_rows] for c in ("ts", "pid", "tid")}
+    assert innermost_ops(**cols, op_rows=op_rows, at_rows=at_rows, op_values=given, is_op=is_op).tolist() == fast.tolist()
     general = innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows)
     assert fast.tolist() == general.tolist()
     assert set(fast.tolist()) - {-1} <= set(op_rows.tolist())

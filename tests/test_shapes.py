@@ -292,11 +292,13 @@ def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
         "none": _object([na] * 7),  # all missing: a float key
         "mix": _object(["x", na, "x", "x", na, "x", "x"]),
         "v": [1.0, 2.0, np.nan, 4.0, 5.0, 6.0, 7.0],
+        "f": [1.5, np.nan, 1.5, 2.0, np.nan, 2.0, 1.5],  # a float key (NaN a value of its own)
         "o": _object([na, "m", na, "n", na, na, "p"]),  # object strings and None: "first" keeps an object column
         "st": ["p", na, na, "q", "r", na, "s"],
         "s2": ["b", "a", "a", na, "b", "x", na],  # the values of "s" and "mix" in another order: text keys factorized together
     })
-    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"], ["s", "s2", "mix"], ["s2", "s"]):
+    for keys in (["s", "i"], ["b", "none"], ["bn", "mix", "i"], ["s", "b", "bn", "none", "mix", "i"], ["s", "s2", "mix"], ["s2", "s"],
+                 ["f", "i"], ["f", "s", "b"]):  # a float key with NaN too
         for rows in (None, np.array([6, 4, 3, 1]), np.array([0, 2, 5])):
             sub = df if rows is None else df.iloc[rows].reset_index(drop=True)
             want = sub.groupby(keys, dropna=False, sort=False).agg(o=("o", "first"), st=("st", "first"), v=("v", "first")).reset_index()

@@ -137,7 +137,7 @@ def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False)
     return np.append(at, -1)[first_rows(call[at], n)]
 
 
-def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | None) -> tuple[pd.DataFrame | None, np.ndarray, np.ndarray]:
+def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | None) -> tuple[Part | None, np.ndarray, np.ndarray]:
     """Calls from attention ops (None: none); also the is-attention-op mask and each GPU row's call (-1: none)."""
     ev = trace.events
     gpu = trace.narrow_gpu
@@ -183,17 +183,19 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)],
                         dtype=object)
     ok_u = np.array([sh["q_len"] is not None for sh in shapes_u], dtype=bool)
-    shape_cols: dict[str, list] = {}
+    shape_cols: dict[str, np.ndarray] = {}
     # Each call's shapes: those of its first row (outer first) whose dims parse.
     at = _first_where(call_o, ok_u[inv], n_calls)
     have_c, have_u = np.flatnonzero(at >= 0), inv[at[at >= 0]]
     for k in (*SHAPE_KEYS, "dtype", "kv_dtype"):
         col = np.full(n_calls, None, dtype=object)
         col[have_c] = np.array([sh[k] for sh in shapes_u], dtype=object)[have_u]  # ints, strings or None
-        shape_cols[k] = col.tolist()
+        shape_cols[k] = col
     causal_o = causal_u[inv]
     at = _first_where(call_o, causal_o != None, n_calls)  # noqa: E711
-    shape_cols["causal"] = [None if a < 0 else bool(causal_o[a]) for a in at.tolist()]
+    causal = np.full(n_calls, None, dtype=object)
+    causal[at >= 0] = causal_o[at[at >= 0]].astype(bool)
+    shape_cols["causal"] = causal
 
     call_of_gpu = np.full(len(gpu), -1, dtype=np.int64)
     if att is None:
@@ -219,7 +221,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
     names = trace.names
     cat = values_at(ev["cat"], call_rows)
-    calls = pd.DataFrame({
+    calls = _part(n_calls, {
         "source": "op", "op": names[call_rows].astype(object), "backend": backend, "kernel": per["top"], "module": None,
         **shape_cols,
         "ts": numpy_column(ev, "ts")[call_rows], "end": numpy_column(ev, "end")[call_rows], "row": call_rows,
@@ -230,7 +232,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     return calls, is_att, call_of_gpu
 
 
-def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataFrame | None:
+def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> Part | None:
     """Calls from attention kernels no attention op encloses (None: none): consecutive ones on a stream form one call."""
     gpu = trace.narrow_gpu
     free = _NAMES_A_BACKEND[kidx] & ~taken
@@ -255,12 +257,12 @@ def _kernel_calls(trace: Trace, kidx: np.ndarray, taken: np.ndarray) -> pd.DataF
     last_end = np.maximum.reduceat(numpy_column(gpu, "end")[by_call], np.searchsorted(call_of_gpu[by_call], np.arange(n_calls)))
     launch = numpy_column(gpu, "launch", np.int64)[first]
     in_graph = np.isin(np.where(launch >= 0, trace.names[np.maximum(launch, 0)], None), GRAPH_LAUNCH_APIS)
-    unknown = pd.array(np.full(n_calls, None), dtype="Int64")  # one for every shape column: the frame copies it into each
-    return pd.DataFrame({
+    unknown = np.full(n_calls, None, dtype=object)  # one for every shape column: read, never written
+    return _part(n_calls, {
         "source": "kernel", "op": "(kernel)", "backend": per["kback"], "kernel": per["top"], "module": None,
         **dict.fromkeys(SHAPE_KEYS, unknown), "dtype": None,
         "causal": None, "ts": numpy_column(gpu, "ts")[first], "end": last_end, "row": rows[first],
-        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.nan,
+        "gpu_us": per["gpu_ns"] / US, "gpu_kernels": per["count"], "cpu_us": np.full(n_calls, np.nan),
         "library": per["klib"], "kv_dtype": None, "in_graph": in_graph,
     })
 
@@ -325,7 +327,7 @@ def _eager_shapes(d1: Any, ds: Any, d2: Any) -> dict[str, int | None] | None:
     return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "q_len": sq, "kv_len": skv, "head_dim": dh}
 
 
-def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataFrame | None:
+def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> Part | None:
     """matmul -> softmax -> matmul on one thread, outside any attention op (None: none)."""
     ev = trace.events
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
@@ -383,7 +385,10 @@ def _eager_calls(trace: Trace, is_att: np.ndarray, kidx: np.ndarray) -> pd.DataF
     calls["gpu_kernels"] = per["count"]
     calls["kernel"] = per["top"]
     calls["cpu_us"] = (calls["end"] - calls["ts"]) / US
-    return calls.drop(columns=["pid", "tid"])
+    # The frame's columns as its part: a `str` column's values as objects (missing: NaN), which
+    # _merge tells apart from an object column's as the frame's inference did.
+    return {c: calls[c].to_numpy(dtype=object) if isinstance(calls[c].dtype, pd.StringDtype) else calls[c].to_numpy()
+            for c in calls.columns if c not in ("pid", "tid")}
 
 
 def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
@@ -406,6 +411,63 @@ def _eager_call_of_gpu(trace: Trace, calls: pd.DataFrame) -> np.ndarray:
     return out
 
 
+# A source's calls (ops, kernels, eager): column name -> one value per call (numpy arrays).
+Part = dict[str, Any]
+# Columns that come out as nullable integers (Int64).
+_INT_COLUMNS = frozenset({"batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"})
+
+
+def _part(n: int, columns: dict[str, Any]) -> Part:
+    """The columns of n calls as arrays: a scalar repeated on every row (as a frame broadcasts it)."""
+    out: Part = {}
+    for c, v in columns.items():
+        if isinstance(v, np.ndarray):
+            out[c] = v
+        else:
+            out[c] = np.full(n, v, dtype=object if v is None or isinstance(v, str) else None)
+    return out
+
+
+def _is_text(values: np.ndarray) -> bool:
+    """Would a frame built from this object array infer the `str` type for it (some value, and
+    every value present a string)? A frame per part did; their concat kept `str` only where
+    every part's column was, else objects (a `str` part's missing values then NaN)."""
+    return values.dtype == object and pd.api.types.infer_dtype(values, skipna=True) == "string"
+
+
+def _nullable_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, missing mask) of integer values with None or NaN for missing ones: the
+    Int64 array pd.to_numeric of the column's values made."""
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False), np.zeros(len(values), dtype=bool)
+    missing = np.asarray(pd.isna(values), dtype=bool)
+    return np.where(missing, 0, values).astype(np.int64), missing
+
+
+def _merge(parts: list[np.ndarray], order: np.ndarray | None, ints: bool) -> Any:
+    """One column of the calls from its parts, in `order` (None: as they come), typed as
+    pd.concat of the parts' frames typed it: Int64 for `ints`; object columns `str` where
+    every part's is text (see _is_text), else objects kept as objects."""
+    if ints:
+        pairs = [_nullable_ints(p) for p in parts]
+        data, missing = np.concatenate([d for d, _ in pairs]), np.concatenate([m for _, m in pairs])
+        if order is not None:
+            data, missing = data[order], missing[order]
+        return pd.arrays.IntegerArray(data, missing)
+    if all(p.dtype != object for p in parts):
+        joined = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return joined if order is None else joined[order]
+    text = [_is_text(p) for p in parts]
+    # A text part's missing values were NaN once typed `str`: so they are when the column mixes.
+    objs = [np.where(pd.isna(p), np.nan, p) if t and not all(text) else p.astype(object, copy=False) for p, t in zip(parts, text, strict=True)]
+    joined = np.concatenate(objs) if len(objs) > 1 else objs[0]
+    if order is not None:
+        joined = joined[order]
+    if all(text):
+        return pd.array(joined, dtype="str")
+    return pd.Series(joined, dtype=object)  # a Series keeps its objects where a frame would infer `str`
+
+
 def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarray | None = None,
                att: OpGpu | None = None) -> pd.DataFrame:
     """Every attention call in the trace (one row each, columns CALL_COLUMNS), in time order.
@@ -422,24 +484,17 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
              if p is not None]
     if not parts:
         return _empty_calls()
-    calls = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]  # one part: already numbered 0..n-1
-    ts = numpy_column(calls, "ts")
-    if not bool((ts[1:] >= ts[:-1]).all()):
-        calls = calls.sort_values("ts", kind="stable").reset_index(drop=True)
-    # The final columns collected, then one frame (a column assignment each was a tenth of the time).
-    cols: dict[str, Any] = {c: calls[c] for c in CALL_COLUMNS if c in calls.columns}
-    cols["call"] = np.arange(len(calls))
-    rows = numpy_column(cols, "row", np.int64)
+    # The parts' columns joined and put in time order as arrays, and one frame built at the end
+    # (a frame per part, their concat and a sort_values were ~5 ms of the detector at hf_200).
+    ts = np.concatenate([p["ts"] for p in parts])
+    order = None if bool((ts[1:] >= ts[:-1]).all()) else np.argsort(ts, kind="stable")
+    cols: dict[str, Any] = {c: _merge([p[c] for p in parts], order, c in _INT_COLUMNS) for c in CALL_COLUMNS if c in parts[0]}
+    n = len(ts)
+    cols["call"] = np.arange(n)
+    rows = np.asarray(cols["row"], dtype=np.int64)
     seg_phase, seg = phase_labels(trace, segments, rows)
-    for c in ("batch", "heads", "kv_heads", "q_len", "kv_len", "head_dim", "gpu_kernels"):
-        v = cols[c]
-        if isinstance(v.dtype, pd.Int64Dtype):  # the kernel calls' unknown shapes
-            cols[c] = v.array
-            continue
-        # Every value known (an int64 column): no parse of each one.
-        cols[c] = pd.array(v.to_numpy() if v.dtype == np.int64 else pd.to_numeric(v, errors="coerce"), dtype="Int64")
     # A graph replay ran with the key length it was captured for only in its shapes, not its work.
-    in_graph = cols["in_graph"].fillna(False).to_numpy(bool)
+    in_graph = pd.Series(cols["in_graph"]).fillna(False).to_numpy(bool) if cols["in_graph"].dtype != bool else cols["in_graph"]
     cols["in_graph"] = in_graph
     if in_graph.any():
         cols["kv_len"] = cols["kv_len"].copy()
@@ -454,8 +509,8 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     cols["phase"] = [str(p) for p in phase]
     cols["seg"] = seg
     causal = cols["causal"]
-    cols["causal"] = pd.Series([None if na else bool(v) for v, na in zip(causal.to_numpy(object).tolist(), causal.isna().tolist(), strict=True)],
-                               dtype=object, index=calls.index)
+    cols["causal"] = pd.Series([None if na else bool(v) for v, na in zip(causal.tolist(), pd.isna(causal).tolist(), strict=True)],
+                               dtype=object)
     return pd.DataFrame({c: cols[c] for c in CALL_COLUMNS})
 
 

@@ -10,7 +10,7 @@ the pipeline computes it once per run (`ctx.shared(op_gpu)`) for every detector 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -74,6 +74,9 @@ class OpGpu:
     pair_op: np.ndarray
     pair_gpu: np.ndarray
     pair_at: np.ndarray
+    # The top-level op of each row of trace.narrow_gpu, aligned with it (-1: no op link). The walk
+    # up reaches it anyway; kept so the kernels table needs no second climb (root_of).
+    gpu_root: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def at(self, rows: np.ndarray, positions: tuple[np.ndarray, np.ndarray] | None = None) -> OpGpuRows:
         """The four values of each row in `rows` (0 for a row under which nothing was launched);
@@ -127,29 +130,36 @@ def op_gpu(trace: Trace) -> OpGpu:
     gpu = trace.narrow_gpu
     g_op = numpy_column(gpu, "op")
     linked = g_op >= 0
+    gpu_root = np.full(len(g_op), -1, dtype=np.int64)  # every linked row's walk ends at its root
     cur = g_op[linked].astype(np.int64)
-    rows = gpu.index.to_numpy(np.int64)[linked]
-    dur = numpy_column(gpu, "dur")[linked].astype(float)
-    self_op, self_dur = cur, dur
+    at_gpu = np.flatnonzero(linked)  # each pair's place in narrow_gpu: its GPU row, and its gpu_root slot
+    self_op = cur
     pair_op: list[np.ndarray] = []
-    pair_gpu: list[np.ndarray] = []
-    pair_dur: list[np.ndarray] = []
+    pair_at_gpu: list[np.ndarray] = []
     while len(cur):
         pair_op.append(cur)
-        pair_gpu.append(rows)
-        pair_dur.append(dur)
-        cur = parent[cur]
-        keep = cur >= 0
-        cur, rows, dur = cur[keep], rows[keep], dur[keep]
+        pair_at_gpu.append(at_gpu)
+        up = parent[cur]
+        keep = up >= 0
+        if keep.all():  # nothing reached the top at this level: no gathers
+            cur = up
+            continue
+        top = ~keep
+        gpu_root[at_gpu[top]] = cur[top]  # these pairs' ops are at the top: their roots
+        cur, at_gpu = up[keep], at_gpu[keep]
     all_op = _concat(pair_op, np.int64)
+    # Each pair's GPU row and duration read once through its place, not carried level by level.
+    pair_pos = _concat(pair_at_gpu, np.int64)
+    dur = numpy_column(gpu, "dur").astype(float)
     # Every op with a direct launch is among all_op's, so one sorted set indexes all four. One
     # count over all levels, not one per level (ops nest tens deep); the weights are integer
     # nanoseconds, so float sums are exact in any order.
     ops, at = iv.dense_unique(all_op)
     k = len(ops)
     self_at = at[: len(self_op)]  # the first level's pairs are the direct launches
-    self_ns = np.bincount(self_at, weights=self_dur, minlength=k)
+    self_ns = np.bincount(self_at, weights=dur[pair_pos[: len(self_op)]], minlength=k)
     self_count = np.bincount(self_at, minlength=k).astype(np.int64, copy=False)
-    total_ns = np.bincount(at, weights=_concat(pair_dur, float), minlength=k).astype(float, copy=False)
+    total_ns = np.bincount(at, weights=dur[pair_pos], minlength=k).astype(float, copy=False)
     total_count = np.bincount(at, minlength=k).astype(np.int64, copy=False)
-    return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, _concat(pair_gpu, np.int64), at.astype(np.int64, copy=False))
+    return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, gpu.index.to_numpy(np.int64)[pair_pos],
+                  at.astype(np.int64, copy=False), gpu_root)

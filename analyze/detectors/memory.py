@@ -51,9 +51,13 @@ JSON_STEPS = 64
 def enclosing_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Innermost cpu_op on the same thread around each event row's start (-1: none)."""
     ev = trace.events
+    # The shared narrow frame's columns are the ops' values, already gathered; its rows are those
+    # of the cpu_op kind mask, which the trace keeps.
+    ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     return innermost_ops(ts=numpy_column(ev, "ts"), end=numpy_column(ev, "end"), pid=numpy_column(ev, "pid"),
                          tid=numpy_column(ev, "tid"), parent=numpy_column(ev, "parent"),
-                         op_rows=trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64), at_rows=rows)
+                         op_rows=ops.index.to_numpy(np.int64), at_rows=rows,
+                         op_values={c: numpy_column(ops, c) for c in ("ts", "pid", "tid")}, is_op=trace.kind_mask("cpu_op"))
 
 
 # ---- KV concatenation by shapes ------------------------------------------------------------------
@@ -320,7 +324,7 @@ def run(trace: Trace, ctx: Context) -> Memory:
     if not bool((ts_mem[1:] >= ts_mem[:-1]).all()):  # loaded traces are in start order already
         rows = rows[np.argsort(ts_mem, kind="stable")]
         ts_mem = numpy_column(ev, "ts")[rows]
-    mem = {col: ev[col].to_numpy()[rows] for col in ("mem_bytes", "total_allocated", "total_reserved")} | {"ts": ts_mem}
+    mem = {col: numpy_column(ev, col)[rows] for col in ("mem_bytes", "total_allocated", "total_reserved")} | {"ts": ts_mem}
     enc = enclosing_ops(trace, rows)
     is_cat = np.zeros(len(ev), dtype=bool)
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)

@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.common.attribution import OpGpu, op_gpu, root_of
+from tokentrace.analysis.common.attribution import OpGpu, op_gpu
 from tokentrace.analysis.common.json_values import records
 from tokentrace.analysis.common.labels import phase_codes
 from tokentrace.analysis.common.shape_codes import group_ids, op_dims_codes, top_per_group, value_codes, value_codes_at
@@ -152,7 +152,8 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     })
 
 
-def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
+def _kernel_table(trace: Trace, segments: Segments, att: OpGpu) -> pd.DataFrame:
+    """The `kernels` table (`att`: op_gpu of the trace, for each kernel's top-level op)."""
     gpu = trace.narrow_gpu
     cols = ["name", "op", "op_input_dims", "top_op", "phase", "calls", "gpu_total_us", "gpu_mean_us", "gpu_max_us"]
     if gpu.empty:
@@ -161,7 +162,7 @@ def _kernel_table(trace: Trace, segments: Segments) -> pd.DataFrame:
     rows = gpu.index.to_numpy(np.int64)
     op = numpy_column(gpu, "op")
     has = op >= 0
-    top = root_of(numpy_column(ev, "parent"), op)
+    top = att.gpu_root
     all_names, labels = name_codes(ev["name"])
     # Shape codes of each kernel's launching op: value_codes groups rows by object first, so the
     # kernels' few hundred distinct lists are encoded once each (a set of the distinct ops first
@@ -196,7 +197,7 @@ def run(trace: Trace, ctx: Context) -> Shapes:
     unlinked = numpy_column(gpu, "op") < 0
     return Shapes(
         ops=_op_table(trace, att, segments, ctx.shared(op_dims_codes)),
-        kernels=_kernel_table(trace, segments),
+        kernels=_kernel_table(trace, segments, att),
         unattributed_gpu_us=float(numpy_column(gpu, "dur")[unlinked].sum()) / US,
         unattributed_gpu_count=int(unlinked.sum()),
         gpu_total_us=float(gpu["dur"].sum()) / US,

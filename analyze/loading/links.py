@@ -18,8 +18,13 @@ order) that ends at or after this one's end contains it, and is the innermost su
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
+
+# The ops' "ts", "pid" and "tid" columns, aligned with the op rows (innermost_ops' op_values).
+OpValues = Mapping[str, np.ndarray]
 
 
 def nest_parents(ts: np.ndarray, end: np.ndarray, group_start: np.ndarray | None = None) -> np.ndarray:
@@ -156,15 +161,19 @@ def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.nd
 
 
 def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray,
-                  op_rows: np.ndarray, at_rows: np.ndarray) -> np.ndarray:
+                  op_rows: np.ndarray, at_rows: np.ndarray, op_values: OpValues | None = None,
+                  is_op: np.ndarray | None = None) -> np.ndarray:
     """Row of the innermost cpu op on the same thread enclosing the start of each row in `at_rows`
     (-1: none), from an existing `parent` column: the lookup link_columns does for launch calls,
-    for any other rows (memory events, instants) after the trace is built."""
+    for any other rows (memory events, instants) after the trace is built. Where the caller holds
+    them (a trace's narrow cpu_op frame and kind mask): `op_values`, the ops' ts, pid and tid
+    aligned with `op_rows`, and `is_op`, a mask over every row True exactly at `op_rows`; they
+    spare gathers over every op and a mask the size of the trace (~2 ms at hf_200)."""
     at_rows = np.asarray(at_rows, dtype=np.int64)
     op_rows = np.asarray(op_rows, dtype=np.int64)
     if not len(op_rows) or not len(at_rows):
         return np.full(len(at_rows), -1, dtype=np.int64)
-    fast = _innermost_in_start_order(ts, end, pid, tid, parent, op_rows, at_rows)
+    fast = _innermost_in_start_order(ts, end, pid, tid, parent, op_rows, at_rows, op_values, is_op)
     if fast is not None:
         return fast
     threads = _thread_ids(np.concatenate([pid[op_rows], pid[at_rows]]), np.concatenate([tid[op_rows], tid[at_rows]]))
@@ -184,20 +193,25 @@ def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.n
 
 
 def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray,
-                              op_rows: np.ndarray, at_rows: np.ndarray) -> np.ndarray | None:
+                              op_rows: np.ndarray, at_rows: np.ndarray, op_values: OpValues | None = None,
+                              is_op: np.ndarray | None = None) -> np.ndarray | None:
     """innermost_ops when the ops are given in start order (as a loaded trace's rows are), or
     None: the ops' order is taken from that order (a stable sort by thread, ties in start
     re-sorted longer first) and each row's last started op found by one binary search on
     (thread, start) keys, instead of two three-key lexsorts."""
     # ts[rows] is a new array already: no second copy where ts is int64 (a loaded trace's).
-    o_ts = ts[op_rows].astype(np.int64, copy=False)
+    o_ts = (ts[op_rows] if op_values is None else op_values["ts"]).astype(np.int64, copy=False)
     if (o_ts[1:] < o_ts[:-1]).any():
         return None
     a_ts = ts[at_rows].astype(np.int64, copy=False)
     lo, hi = min(int(o_ts[0]), int(a_ts.min())), max(int(o_ts[-1]), int(a_ts.max()))  # the ops' ends of range: in order
-    rows = np.concatenate([op_rows, at_rows])
     # One integer per (pid, tid), of these rows only (not of every event).
-    thread, n_threads = thread_codes(pid[rows], tid[rows])
+    if op_values is None:
+        rows = np.concatenate([op_rows, at_rows])
+        thread, n_threads = thread_codes(pid[rows], tid[rows])
+    else:
+        thread, n_threads = thread_codes(np.concatenate([op_values["pid"], pid[at_rows]]),
+                                         np.concatenate([op_values["tid"], tid[at_rows]]))
     span = hi - lo + 1
     if n_threads * span >= 2**62 or n_threads > 2**15:
         return None
@@ -228,8 +242,9 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     # third of this lookup at 1 GB, for the few ops an instant climbs past). Whether a parent is
     # one of the ops is read from a mask of them: a byte an event, set at the ops' rows (a binary
     # search of each parent among the ops cost ~1 ms at hf_200, where half the instants climb).
-    is_op = np.zeros(len(ts), dtype=bool)
-    is_op[op_rows] = True
+    if is_op is None:
+        is_op = np.zeros(len(ts), dtype=bool)
+        is_op[op_rows] = True
     hit = np.where(ok, o_rows[np.maximum(last, 0)], -1)
     todo = np.flatnonzero(ok)
     while len(todo):
