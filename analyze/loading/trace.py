@@ -22,6 +22,11 @@ of them into one key casts to int64 first.
 
 Views (`kernels`, `runtime`, `cpu_ops`, ...) are filtered frames of `events`; their index is the
 row position in `events`, so links can be followed with `trace.events.loc[row]`.
+
+Reading columns: `numpy_column(df, "ts")` is `df["ts"].to_numpy()` without the Series pandas 3
+builds on every column read (20-50 us each between large array passes, several hundred per
+analysis), and `kind_mask`/`kind_rows` are kept per set of kinds; all of these hand out read-only
+arrays (make a new array to change one).
 """
 
 from __future__ import annotations
