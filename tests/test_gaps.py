@@ -11,7 +11,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import _main_threads, _thread_key, busiest, longest, mode
+from tokentrace.analysis.detectors.gaps import _main_threads, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -292,15 +292,6 @@ def test_segment_labels_read_the_table_by_segment_id():
     assert {type(v) for v in step.tolist() if v is not None} == {int}  # Python ints, as the JSON writes them
     assert region.tolist()[:4] == ["s2", OUTSIDE_REGION, "s0", "s1"] and pd.isna(region[4]) and region[5] == "s0"
     assert str(phase.dtype) == str(step.dtype) == str(region.dtype) == "object"
-
-
-def test_thread_key_packs_pid_and_tid_when_both_fit_31_bits():
-    pid, tid = np.array([0, 7, 2**31 - 1]), np.array([5, 0, 2**31 - 1])
-    key = _thread_key(pid, tid)
-    assert key is not None and key.tolist() == [5, 7 << 32, ((2**31 - 1) << 32) + 2**31 - 1]
-    assert (key >> 32).tolist() == pid.tolist() and (key & 0xFFFFFFFF).tolist() == tid.tolist()
-    assert _thread_key(np.array([-1]), np.array([1])) is None
-    assert _thread_key(np.array([1]), np.array([2**31])) is None
 
 
 @pytest.mark.parametrize("tids", [(11, 12), (11, 2**40), (-3, 12)])  # packed; too wide; negative: factorised apart

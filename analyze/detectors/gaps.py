@@ -52,6 +52,7 @@ from tokentrace.analysis.common.sync_points import SYNC_RETURN_SLACK_NS, TRANSFE
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
+from tokentrace.analysis.loading.links import thread_codes
 from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
 from tokentrace.analysis.segments import Segments
 
@@ -289,19 +290,17 @@ def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:
     lrows = ln[ok]
     device = numpy_column(gpu, "device")[ok]
     pid, tid = numpy_column(ev, "pid")[lrows], numpy_column(ev, "tid")[lrows]
-    # The counts groupby(["device", "pid", "tid"]).size() gives, from factor codes and one
-    # bincount; `busiest` picks among the few groups (in its own order: the codes' order is free).
-    thread = _thread_key(pid, tid)
-    if thread is None or device.min() < 0 or device.max() >= 1 << 16:  # wide ids, odd devices
+    if device.min() < 0 or device.max() >= 1 << 16:  # odd devices: each column factorized
         return _busiest_by_columns(device, pid, tid)
-    # One factorisation of the packed (pid, tid) key, the devices (small numbers) their own
-    # codes: hashing one column instead of three.
-    tcode, tvals = pd.factorize(thread)
-    nt = len(tvals)
+    # The counts groupby(["device", "pid", "tid"]).size() gives, from the threads' codes (the
+    # loader's: a few threads are found by comparisons, no hash table), the devices (small
+    # numbers) their own, and one bincount; `busiest` picks among the few groups (in its own
+    # order: the codes' order is free).
+    tcode, nt = thread_codes(pid, tid)
+    first = np.unique(tcode, return_index=True)[1]  # each thread's first row: its pid and tid
     counts = np.bincount(device.astype(np.int64) * nt + tcode)
     at = np.flatnonzero(counts)
-    keys = np.asarray(tvals)[at % nt]
-    return busiest(at // nt, keys >> 32, keys & 0xFFFFFFFF, counts[at])
+    return busiest(at // nt, pid[first][at % nt], tid[first][at % nt], counts[at])
 
 
 def _busiest_by_columns(device: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> dict[int, tuple[int, int]]:
@@ -312,14 +311,6 @@ def _busiest_by_columns(device: np.ndarray, pid: np.ndarray, tid: np.ndarray) ->
     at = np.flatnonzero(counts)
     return busiest(np.asarray(values[0])[at // (n1 * n2)], np.asarray(values[1])[at // n2 % n1],
                    np.asarray(values[2])[at % n2], counts[at])
-
-
-def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray | None:
-    """pid and tid packed into one int64 (pid in the high 32 bits), or None when either is
-    negative or needs more than 31 bits (the sign bit stays clear so that unpacking is exact)."""
-    if len(pid) and (int(min(pid.min(), tid.min())) < 0 or int(max(pid.max(), tid.max())) >= 1 << 31):
-        return None
-    return (pid.astype(np.int64) << 32) | tid
 
 
 def busiest(device: np.ndarray, pid: np.ndarray, tid: np.ndarray, n: np.ndarray) -> dict[int, tuple[int, int]]:
