@@ -115,7 +115,7 @@ def _replays(trace: Trace) -> tuple[pd.DataFrame, _Kernels]:
     if not len(l_rows):
         # Most traces: no graph launch. Their (empty) table is made once per column dtypes: its
         # build, a Series and a reindex are ~2 ms of pandas per trace, whatever its size.
-        dtypes = tuple(ev[c].to_numpy().dtype.str for c in ("pid", "tid", "ts"))
+        dtypes = tuple(numpy_column(ev, c).dtype.str for c in ("pid", "tid", "ts"))
         none = np.empty(0, np.int64)
         return _no_replays(dtypes).copy(), _Kernels(rows=none, replay=none, pos=none, starts=none)
     g_rows = trace.kind_rows(*GPU_KINDS)
