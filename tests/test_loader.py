@@ -386,6 +386,24 @@ def test_span_excludes_flows_and_metadata_even_when_they_end_last(tmp_path):
     assert shuffled.events["end"].iloc[shuffled.last_end_row] == 110_000
 
 
+def test_loader_records_the_order_it_sorted(tmp_path):
+    """The loader sorts the rows by start, so it tells the Trace so (Trace.known_order) with the
+    row that ends last, read as it builds `end`: the same answers a pass over the columns gives,
+    on events written out of order where a long early op ends last."""
+    b = TraceBuilder()
+    b.launch("late_kernel", 300.0, 310.0, 5.0)  # written first, starts late
+    b.cpu_op("aten::long", 5.0, 900.0)  # starts first, ends last (905 us)
+    b.cpu_op("aten::mm", 100.0, 20.0)
+    t = b.load(tmp_path)
+    assert t.__dict__["in_start_order"] is True  # recorded, not worked out
+    end = t.events["end"].to_numpy()
+    assert t.__dict__["last_end_row"] == int(end.argmax())
+    assert t.events["name"].iloc[t.last_end_row] == "aten::long" and end[t.last_end_row] == 905_000
+    fresh = dataclasses.replace(t, events=t.events)  # a Trace the loader did not make works them out
+    assert "in_start_order" not in fresh.__dict__
+    assert fresh.in_start_order and fresh.last_end_row == t.last_end_row
+
+
 @pytest.mark.parametrize("values", [
     (), ("zz",), ("b",), ("b", None), (None,), ("a", "c", "e"), tuple("abcdefghijk"), tuple("abcdefghijk") + (None,),
 ])

@@ -11,7 +11,16 @@ from tracebuilder import TraceBuilder
 import tokentrace
 from tokentrace.analysis.loading import cache as trace_cache
 from tokentrace.analysis.loading import json_decode as decode
-from tokentrace.analysis.loading.trace import NARROW_COLUMNS, column_array, is_absent_column, numpy_column, take_rows
+from tokentrace.analysis.loading.trace import (
+    NARROW_COLUMNS,
+    OP_COLUMNS,
+    SHARED_NARROW,
+    column_array,
+    is_absent_column,
+    numpy_column,
+    take_rows,
+    take_rows_many,
+)
 
 # What the trace below never has: memory events, Python frames, collectives, call stacks.
 NEVER = ("mem_bytes", "addr", "total_allocated", "total_reserved", "device_type", "device_id", "python_id",
@@ -85,6 +94,34 @@ def test_take_rows_is_iloc_with_or_without_absent_columns(tmp_path):
     for index in (pd.RangeIndex(5, 5 + len(ev)), pd.RangeIndex(0, 2 * len(ev), 2), pd.Index(np.arange(len(ev))[::-1])):
         moved = ev.set_axis(index)
         pd.testing.assert_frame_equal(take_rows(moved, rows, cols), moved.iloc[rows][list(cols)])
+
+
+def test_take_rows_many_is_take_rows_per_view(tmp_path):
+    """Several views gathered column by column are each the frame take_rows gives (columns in
+    the order each view asked, overlapping and disjoint column sets, an empty view)."""
+    ev = tokentrace.load(ops_and_kernels().write(tmp_path / "t.json"), cache=False).events
+    views = [(np.array([0, 3, 4, 17]), ("name", "ts", "correlation")), (np.array([1, 2, len(ev) - 1]), ("ts", "stack", "kind")),
+             (np.array([], dtype=np.int64), ("mem_bytes", "name")), (np.array([5, 6]), None)]
+    got = take_rows_many(ev, views)
+    assert len(got) == len(views)
+    for frame, (rows, cols) in zip(got, views, strict=True):
+        pd.testing.assert_frame_equal(frame, take_rows(ev, rows, cols))
+        pd.testing.assert_frame_equal(frame, ev.iloc[rows] if cols is None else ev.iloc[rows][list(cols)])
+
+
+def test_a_shared_narrow_view_brings_the_others(tmp_path):
+    """Trace.narrow on one of SHARED_NARROW gathers the others still missing with it (the same
+    frames asked one by one give); another view is gathered alone."""
+    t = tokentrace.load(ops_and_kernels().write(tmp_path / "t.json"), cache=False)
+    t.narrow(("cpu_op",), ("ts", "name"))
+    assert list(t._narrow_cache) == [(("cpu_op",), ("ts", "name"))]
+    gpu = t.narrow_gpu
+    assert list(t._narrow_cache)[1:] == [(tuple(k), c) for k, c in SHARED_NARROW]
+    fresh = tokentrace.load(ops_and_kernels().write(tmp_path / "u.json"), cache=False)
+    for (kinds, cols), frame in zip(SHARED_NARROW, (gpu, t.narrow_runtime, t.narrow(("cpu_op",), OP_COLUMNS)), strict=True):
+        assert t.narrow(kinds, cols) is frame  # kept
+        pd.testing.assert_frame_equal(frame, take_rows(fresh.events, fresh.kind_rows(*kinds), cols))
+        assert len(frame) > 0
 
 
 def test_take_rows_keeps_object_columns_object_whatever_the_rows_hold():

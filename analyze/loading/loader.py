@@ -636,6 +636,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         data[name] = None  # the frame's column order; filled below
     data["correlation"], data["flow_id"] = sparse("correlation"), sparse("flow_id")
     data["end"] = np.add(data["ts"], data["dur"], out=pool.get(np.int64))
+    # Read while `end` is fresh in the cache (a cold pass over it later is ~1-2 ms at 0.7 M rows).
+    last_end_row = int(data["end"].argmax())
     kind_codes = _kind_codes(cats, cat_tables)
     # The kind column lists only kinds present, as a plain pd.Categorical of the values would.
     present = np.flatnonzero(np.bincount(kind_codes, minlength=len(KINDS)))
@@ -676,7 +678,7 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     data["launch"], data["op"], data["parent"] = launch, op, parent
     df = pd.DataFrame(data, copy=False)
     process_names, thread_names = _names(df)
-    return Trace(
+    trace = Trace(
         path=str(path),
         rank=_rank(meta, path),
         events=df,
@@ -686,6 +688,8 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         process_names=process_names,
         thread_names=thread_names,
     )
+    trace.known_order(last_end_row)  # the rows were sorted by start above
+    return trace
 
 
 class _Buffers:
