@@ -386,10 +386,11 @@ def test_span_excludes_flows_and_metadata_even_when_they_end_last(tmp_path):
     assert shuffled.events["end"].iloc[shuffled.last_end_row] == 110_000
 
 
-def test_loader_records_the_order_it_sorted(tmp_path):
+def test_loader_records_what_it_knows_of_the_rows(tmp_path):
     """The loader sorts the rows by start, so it tells the Trace so (Trace.known_order) with the
-    row that ends last, read as it builds `end`: the same answers a pass over the columns gives,
-    on events written out of order where a long early op ends last."""
+    row that ends last, read as it builds `end`, and the kind masks it made (known_kind_masks):
+    the same answers a pass over the columns gives, on events written out of order where a long
+    early op ends last."""
     b = TraceBuilder()
     b.launch("late_kernel", 300.0, 310.0, 5.0)  # written first, starts late
     b.cpu_op("aten::long", 5.0, 900.0)  # starts first, ends last (905 us)
@@ -402,6 +403,15 @@ def test_loader_records_the_order_it_sorted(tmp_path):
     fresh = dataclasses.replace(t, events=t.events)  # a Trace the loader did not make works them out
     assert "in_start_order" not in fresh.__dict__
     assert fresh.in_start_order and fresh.last_end_row == t.last_end_row
+    # The runtime and cpu-op masks the loader made for its links are kept, read-only, and are
+    # the masks the kind column gives.
+    kept = {k: v for k, v in t._kind_cache.items() if k != "events"}
+    assert set(kept) == {("mask", frozenset({"runtime", "driver"})), ("mask", frozenset({"cpu_op"}))}
+    for kinds in (("runtime", "driver"), ("cpu_op",)):
+        got = t.kind_mask(*kinds)
+        assert not got.flags.writeable and got.sum() >= 1
+        np.testing.assert_array_equal(got, t.events["kind"].isin(kinds).to_numpy())
+        np.testing.assert_array_equal(got, fresh.kind_mask(*kinds))
 
 
 @pytest.mark.parametrize("values", [

@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.apis import CATEGORY_KIND, LAUNCH_FLOW_CATS, rank_from_filename
+from tokentrace.analysis.apis import CATEGORY_KIND, HOST_API_KINDS, LAUNCH_FLOW_CATS, rank_from_filename
 from tokentrace.analysis.loading import cache as trace_cache
 from tokentrace.analysis.loading import jit_columns
 from tokentrace.analysis.loading import json_decode as dec
@@ -652,10 +652,12 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
     flow_cats = _in_codes(cats["cat"], [i for i, c in enumerate(cat_tables["cat"][0]) if c in LAUNCH_FLOW_CATS], len(cat_tables["cat"][0]))
     launch_flow = kind("flow") & flow_cats
     rows_dtype = np.int32 if m <= np.iinfo(np.int32).max else np.int64  # row positions (or -1)
+    # Two masks the detectors' views ask for again (Trace.kind_mask): kept, not made twice.
+    known_masks = {HOST_API_KINDS: kind(*HOST_API_KINDS), ("cpu_op",): kind("cpu_op")}
     launch, op, parent = link_columns(
         ts=data["ts"], end=data["end"], pid=data["pid"], tid=data["tid"], correlation=data["correlation"],
-        flow_id=data["flow_id"], host=kind("runtime", "driver"), target=kind("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"),
-        cpu_op=kind("cpu_op"), flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
+        flow_id=data["flow_id"], host=known_masks[HOST_API_KINDS], target=kind("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"),
+        cpu_op=known_masks[("cpu_op",)], flow_start=launch_flow & (ph_cat_codes == _code(ph_cats, "s")),
         flow_end=launch_flow & _in_codes(ph_cat_codes, [_code(ph_cats, "f"), _code(ph_cats, "t")], len(ph_cats)),
         out=(pool.get(rows_dtype), pool.get(rows_dtype), pool.get(rows_dtype)),
     )
@@ -689,6 +691,7 @@ def _build(path: Path, cols: dec.Columns, meta: dict[str, Any], warnings: list[s
         thread_names=thread_names,
     )
     trace.known_order(last_end_row)  # the rows were sorted by start above
+    trace.known_kind_masks(known_masks)
     return trace
 
 
