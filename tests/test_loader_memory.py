@@ -161,19 +161,21 @@ def test_column_array_is_the_stored_array_of_any_column():
 @pytest.mark.parametrize("dtype", [None, np.int64, float, object, bool])
 def test_numpy_column_is_to_numpy(dtype):
     """numpy_column(df, c, dtype) is df[c].to_numpy(dtype) (values and dtype) for int32, int64,
-    float, bool, object and categorical columns with missing values; no copy is read-only, as
+    float, bool, object, categorical and str columns with missing values and a nullable integer
+    one; no copy is read-only, as
     pandas 3's to_numpy; a dict of Series is read through pandas."""
     df = pd.DataFrame({"i32": np.array([3, -1, 7], np.int32), "i64": np.array([1, 2, 3], np.int64),
                        "f": [0.5, 1.0, 2.0], "b": [True, False, True], "o": np.array([[1], None, "x"], dtype=object),
-                       "cat": pd.Categorical(["a", None, "b"])}, copy=False)
+                       "cat": pd.Categorical(["a", None, "b"]), "s": pd.array(["x", None, "y"], dtype="str"),
+                       "n": pd.array([4, 5, 6], dtype="Int64")}, copy=False)
     for c in df.columns:
-        if dtype is not None and c in ("o", "cat") and dtype is not object:
+        if dtype is not None and c in ("o", "cat", "s") and dtype is not object:
             continue  # pandas itself cannot make those
         want = df[c].to_numpy(dtype)
         got = numpy_column(df, c, dtype)
-        assert got.dtype == want.dtype, c
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype, c
         assert [None if pd.isna(v) else v for v in got.tolist()] == [None if pd.isna(v) else v for v in want.tolist()], c
-        if dtype is None and c != "cat":
+        if dtype is None and c not in ("cat", "s", "n"):
             assert np.shares_memory(got, df[c].to_numpy()) and not got.flags.writeable
     as_dict = {"i64": df["i64"]}
     assert numpy_column(as_dict, "i64", float).tolist() == [1.0, 2.0, 3.0]

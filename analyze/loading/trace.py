@@ -539,22 +539,35 @@ def column_array(df: pd.DataFrame, name: str) -> np.ndarray | pd.Categorical:
     Categorical, without making a Series. A DataFrame column read costs ~10 us warm and 20-50 us
     between the detectors' large array passes (pandas 3 builds a new Series each time), ~700 reads
     per analysis; this is ~1 us. Falls back to the Series on a pandas without the accessor."""
+    arr = _stored_column(df, name)
+    if isinstance(arr, (np.ndarray, pd.Categorical)):
+        return arr
+    # Another extension array (pandas 3's str), a repeated column name, or no such accessor.
+    col = _series(df, name)
+    return col.array if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
+
+
+def _stored_column(df: pd.DataFrame, name: str) -> Any:
+    """The array pandas stores for column `name` (a read-only view of a numpy one), or None for a
+    repeated name or a pandas without the accessor."""
     getter = getattr(df, "_get_column_array", None)
     loc = df.columns.get_loc(name) if getter is not None else None
-    if isinstance(loc, int):
-        arr = getter(loc)  # type: ignore[misc]
-        if isinstance(arr, np.ndarray):
-            # Read-only, as pandas 3's to_numpy() gives it: a reader must not change the frame.
-            view = arr.view()
-            view.flags.writeable = False
-            return view
-        if isinstance(arr, pd.Categorical):
-            return arr
-    # A repeated column name, another extension array, or no such accessor: pandas' way.
+    if not isinstance(loc, int):
+        return None
+    arr = getter(loc)  # type: ignore[misc]
+    if isinstance(arr, np.ndarray):
+        # Read-only, as pandas 3's to_numpy() gives it: a reader must not change the frame.
+        view = arr.view()
+        view.flags.writeable = False
+        return view
+    return arr
+
+
+def _series(df: pd.DataFrame, name: str) -> pd.Series:
     col = df[name]
     if isinstance(col, pd.DataFrame):
         raise KeyError(f"column {name!r} is repeated")
-    return col.array if isinstance(col.dtype, pd.CategoricalDtype) else col.to_numpy()
+    return col
 
 
 def numpy_column(df: Any, name: str, dtype: Any = None) -> np.ndarray:
@@ -562,10 +575,14 @@ def numpy_column(df: Any, name: str, dtype: Any = None) -> np.ndarray:
     `df` is a DataFrame: the detectors read several hundred columns this way per analysis."""
     if not isinstance(df, pd.DataFrame):
         return df[name].to_numpy(dtype)
-    arr = column_array(df, name)
+    arr = _stored_column(df, name)
+    if isinstance(arr, np.ndarray):
+        return arr if dtype is None or arr.dtype == np.dtype(dtype) else arr.astype(dtype)
     if isinstance(arr, pd.Categorical):
         return np.asarray(arr, dtype=dtype)  # the values (object, NaN where missing), as to_numpy
-    return arr if dtype is None or arr.dtype == np.dtype(dtype) else arr.astype(dtype)
+    if isinstance(arr, pd.api.extensions.ExtensionArray):
+        return arr.to_numpy(dtype=dtype)  # what Series.to_numpy does for one (a str column: object, NaN where missing)
+    return _series(df, name).to_numpy(dtype)
 
 
 def take_rows(events: pd.DataFrame, rows: np.ndarray, columns: tuple[str, ...] | list[str] | None = None) -> pd.DataFrame:
