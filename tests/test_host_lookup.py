@@ -143,3 +143,19 @@ def test_frames_mask_and_order_found_once_per_lookup(builder, tmp_path):
     host = HostLookup(ops_only)
     assert host.has_frames is False and host.python_stack(pid, HOST_TID, 500_000) is None
     assert asked == [("python_function",)]
+
+
+def test_marked_block_maxima_read_the_marked_ends_only():
+    from tokentrace.analysis.common.host import marked_block_maxima
+
+    B = iv.ENCLOSING_BLOCK
+    ends = np.arange(3 * B + 5, dtype=np.int64)
+    low = np.iinfo(np.int64).min
+    # Blocks 0 and 1 hold marks (their largest marked end), block 2 none, block 3 (short) one.
+    assert marked_block_maxima(ends, np.array([1, 7, B + 2, B + 3, 3 * B + 1])).tolist() == [7, B + 3, low, 3 * B + 1]
+    assert marked_block_maxima(ends, np.array([], np.int64)).tolist() == [low] * 4
+    rng = np.random.default_rng(3)
+    e = rng.integers(0, 10**9, 5 * B + 77)
+    keep = rng.random(len(e)) < 0.3
+    keep[2 * B:3 * B] = False  # a block without a mark
+    assert np.array_equal(marked_block_maxima(e, np.flatnonzero(keep)), iv.block_maxima(e, keep))

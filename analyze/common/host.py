@@ -15,18 +15,33 @@ from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, numpy_column
 @dataclass
 class _Thread:
     """One thread's ops or frames for lookups: start-sorted ts and end, the event rows at those
-    positions (None: the positions are event rows), the mask of the thread's own (None: all), and
-    their block maxima (intervals.block_maxima)."""
+    positions (None: the positions are event rows), the mask of the intervals to count (None:
+    all), their block maxima (intervals.block_maxima), and where these are shared by every
+    thread (`pids` not None) what tells the thread's own apart: the positions of the kind looked
+    up (`marked`, None: all) and the (pid, tid) columns."""
 
     ts: np.ndarray
     end: np.ndarray
     rows: np.ndarray | None
     keep: np.ndarray | None
     maxima: np.ndarray
+    marked: np.ndarray | None = None
+    pids: np.ndarray | None = None
+    tids: np.ndarray | None = None
+    pid: int = 0
+    tid: int = 0
 
     def enclosing(self, t: int) -> np.ndarray:
         """Event rows of the thread's intervals enclosing t, outermost first."""
         hit = iv.enclosing_sorted(self.ts, self.end, t, self.maxima, self.keep)
+        if self.marked is not None:  # the kind's own among the intervals enclosing t (a few dozen)
+            at = np.searchsorted(self.marked, hit)
+            ok = at < len(self.marked)
+            ok[ok] = self.marked[at[ok]] == hit[ok]
+            hit = hit[ok]
+        if self.pids is not None and self.tids is not None:
+            # The thread's own among every thread's, in order: no mask over every event per thread.
+            hit = hit[(self.pids[hit] == self.pid) & (self.tids[hit] == self.tid)]
         return hit if self.rows is None else self.rows[hit]
 
 
@@ -67,10 +82,15 @@ class HostLookup:
         key = (what, pid, tid)
         if key not in self._cache:
             src = self._source(what)
-            keep = (src.pids == pid) & (src.tids == tid)
-            if src.mine is not None:
-                keep &= src.mine
-            self._cache[key] = _thread(src.ts, src.end, src.rows, keep, src.in_order)
+            if src.in_order:
+                # In place, the block maxima of every thread's (made once per source): the
+                # thread's own told apart among the few intervals enclosing an instant.
+                self._cache[key] = _Thread(src.ts, src.end, src.rows, None, src.maxima(), src.marked, src.pids, src.tids, pid, tid)
+            else:
+                keep = (src.pids == pid) & (src.tids == tid)
+                if src.mine is not None:
+                    keep &= src.mine
+                self._cache[key] = _thread(src.ts, src.end, src.rows, keep)
         return self._cache[key]
 
     def op_at(self, pid: int, tid: int, t: int) -> int:
@@ -100,6 +120,31 @@ class _Source:
     tids: np.ndarray
     mine: np.ndarray | None
     in_order: bool
+    # The positions of the kind looked up (None: all), for the columns in start order: its
+    # block maxima and its lookups read these, never a mask over every event.
+    marked: np.ndarray | None = None
+    _maxima: np.ndarray | None = None
+
+    def maxima(self) -> np.ndarray:
+        """The block maxima of the kind's intervals, every thread's (made once, when asked)."""
+        if self._maxima is None:
+            self._maxima = iv.block_maxima(self.end) if self.marked is None else marked_block_maxima(self.end, self.marked)
+        return self._maxima
+
+
+def marked_block_maxima(ends: np.ndarray, marked: np.ndarray) -> np.ndarray:
+    """`intervals.block_maxima(ends, keep)` from the marked positions (`np.flatnonzero(keep)`,
+    ascending): the ends of those only are read (a quarter of the events are Python frames: no
+    pass over every event's end)."""
+    B = iv.ENCLOSING_BLOCK
+    out = np.full(-(-len(ends) // B), np.iinfo(np.int64).min, np.int64)
+    if not len(marked):
+        return out
+    # Each block's first marked position; a block holding one reduces its run up to the next's.
+    lo = np.searchsorted(marked, np.arange(len(out), dtype=np.int64) * B)
+    held = np.r_[lo[1:], len(marked)] > lo
+    out[held] = np.maximum.reduceat(np.asarray(ends, np.int64)[marked], lo[held])
+    return out
 
 
 def _frames(trace: Trace) -> _Source:
@@ -110,22 +155,21 @@ def _frames(trace: Trace) -> _Source:
     ts, end, pids, tids = numpy_column(ev, "ts"), numpy_column(ev, "end"), numpy_column(ev, "pid"), numpy_column(ev, "tid")
     kind = ev["kind"]
     listed = not isinstance(kind.dtype, pd.CategoricalDtype) or "python_function" in kind.cat.categories
-    mine = trace.kind_mask("python_function") if listed else None
-    if mine is None or not mine.any():
+    marked = trace.kind_rows("python_function") if listed else None
+    if marked is None or not len(marked):
         # Every thread's frames are none, without the passes over every event that finding a
         # thread's would take.
         return _Source(ts[:0], end[:0], None, pids[:0], tids[:0], None, True)
-    return _Source(ts, end, None, pids, tids, mine, trace.in_start_order)
+    if trace.in_start_order:
+        return _Source(ts, end, None, pids, tids, None, True, marked)
+    return _Source(ts, end, None, pids, tids, trace.kind_mask("python_function"), False)
 
 
-def _thread(ts: np.ndarray, end: np.ndarray, rows: np.ndarray | None, keep: np.ndarray, in_order: bool) -> _Thread:
-    """The marked intervals as a _Thread: in place when in start order, else a sorted copy
-    (stable: ties keep their order)."""
+def _thread(ts: np.ndarray, end: np.ndarray, rows: np.ndarray | None, keep: np.ndarray) -> _Thread:
+    """The marked intervals of columns not in start order as a _Thread: a sorted copy (stable:
+    ties keep their order)."""
     if not keep.any():
         return _Thread(ts[:0], end[:0], None, None, iv.block_maxima(end[:0]))
-    if in_order:
-        mark = None if keep.all() else keep
-        return _Thread(ts, end, rows, mark, iv.block_maxima(end, mark))
     at = np.flatnonzero(keep)
     at = at[np.argsort(ts[at], kind="stable")]
     return _Thread(ts[at], end[at], at if rows is None else rows[at], None, iv.block_maxima(end[at]))
