@@ -11,7 +11,8 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import _main_threads, busiest, longest, mode
+from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.detectors.gaps import _in_start_order, _main_threads, _measured, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -305,3 +306,23 @@ def test_main_threads_is_the_busiest_launching_thread_per_device(tids):
     trace = SimpleNamespace(narrow_gpu=gpu, events=ev)
     # device 1: (2, t1) launched three of its four; device 0: (1, t2) both of its linked two.
     assert _main_threads(trace) == {1: (2, t1), 0: (1, t2)}
+
+
+def test_parts_in_start_order_and_measured_as_their_union():
+    # A later part's few intervals are put in place; an unsorted one leaves the sort to the union.
+    s, e = _in_start_order([np.array([0, 10, 20]), np.array([5, 25])], [np.array([4, 15, 30]), np.array([12, 26])])
+    assert s.tolist() == [0, 5, 10, 20, 25] and e.tolist() == [4, 12, 15, 30, 26]
+    s, e = _in_start_order([np.array([0, 10]), np.array([25, 5])], [np.array([4, 15]), np.array([26, 12])])
+    assert s.tolist() == [0, 10, 25, 5] and e.tolist() == [4, 15, 26, 12]
+    # Disjoint (touching allowed) in start order: the intervals themselves; else their union.
+    assert [x.tolist() for x in _measured(np.array([0, 5, 9]), np.array([5, 8, 9]))] == [[0, 5, 9], [5, 8, 9]]
+    assert [x.tolist() for x in _measured(np.array([0, 3, 9]), np.array([5, 8, 12]))] == [[0, 9], [8, 12]]
+    assert [x.tolist() for x in _measured(np.array([4]), np.array([2]))] == [[4], [4]]  # ends before it starts
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        a = np.sort(rng.integers(0, 1000, 40))
+        b = a + rng.integers(0, 30, 40) * (rng.random(40) < 0.9)
+        q = np.sort(rng.integers(0, 1100, 30))
+        qa, qb = q, q + rng.integers(0, 200, 30)
+        ms, me = _measured(a, b)
+        assert np.array_equal(iv.overlap(ms, me, qa, qb), iv.overlap(*iv.union(a, b), qa, qb))

@@ -345,19 +345,23 @@ class _ThreadIntervals:
         # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
         launching = iv.with_ancestors(numpy_column(ev, "parent"), rt_op[isin_mask(rt["name"], LAUNCH_APIS)])
         free = ~launching[op_rows]
-        # Parent -1 (none) reads the True appended: one gather, no masks for the missing parents.
-        nolaunch = free & np.append(launching, True)[op_parent]
-        # Each set as parts, a part a mask over the columns of a frame whose rows are in start
-        # order (the ops', the runtime calls', the collective rows'): a thread's members are read
-        # with a mask there, not gathered from the events' columns up front. A set's union is
-        # that of its parts' unions (union is associative).
-        op_cols = tuple(ops[c].to_numpy() for c in ("pid", "tid", "ts", "end"))
-        rt_cols = tuple(rt[c].to_numpy() for c in ("pid", "tid", "ts", "end"))
+        # Parent -1 (none) reads the last row, whose answer the test for no parent replaces (no
+        # copy of the events-long mask with a True appended).
+        nolaunch = free & (launching[op_parent] | (op_parent < 0))
+        # Each set as parts, a part the columns (pid, tid, ts, end) of its members gathered once
+        # for every thread, in start order (the ops', the runtime calls', the collective rows'
+        # are): a thread's are told apart among those members only, not with a mask over every
+        # op per thread. A set's union is that of its parts' members (union is associative).
+        def part(cols: tuple[np.ndarray, ...], members: np.ndarray) -> tuple[np.ndarray, ...]:
+            at = np.flatnonzero(members)
+            return tuple(c[at] for c in cols)
+
+        op_cols = tuple(numpy_column(ops, c) for c in ("pid", "tid", "ts", "end"))
+        rt_cols = tuple(numpy_column(rt, c) for c in ("pid", "tid", "ts", "end"))
         coll = np.flatnonzero(host_coll)  # a few rows: gathered
-        self.frames = {"op": op_cols, "rt": rt_cols, "coll": (pid[coll], tid[coll], ts[coll], end[coll])}
-        self.sets: dict[str, list[tuple[str, np.ndarray]]] = {
-            "native": [("op", op_parent < 0), ("rt", outlasts)], "nolaunch": [("op", nolaunch)],
-            "coll": [("coll", np.ones(len(coll), dtype=bool))]}
+        self.sets: dict[str, list[tuple[np.ndarray, ...]]] = {
+            "native": [part(op_cols, op_parent < 0), part(rt_cols, outlasts)], "nolaunch": [part(op_cols, nolaunch)],
+            "coll": [(pid[coll], tid[coll], ts[coll], end[coll])]}
         # The sync calls as arrays (few rows: a frame filter per thread cost more than the work).
         self.call_pid, self.call_tid = numpy_column(calls, "pid"), numpy_column(calls, "tid")
         self.call_ts, self.call_end = numpy_column(calls, "ts", np.int64), numpy_column(calls, "end", np.int64)
@@ -370,15 +374,14 @@ class _ThreadIntervals:
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
         """The thread's merged intervals, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
-        on = {f: (fp == p) & (ft == t) for f, (fp, ft, _, _) in self.frames.items()}
         for name, parts in self.sets.items():
             s, e = [], []
-            for f, keep in parts:
-                m = keep & on[f]
-                ps, pe = iv.union(self.frames[f][2][m], self.frames[f][3][m])
-                s.append(ps)
-                e.append(pe)
-            u[f"{name}_s"], u[f"{name}_e"] = (s[0], e[0]) if len(parts) == 1 else iv.union(np.concatenate(s), np.concatenate(e))
+            for fp, ft, fs, fe in parts:
+                on = (fp == p) & (ft == t)
+                every = bool(on.all())  # one thread's members (most traces): no copy of them
+                s.append(fs if every else fs[on])
+                e.append(fe if every else fe[on])
+            u[f"{name}_s"], u[f"{name}_e"] = _measured(*_in_start_order(s, e))
         mine = (self.call_pid == p) & (self.call_tid == t)
         c = np.flatnonzero(mine & self.blocking)
         xfer = self.xfer[c]
@@ -390,6 +393,31 @@ class _ThreadIntervals:
         w = np.flatnonzero(mine & self.waits)  # sorted by ts already
         u["wait_ts"], u["wait_row"] = self.call_ts[w], self.call_row[w]
         return u
+
+
+def _in_start_order(starts: list[np.ndarray], ends: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Parts' intervals together, in start order where each part is (the order of equal starts is
+    free: a union does not depend on it): the few intervals of the later parts (runtime calls
+    that outlast their op) are put in place, the longest part is not sorted again."""
+    s, e = starts[0], ends[0]
+    for ps, pe in zip(starts[1:], ends[1:], strict=True):
+        if not len(ps):
+            continue
+        if not bool((ps[1:] >= ps[:-1]).all()):
+            return np.concatenate(starts), np.concatenate(ends)  # union sorts them
+        at = np.searchsorted(s, ps)
+        s, e = np.insert(s, at, ps), np.insert(e, at, pe)
+    return s, e
+
+
+def _measured(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals whose covered length `iv.overlap` reads as it reads their union: the intervals
+    themselves where they are in start order and none reaches past the next one's start (most
+    threads' outermost ops: a union of tens of thousands of them, several passes, for nothing),
+    else their union. Touching intervals count the same length joined or apart."""
+    if len(s) and bool((e >= s).all()) and bool((s[1:] >= e[:-1]).all()):
+        return np.asarray(s, np.int64), np.asarray(e, np.int64)
+    return iv.union(s, e)
 
 
 def _responsible_call(u: dict[str, np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
