@@ -10,8 +10,8 @@ import pytest
 from conftest import real_trace_params, shared_trace
 
 import tokentrace
-from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
 from tokentrace.analysis.common import intervals as iv
+from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
 from tokentrace.analysis.detectors.gaps import _in_start_order, _main_threads, _measured, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
