@@ -12,7 +12,7 @@ from conftest import real_trace_params, shared_trace
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import _in_start_order, _main_threads, _measured, busiest, longest, mode
+from tokentrace.analysis.detectors.gaps import _covered, _in_start_order, _main_threads, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -308,21 +308,22 @@ def test_main_threads_is_the_busiest_launching_thread_per_device(tids):
     assert _main_threads(trace) == {1: (2, t1), 0: (1, t2)}
 
 
-def test_parts_in_start_order_and_measured_as_their_union():
-    # A later part's few intervals are put in place; an unsorted one leaves the sort to the union.
+def test_parts_in_start_order_and_covered_as_their_union():
+    # A later part's few intervals are put in place; unsorted parts are sorted.
     s, e = _in_start_order([np.array([0, 10, 20]), np.array([5, 25])], [np.array([4, 15, 30]), np.array([12, 26])])
     assert s.tolist() == [0, 5, 10, 20, 25] and e.tolist() == [4, 12, 15, 30, 26]
     s, e = _in_start_order([np.array([0, 10]), np.array([25, 5])], [np.array([4, 15]), np.array([26, 12])])
-    assert s.tolist() == [0, 10, 25, 5] and e.tolist() == [4, 15, 26, 12]
-    # Disjoint (touching allowed) in start order: the intervals themselves; else their union.
-    assert [x.tolist() for x in _measured(np.array([0, 5, 9]), np.array([5, 8, 9]))] == [[0, 5, 9], [5, 8, 9]]
-    assert [x.tolist() for x in _measured(np.array([0, 3, 9]), np.array([5, 8, 12]))] == [[0, 9], [8, 12]]
-    assert [x.tolist() for x in _measured(np.array([4]), np.array([2]))] == [[4], [4]]  # ends before it starts
+    assert s.tolist() == [0, 5, 10, 25] and e.tolist() == [4, 12, 15, 26]
+    # [0, 10) and [3, 6) reach 10; [12, 20) and [14, 16) inside; [30, 25) ends before it starts.
+    s, e = np.array([0, 3, 12, 14, 30]), np.array([10, 6, 20, 16, 25])
+    got = _covered(s, e, np.array([5, 9, 0, 11, 15, 30, 8]), np.array([15, 13, 40, 11, 18, 31, 5]))
+    assert got.tolist() == [8, 2, 18, 0, 3, 0, 0]
     rng = np.random.default_rng(5)
-    for _ in range(200):
-        a = np.sort(rng.integers(0, 1000, 40))
-        b = a + rng.integers(0, 30, 40) * (rng.random(40) < 0.9)
-        q = np.sort(rng.integers(0, 1100, 30))
-        qa, qb = q, q + rng.integers(0, 200, 30)
-        ms, me = _measured(a, b)
-        assert np.array_equal(iv.overlap(ms, me, qa, qb), iv.overlap(*iv.union(a, b), qa, qb))
+    for _ in range(300):
+        m = int(rng.integers(0, 40))
+        a = np.sort(rng.integers(0, 1000, m))
+        b = a + rng.integers(-5, 60, m) * (rng.random(m) < 0.9)
+        qa = rng.integers(-50, 1100, 30)
+        qb = qa + rng.integers(-10, 200, 30)
+        want = iv.overlap(*iv.union(a, b), qa, qb)
+        assert np.array_equal(_covered(a, b, qa, qb), want)

@@ -45,6 +45,7 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.collectives import host_collective_mask
+from tokentrace.analysis.common.critical_path import concat_ranges
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
@@ -214,9 +215,9 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
         for (p, t), idx in zip(threads.tolist(), iv.group_positions(code), strict=True):
             a, b = gs[idx], he[idx]
             u = th.get(p, t)
-            native = iv.overlap(u["native_s"], u["native_e"], a, b)
-            t_free[idx] = iv.overlap(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
-            t_coll[idx] = iv.overlap(u["coll_s"], u["coll_e"], a, b)
+            native = _covered(u["native_s"], u["native_e"], a, b)
+            t_free[idx] = _covered(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
+            t_coll[idx] = _covered(u["coll_s"], u["coll_e"], a, b)
             # Blocking calls count up to the next launch call (a synchronous copy's own call does
             # not idle the GPU before the copy); one that returned within the slack before the
             # GPU went idle still drained it.
@@ -372,7 +373,8 @@ class _ThreadIntervals:
         self.waits = (kind == "gpu_wait") & (self.call_pid >= 0)
 
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
-        """The thread's merged intervals, its blocking calls in start order and its GPU waits."""
+        """The thread's intervals of each set in start order (what `_covered` reads), its
+        merged sync and transfer calls, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
         for name, parts in self.sets.items():
             s, e = [], []
@@ -381,7 +383,7 @@ class _ThreadIntervals:
                 every = bool(on.all())  # one thread's members (most traces): no copy of them
                 s.append(fs if every else fs[on])
                 e.append(fe if every else fe[on])
-            u[f"{name}_s"], u[f"{name}_e"] = _measured(*_in_start_order(s, e))
+            u[f"{name}_s"], u[f"{name}_e"] = _in_start_order(s, e)
         mine = (self.call_pid == p) & (self.call_tid == t)
         c = np.flatnonzero(mine & self.blocking)
         xfer = self.xfer[c]
@@ -396,28 +398,65 @@ class _ThreadIntervals:
 
 
 def _in_start_order(starts: list[np.ndarray], ends: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Parts' intervals together, in start order where each part is (the order of equal starts is
-    free: a union does not depend on it): the few intervals of the later parts (runtime calls
-    that outlast their op) are put in place, the longest part is not sorted again."""
+    """Parts' intervals together in start order (equal starts in any order: what is read of them,
+    their union, does not depend on it): the few intervals of the later parts (runtime calls that
+    outlast their op) put in place, the first part (in start order as loaded) not sorted again."""
     s, e = starts[0], ends[0]
+    if not bool((s[1:] >= s[:-1]).all()):
+        return _sorted(np.concatenate(starts), np.concatenate(ends))
     for ps, pe in zip(starts[1:], ends[1:], strict=True):
         if not len(ps):
             continue
         if not bool((ps[1:] >= ps[:-1]).all()):
-            return np.concatenate(starts), np.concatenate(ends)  # union sorts them
+            return _sorted(np.concatenate(starts), np.concatenate(ends))
         at = np.searchsorted(s, ps)
         s, e = np.insert(s, at, ps), np.insert(e, at, pe)
     return s, e
 
 
-def _measured(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals whose covered length `iv.overlap` reads as it reads their union: the intervals
-    themselves where they are in start order and none reaches past the next one's start (most
-    threads' outermost ops: a union of tens of thousands of them, several passes, for nothing),
-    else their union. Touching intervals count the same length joined or apart."""
-    if len(s) and bool((e >= s).all()) and bool((s[1:] >= e[:-1]).all()):
-        return np.asarray(s, np.int64), np.asarray(e, np.int64)
-    return iv.union(s, e)
+def _sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(s, kind="stable")
+    return s[order], e[order]
+
+
+def _covered(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of each [a, b) covered by the intervals (s, e) in start order: `iv.overlap(*iv.union(s, e), a, b)`
+    without the union (several passes over tens of thousands of a thread's intervals for a few
+    thousand gaps). What starts at or before a covers [a, its reach); the intervals that start
+    inside [a, b), a few per gap, add what lies beyond the reach of those before them."""
+    a = np.asarray(a, np.int64)
+    b = np.maximum(a, np.asarray(b, np.int64))
+    out = np.zeros(len(a), np.int64)
+    if not len(s) or not len(a):
+        return out
+    s = np.asarray(s, np.int64)
+    e = np.maximum(np.asarray(e, np.int64), s)  # an interval never ends before it starts (as union reads it)
+    i0 = np.searchsorted(s, a, side="right")  # those starting at or before a
+    i1 = np.maximum(np.searchsorted(s, b, side="left"), i0)  # those starting inside (a, b)
+    before = i0 > 0
+    reach0 = a.copy()
+    reach0[before] = np.clip(np.maximum.accumulate(e)[i0[before] - 1], a[before], b[before])
+    out += reach0 - a
+    n = i1 - i0
+    if not n.any():
+        return out
+    q = concat_ranges(i0, i1)
+    g = np.repeat(np.arange(len(a)), n)
+    # Relative to each gap's start (0 <= x <= b - a), lifted above every earlier gap's values: one
+    # running maximum serves every gap, each gap's own (as union_grouped lifts its groups).
+    lo = a[g]
+    qs, qe = s[q] - lo, np.minimum(e[q], b[g]) - lo
+    width = b - a + 1
+    lift = (np.cumsum(width) - width)[g]
+    run = np.maximum.accumulate(qe + lift) - lift
+    first = np.cumsum(n) - n  # each gap's first place among q (gaps with none are never read)
+    prev = np.empty(len(q), np.int64)
+    prev[1:] = run[:-1]
+    prev[first[n > 0]] = 0
+    reach = np.maximum(prev, (reach0 - a)[g])
+    gain = np.maximum(0, qe - np.maximum(qs, reach))
+    out[n > 0] += np.add.reduceat(gain, first[n > 0])
+    return out
 
 
 def _responsible_call(u: dict[str, np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
