@@ -340,7 +340,7 @@ class _ThreadIntervals:
         op_rows, op_parent = ops.index.to_numpy(np.int64), numpy_column(ops, "parent")
         rt = trace.narrow_runtime
         rt_op = numpy_column(rt, "op")
-        outlasts = (rt_op < 0) | (end[np.maximum(rt_op, 0)] < numpy_column(rt, "end"))
+        outlasts = (end[rt_op] < numpy_column(rt, "end")) | (rt_op < 0)  # op -1 (none) reads the last row: replaced
         # Ops that launched GPU work themselves or through a descendant; of the others, those
         # whose parent launched (or that have none): an op's descendants launch only if it does.
         # (The launch calls' ops from the runtime view's column, not gathered from every event's.)
@@ -429,8 +429,10 @@ def _covered(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.n
     out = np.zeros(len(a), np.int64)
     if not len(s) or not len(a):
         return out
-    s = np.asarray(s, np.int64)
-    e = np.maximum(np.asarray(e, np.int64), s)  # an interval never ends before it starts (as union reads it)
+    # An interval that ends before it starts (union reads it as ending there) counts as one that
+    # ends there: clipped to [a, b) below, its end is a (it starts at or before a) or it adds
+    # nothing and reaches no further than the start of the next, which starts later.
+    s, e = np.asarray(s, np.int64), np.asarray(e, np.int64)
     i0 = np.searchsorted(s, a, side="right")  # those starting at or before a
     i1 = np.maximum(np.searchsorted(s, b, side="left"), i0)  # those starting inside (a, b)
     before = i0 > 0

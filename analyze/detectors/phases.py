@@ -263,9 +263,9 @@ def _shape_evidence(trace: Trace, segs: Segments, marks: OpMarks) -> dict[str, n
         if isinstance(dims, list) and len(dims) > 1 and isinstance(dims[1], list) and len(dims[1]) == 2:
             col["emb_batch"][s], col["emb_len"][s] = int(dims[1][0]), int(dims[1][1])
     att = marks.attention
-    names = trace.events["name"]
+    names = trace.names
     for s, row in first_rows(segs.locate_times(ts[att]), rows[att]):
-        name = str(names.iat[row])
+        name = str(names[row])
         layout = next((lay for pat, lay in _ATTENTION_LAYOUTS if pat.search(name)), None)
         shape = parse_shapes(dims_of[row], layout)
         # Packed (THD) layouts give tokens over the whole batch, not per sequence: no evidence.
@@ -614,7 +614,7 @@ def _steps_frame(trace: Trace, segs: Segments, window: steady_state.Window | Non
         "ttft_us": np.where(phase == "prefill", (ready - first_op) / US, np.nan),
         "tpot_us": np.where(np.isin(phase, ("decode", "mixed")), interval / US, np.nan),
         "tpot_is_interval": has_prev,
-        "cpu_span_us": (t["end"] - t["start"]).to_numpy(np.int64) / US,
+        "cpu_span_us": (host_end - numpy_column(t, "start", np.int64)) / US,
         "gpu_span_us": gspan / US,
         "gpu_busy_us": m["gpu_busy"] / US,
         "gpu_idle_us": (gspan - m["gpu_busy"]) / US,
