@@ -586,7 +586,7 @@ def _top(trace: Trace, table: pd.DataFrame, host: HostLookup) -> list[dict[str, 
     # The few rows' values column by column (a frame of them, or its rows as tuples, costs more).
     cols = ("device", "stream", "start", "start_us", "dur_us", "cause", "detail", "phase", "step", "region", "prev", "next",
             "launch_api", "next_op", "pid", "tid", "host_bound_us", "host_free_us", "host_blocked_us")
-    rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*(table[c].to_numpy()[sel].tolist() for c in cols), strict=True)]
+    rows = [dict(zip(cols, vals, strict=True)) for vals in zip(*(numpy_column(table, c)[sel].tolist() for c in cols), strict=True)]
     names = trace.names
     out = []
     for r in rows:
@@ -647,7 +647,7 @@ def _findings(trace: Trace, res: GapsResult) -> list[Finding]:
     evidence_cols = ["start_us", "dur_us", "cause", "detail", "phase", "step", "prev", "next", "next_op"]
     # The columns read below as arrays, groups of gaps as masks over them: a frame per group
     # copied every column of it.
-    col = {c: table[c].to_numpy() for c in evidence_cols}
+    col = {c: numpy_column(table, c) for c in evidence_cols}
     dur, cause, phase = np.asarray(col["dur_us"], float), col["cause"], col["phase"]
 
     def evidence(rows: np.ndarray) -> list[dict[str, Any]]:
