@@ -73,9 +73,14 @@ def test_queued_runs_known_answer():
     pred[10 + 0], pred[10 + 1], pred[10 + 2] = 10 + 3, 10 + 0, 10 + 4
     pred[10 + 4] = 10 + 1  # the previous activity in `order`, but on another stream: not queued
     order = np.array([3, 0, 1, 4, 2])
-    rank, lo = cp._queued_runs(pred, order, np.array([7, 7, 7, 9, 9]), 10)
+    rank, opens = cp._queued_runs(pred, order, np.array([7, 7, 7, 9, 9]), 10)
     assert rank.tolist() == [1, 2, 4, 0, 3]
-    assert lo.tolist() == [0, 0, 0, 3, 3]
+    assert opens.tolist() == [0, 3]
+    # One stream in order (the identity): 1 queued behind 0, 3 behind 2; runs open at 0 and 2.
+    pred = np.arange(20)
+    pred[10 + 1], pred[10 + 3] = 10 + 0, 10 + 2
+    rank, opens = cp._queued_runs(pred, np.arange(4), np.full(4, 7), 10, identity=True)
+    assert rank.tolist() == [0, 1, 2, 3] and opens.tolist() == [0, 2]
 
 
 def test_step_path_follows_long_queued_chains_on_two_streams():

@@ -215,7 +215,11 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
     # Edge weights of the host chain: call i's out node (start, or end when blocking) -> call i + 1.
     if nh:
         out_time = np.where(hblock, hend, hts)
-        w = np.maximum(0, np.append(hts[1:], host_end) - out_time)
+        w = np.empty(nh, np.int64)  # the next call's start (the step's host end after the last)
+        w[:-1] = hts[1:]
+        w[-1] = host_end
+        w -= out_time
+        np.maximum(w, 0, out=w)
         w_s = max(0, int(hts[0]) - start)
     if ng:
         gdur = np.maximum(np.asarray(gpu["end"], np.int64) - gts, 0)
@@ -226,11 +230,13 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
         here[here] = hrow[ci[here]] == launch[here]
         order = np.lexsort((gts, ci, stream))
         in_order = stream[order]  # each stream's activities are one run of it (no np.unique: a second sort)
-        bounds = [0] + (np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist() + [ng]
+        # In stream order, one stream (most steps) when the first and last are the same one.
+        bounds = [0, ng] if in_order[0] == in_order[-1] else [0] + (np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist() + [ng]
         chains = [order[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]  # ascending stream id
         chain_ci = [ci[js] for js in chains]
+        consecutive = len(chains) == 1 and bool((order[1:] > order[:-1]).all())  # the identity
     else:
-        chains, chain_ci = [], []
+        chains, chain_ci, consecutive = [], [], False
     carry = [-1] * len(chains)  # per stream: its last node so far (internal index), -1 none
     blocking = np.flatnonzero(hblock).tolist() if nh else []
     prev_out, prev_w = iS, (w_s if nh else max(0, host_end - start))
@@ -248,15 +254,27 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
             block_lo[lo:hi + 1] = lo
         ci_lo = -1 if lo == 0 else lo
         for k, js in enumerate(chains):
-            a, b = np.searchsorted(chain_ci[k], ci_lo, side="left"), np.searchsorted(chain_ci[k], hi, side="right")
+            a, b = int(np.searchsorted(chain_ci[k], ci_lo, side="left")), int(np.searchsorted(chain_ci[k], hi, side="right"))
             if b <= a:
                 continue
-            nodes = js[a:b]
+            nodes: slice | np.ndarray
+            if consecutive:  # activities in stream order already (one stream, as most steps): slices, no gathers
+                j0 = int(js[0]) + a
+                nodes, at = slice(j0, j0 + b - a), slice(base + j0, base + j0 + b - a)
+                behind = np.arange(base + j0 - 1, base + j0 + b - a - 1)
+                first, final = j0, j0 + b - a - 1
+            else:
+                nodes = js[a:b]
+                at = base + nodes
+                behind = np.empty(b - a, np.int64)
+                behind[1:] = at[:-1]
+                first, final = int(nodes[0]), int(nodes[-1])
             dur = gdur[nodes]
             c = np.cumsum(dur)
             c -= dur  # the durations queued ahead of each activity: an exclusive prefix sum
             h = here[nodes]
-            A = np.where(h, dist[np.maximum(ci[nodes], 0)] - c, _NEG)
+            cn = ci[nodes]
+            A = np.where(h, dist[np.maximum(cn, 0)] - c, _NEG)
             last = carry[k]
             if last >= 0:
                 m0 = int(dist[last]) + int(gdur[last - base])
@@ -265,14 +283,14 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
                 if not h[0]:
                     A[0] = 0  # the stream's first activity, launched by nothing here: a root
             M = np.maximum.accumulate(np.concatenate(([m0], A)))
-            dist[base + nodes] = c + M[1:]
+            dist[at] = c + M[1:]
             by_launch = h & (A >= M[:-1])
-            p = np.concatenate(([last], base + nodes[:-1]))
-            p = np.where(by_launch, ci[nodes], p)
+            behind[0] = last  # each activity's predecessor in its queue: the one before it
+            p = np.where(by_launch, cn, behind)
             if last < 0 and not h[0]:
-                p[0] = base + nodes[0]
-            pred[base + nodes] = p
-            carry[k] = int(base + nodes[-1])
+                p[0] = base + first
+            pred[at] = p
+            carry[k] = base + final
         if hi >= 0 and hi < nh and hblock[hi]:
             # The blocking call's end: its start first, then each stream's last activity so far.
             best, arg = int(dist[hi]), hi
@@ -304,40 +322,49 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
         if end_slot.any():
             hit = hit[~end_slot | hblock[np.where(end_slot, hit - nh, 0)]]
     if ng:
-        rank, queue_lo = _queued_runs(pred, order, in_order, base)
+        rank, opens = _queued_runs(pred, order, in_order, base, consecutive)
     if len(hit) == 1:
         end = int(hit[0])
     else:
         end = _first_in_order(hit, nh, base, iS, ci, rank) if ng else _first_in_order(hit, nh, base, iS, None, None)
     # Predecessors followed back to S (its own predecessor), a run at a time: the path backwards,
-    # in pieces. Runs (a host run, a stream's queue) are most of a path and a few dozen in number.
-    back: list[np.ndarray | list[int]] = [[end]]
+    # in pieces (kept only `with_nodes`), and the GPU time on it as it goes (edges leaving a GPU
+    # node: a queue's run of them telescopes to its ends' distance). Runs (a host run, a stream's
+    # queue) are most of a path and a few dozen in number.
+    back: list[np.ndarray | list[int]] | None = [[end]] if with_nodes else None
+    gpu_ns = 0
     cur = end
     while True:
         if cur < nh and block_lo[cur] < cur:  # a run of host starts, each preceded by the one before
             lo_h = int(block_lo[cur])
-            back.append(np.arange(cur - 1, lo_h - 1, -1))
+            if back is not None:
+                back.append(np.arange(cur - 1, lo_h - 1, -1))
             cur = lo_h
             continue
-        if base <= cur < iS and queue_lo[rank[cur - base]] < rank[cur - base]:
+        if base <= cur < iS:
             # A run of a stream's activities, each queued behind the one before it (a GPU-bound
-            # step's path runs through thousands).
+            # step's path runs through thousands): from the last run opened at or before it.
             r = int(rank[cur - base])
-            lo_r = int(queue_lo[r])
-            back.append(base + order[lo_r:r][::-1])
-            cur = base + int(order[lo_r])
-            continue
+            lo_r = int(opens[np.searchsorted(opens, r, side="right") - 1])
+            if lo_r < r:
+                head = base + int(order[lo_r])
+                gpu_ns += int(dist[cur]) - int(dist[head])
+                if back is not None:
+                    back.append(base + order[lo_r:r][::-1])
+                cur = head
+                continue
         nxt = int(pred[cur])
         if nxt == cur:
             break
-        back.append([nxt])
+        if base <= nxt < iS:
+            gpu_ns += int(dist[cur]) - int(dist[nxt])
+        if back is not None:
+            back.append([nxt])
         cur = nxt
-    p = np.concatenate(back)[::-1]
-    step = dist[p[1:]] - dist[p[:-1]]
-    gpu_ns = int(step[(p[:-1] >= base) & (p[:-1] < iS)].sum())
-    cpu_ns = int(dist[end] - dist[p[0]]) - gpu_ns  # the rest of the path's length
-    if not with_nodes:
+    cpu_ns = int(dist[end]) - int(dist[cur]) - gpu_ns  # the rest of the path's length
+    if back is None:
         return StepPath(cpu_ns=cpu_ns, gpu_ns=gpu_ns, nodes=[])
+    p = np.concatenate(back)[::-1]
     path = p.tolist()
     # S and E by their public ids; S can only open the path (it has no predecessor), E only end it.
     if path[0] == iS:
@@ -363,18 +390,24 @@ def _first_in_order(hit: np.ndarray, nh: int, base: int, iS: int, ci: np.ndarray
     return int(hit[np.lexsort((k3, k2, k1))[0]])
 
 
-def _queued_runs(pred: np.ndarray, order: np.ndarray, stream_in_order: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+def _queued_runs(pred: np.ndarray, order: np.ndarray, stream_in_order: np.ndarray, base: int,
+                 identity: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """For step_path's GPU nodes (activity j is node base + j; `order`: the activities in stream
-    order, `stream_in_order` their streams): each activity's position in `order`, and per position
-    the first of its run of activities each preceded on the path by the one before it on its
-    stream (queued behind it, not waiting on its launch)."""
+    order, `stream_in_order` their streams; `identity`: `order` is 0, 1, 2, ...): each
+    activity's position in `order`, and the positions that open a run of activities each
+    preceded on the path by the one before it on its stream (queued behind it, not waiting on
+    its launch), ascending: a position's run opens at the last of them at or before it."""
     ng = len(order)
-    rank = np.empty(ng, np.int64)
-    rank[order] = np.arange(ng)
-    queued = np.zeros(ng, dtype=bool)
-    queued[1:] = (pred[base + order[1:]] == base + order[:-1]) & (stream_in_order[1:] == stream_in_order[:-1])
-    lo = np.maximum.accumulate(np.where(queued, 0, np.arange(ng)))
-    return rank, lo
+    if identity:  # one stream in order: slices of pred, no gathers
+        rank = np.arange(ng)
+        queued = pred[base + 1:base + ng] == np.arange(base, base + ng - 1)
+    else:
+        rank = np.empty(ng, np.int64)
+        rank[order] = np.arange(ng)
+        queued = (pred[base + order[1:]] == base + order[:-1]) & (stream_in_order[1:] == stream_in_order[:-1])
+    opens = np.flatnonzero(~queued)
+    opens += 1
+    return rank, np.concatenate(([0], opens))
 
 
 def sample(seg_ids: np.ndarray) -> np.ndarray:
