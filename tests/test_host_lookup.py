@@ -136,13 +136,14 @@ def test_frames_mask_and_order_found_once_per_lookup(builder, tmp_path):
     assert host.python_stack(pid, HOST_TID, 500_000) == ["a.py(1): outer"]
     assert host.python_stack(pid, 7, 500_000) == ["b.py(1): other thread"]
     assert host.python_stack(pid, 9, 500_000) is None
-    assert asked == [("python_function",)]
+    # Asked for twice, the rows then the mask they come from: made once (the trace keeps it).
+    assert asked == [("python_function",), ("python_function",)]
     ops_only = replace(trace, events=trace.events[trace.events["kind"] != "python_function"].reset_index(drop=True))
     ops_only.events["kind"] = ops_only.events["kind"].cat.remove_unused_categories()
     ops_only.kind_mask = lambda *kinds: asked.append(kinds) or plain(*kinds)  # type: ignore[method-assign]
     host = HostLookup(ops_only)
     assert host.has_frames is False and host.python_stack(pid, HOST_TID, 500_000) is None
-    assert asked == [("python_function",)]
+    assert asked == [("python_function",), ("python_function",)]
 
 
 def test_marked_block_maxima_read_the_marked_ends_only():

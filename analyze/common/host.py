@@ -17,15 +17,13 @@ class _Thread:
     """One thread's ops or frames for lookups: start-sorted ts and end, the event rows at those
     positions (None: the positions are event rows), the mask of the intervals to count (None:
     all), their block maxima (intervals.block_maxima), and where these are shared by every
-    thread (`pids` not None) what tells the thread's own apart: the positions of the kind looked
-    up (`marked`, None: all) and the (pid, tid) columns."""
+    thread (`pids` not None) the (pid, tid) columns that tell the thread's own apart."""
 
     ts: np.ndarray
     end: np.ndarray
     rows: np.ndarray | None
     keep: np.ndarray | None
     maxima: np.ndarray
-    marked: np.ndarray | None = None
     pids: np.ndarray | None = None
     tids: np.ndarray | None = None
     pid: int = 0
@@ -34,11 +32,6 @@ class _Thread:
     def enclosing(self, t: int) -> np.ndarray:
         """Event rows of the thread's intervals enclosing t, outermost first."""
         hit = iv.enclosing_sorted(self.ts, self.end, t, self.maxima, self.keep)
-        if self.marked is not None:  # the kind's own among the intervals enclosing t (a few dozen)
-            at = np.searchsorted(self.marked, hit)
-            ok = at < len(self.marked)
-            ok[ok] = self.marked[at[ok]] == hit[ok]
-            hit = hit[ok]
         if self.pids is not None and self.tids is not None:
             # The thread's own among every thread's, in order: no mask over every event per thread.
             hit = hit[(self.pids[hit] == self.pid) & (self.tids[hit] == self.tid)]
@@ -51,8 +44,10 @@ class HostLookup:
     A thread's ops or frames are a mask over where they already lie, read in place when those are
     in start order (as loaded): ops over the cpu-op frame the detectors share, Python frames over
     the events themselves, so no frame of a serving engine's millions of Python frames is built
-    or copied. Meant for a handful of instants (top gaps, longest syncs), not for every event; one
-    per run (`ctx.shared(HostLookup)`)."""
+    or copied; in start order, one set of block maxima serves every thread (its intervals told
+    apart among the few enclosing an instant), so no thread costs a pass over every event. Meant
+    for a handful of instants (top gaps, longest syncs), not for every event; one per run
+    (`ctx.shared(HostLookup)`)."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
@@ -85,7 +80,7 @@ class HostLookup:
             if src.in_order:
                 # In place, the block maxima of every thread's (made once per source): the
                 # thread's own told apart among the few intervals enclosing an instant.
-                self._cache[key] = _Thread(src.ts, src.end, src.rows, None, src.maxima(), src.marked, src.pids, src.tids, pid, tid)
+                self._cache[key] = _Thread(src.ts, src.end, src.rows, src.mine, src.maxima(), src.pids, src.tids, pid, tid)
             else:
                 keep = (src.pids == pid) & (src.tids == tid)
                 if src.mine is not None:
@@ -120,8 +115,8 @@ class _Source:
     tids: np.ndarray
     mine: np.ndarray | None
     in_order: bool
-    # The positions of the kind looked up (None: all), for the columns in start order: its
-    # block maxima and its lookups read these, never a mask over every event.
+    # The positions `mine` marks (None: all), for the columns in start order: the block maxima
+    # read the ends of these only.
     marked: np.ndarray | None = None
     _maxima: np.ndarray | None = None
 
@@ -160,9 +155,8 @@ def _frames(trace: Trace) -> _Source:
         # Every thread's frames are none, without the passes over every event that finding a
         # thread's would take.
         return _Source(ts[:0], end[:0], None, pids[:0], tids[:0], None, True)
-    if trace.in_start_order:
-        return _Source(ts, end, None, pids, tids, None, True, marked)
-    return _Source(ts, end, None, pids, tids, trace.kind_mask("python_function"), False)
+    # Both made once per trace and kept (the mask is the one the rows come from).
+    return _Source(ts, end, None, pids, tids, trace.kind_mask("python_function"), trace.in_start_order, marked)
 
 
 def _thread(ts: np.ndarray, end: np.ndarray, rows: np.ndarray | None, keep: np.ndarray) -> _Thread:
