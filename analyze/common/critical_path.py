@@ -258,6 +258,7 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
             if b <= a:
                 continue
             nodes: slice | np.ndarray
+            at: slice | np.ndarray
             if consecutive:  # activities in stream order already (one stream, as most steps): slices, no gathers
                 j0 = int(js[0]) + a
                 nodes, at = slice(j0, j0 + b - a), slice(base + j0, base + j0 + b - a)
@@ -267,7 +268,7 @@ def step_path(host: Columns, gpu: Columns, start: int, host_end: int, with_nodes
                 nodes = js[a:b]
                 at = base + nodes
                 behind = np.empty(b - a, np.int64)
-                behind[1:] = at[:-1]
+                behind[1:] = base + nodes[:-1]
                 first, final = int(nodes[0]), int(nodes[-1])
             dur = gdur[nodes]
             c = np.cumsum(dur)
