@@ -426,6 +426,7 @@ def _in_start_order(starts: list[np.ndarray], ends: list[np.ndarray]) -> tuple[n
 
 
 def _sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals in start order (a stable sort)."""
     order = np.argsort(s, kind="stable")
     return s[order], e[order]
 
