@@ -295,6 +295,10 @@ def test_innermost_ops_is_the_deepest_op_of_the_thread_around_each_instant(seed)
     is_op[ordered] = True
     given = {c: cols[c][ordered] for c in ("ts", "pid", "tid")}
     assert innermost_ops(**cols, op_rows=ordered, at_rows=at_rows, op_values=given, is_op=is_op).tolist() == want
+    # With the ops' ends and parents too (the walk's first step reads them) and the rows' starts: the same answer.
+    full = {c: cols[c][ordered] for c in ("ts", "end", "parent", "pid", "tid")}
+    assert innermost_ops(**cols, op_rows=ordered, at_rows=at_rows, op_values=full, is_op=is_op,
+                         at_ts=ev_ts[at_rows]).tolist() == want
     # Ops given out of order take the general path: the same answer.
     assert innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows).tolist() == want
     assert sum(w >= 0 for w in want) > 50  # most instants fall inside some op
@@ -329,6 +333,22 @@ def test_innermost_ops_zero_length_op_holds_the_instant_at_its_start():
     cols = dict(ts=ts, end=end, pid=np.zeros(5, np.int32), tid=np.ones(5, np.int32), parent=parent)
     for op_rows in (np.array([0, 1]), np.array([1, 0])):  # start order (fast path) and not (general path)
         assert innermost_ops(**cols, op_rows=op_rows, at_rows=np.array([2, 3, 4])).tolist() == [1, 0, -1]
+    # The ops' own columns given: the first step of the walk reads them (Z holds 40; 41 climbs to A).
+    given = {c: cols[c][[0, 1]] for c in ("ts", "end", "parent", "pid", "tid")}
+    assert innermost_ops(**cols, op_rows=np.array([0, 1]), at_rows=np.array([2, 3, 4]), op_values=given,
+                         at_ts=np.array([40, 41, 100])).tolist() == [1, 0, -1]
+
+
+def test_innermost_ops_one_thread_check_tells_threads_that_differ_in_pid_alone():
+    # Two processes with the same tid: op A [0, 100) in pid 0, op B [10, 90) in pid 1; instants at 50 in
+    # each. The one-thread shortcut must not take B for the pid-0 instant's innermost op.
+    ts = np.array([0, 10, 50, 50])
+    end = np.array([100, 90, 50, 50])
+    cols = dict(ts=ts, end=end, pid=np.array([0, 1, 0, 1], np.int32), tid=np.ones(4, np.int32), parent=np.full(4, -1))
+    op_rows = np.array([0, 1])
+    given = {c: cols[c][op_rows] for c in ("ts", "end", "parent", "pid", "tid")}
+    for values in (None, given):
+        assert innermost_ops(**cols, op_rows=op_rows, at_rows=np.array([2, 3]), op_values=values).tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -352,6 +372,8 @@ def test_innermost_ops_walks_the_parent_column_through_the_given_ops_only(seed):
     is_op = np.zeros(len(order), dtype=bool)
     is_op[op_rows] = True
     given = {c: cols[c][op_rows] for c in ("ts", "pid", "tid")}
+    assert innermost_ops(**cols, op_rows=op_rows, at_rows=at_rows, op_values=given, is_op=is_op).tolist() == fast.tolist()
+    given = {c: cols[c][op_rows] for c in ("ts", "end", "parent", "pid", "tid")}
     assert innermost_ops(**cols, op_rows=op_rows, at_rows=at_rows, op_values=given, is_op=is_op).tolist() == fast.tolist()
     general = innermost_ops(**cols, op_rows=rng.permutation(op_rows), at_rows=at_rows)
     assert fast.tolist() == general.tolist()

@@ -236,3 +236,13 @@ def test_main_device_is_the_accelerator_with_most_events(types, ids, keep, devic
     got_keep, got_device = memory._main_device(np.array(types, np.int32), np.array(ids, np.int32))
     assert got_device == device
     assert (got_keep is None) if keep is None else got_keep.tolist() == keep
+
+
+def test_within_any_finds_the_instants_inside_some_closed_range():
+    # Ranges [10, 20], [15, 18] (inside the first), [30, 30], [25, 24] (empty: ends before it
+    # starts) and, out of order, [0, 2]; sorted instants on both ends of each and between them.
+    start = np.array([10, 15, 30, 25, 0])
+    end = np.array([20, 18, 30, 24, 2])
+    at = np.array([-1, 0, 2, 3, 10, 19, 20, 21, 29, 30, 31])
+    assert memory._within_any(at, start, end).tolist() == [1, 2, 4, 5, 6, 9]
+    assert memory._within_any(at, start[:0], end[:0]).tolist() == []

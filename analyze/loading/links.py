@@ -162,18 +162,20 @@ def link_columns(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.nd
 
 def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray,
                   op_rows: np.ndarray, at_rows: np.ndarray, op_values: OpValues | None = None,
-                  is_op: np.ndarray | None = None) -> np.ndarray:
+                  is_op: np.ndarray | None = None, at_ts: np.ndarray | None = None) -> np.ndarray:
     """Row of the innermost cpu op on the same thread enclosing the start of each row in `at_rows`
     (-1: none), from an existing `parent` column: the lookup link_columns does for launch calls,
     for any other rows (memory events, instants) after the trace is built. Where the caller holds
     them (a trace's narrow cpu_op frame and kind mask): `op_values`, the ops' ts, pid and tid
-    aligned with `op_rows`, and `is_op`, a mask over every row True exactly at `op_rows`; they
-    spare gathers over every op and a mask the size of the trace (~2 ms at hf_200)."""
+    aligned with `op_rows` (with their "end" and "parent" too where held: the first step of the
+    walk up then reads them, not the trace's columns at scattered rows), `is_op`, a mask over
+    every row True exactly at `op_rows`, and `at_ts`, ts[at_rows]; they spare gathers over every
+    op and a mask the size of the trace (~2 ms at hf_200)."""
     at_rows = np.asarray(at_rows, dtype=np.int64)
     op_rows = np.asarray(op_rows, dtype=np.int64)
     if not len(op_rows) or not len(at_rows):
         return np.full(len(at_rows), -1, dtype=np.int64)
-    fast = _innermost_in_start_order(ts, end, pid, tid, parent, op_rows, at_rows, op_values, is_op)
+    fast = _innermost_in_start_order(ts, end, pid, tid, parent, op_rows, at_rows, op_values, is_op, at_ts)
     if fast is not None:
         return fast
     threads = _thread_ids(np.concatenate([pid[op_rows], pid[at_rows]]), np.concatenate([tid[op_rows], tid[at_rows]]))
@@ -194,7 +196,7 @@ def innermost_ops(*, ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.n
 
 def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, tid: np.ndarray, parent: np.ndarray,
                               op_rows: np.ndarray, at_rows: np.ndarray, op_values: OpValues | None = None,
-                              is_op: np.ndarray | None = None) -> np.ndarray | None:
+                              is_op: np.ndarray | None = None, at_ts: np.ndarray | None = None) -> np.ndarray | None:
     """innermost_ops when the ops are given in start order (as a loaded trace's rows are), or
     None: the ops' order is taken from that order (a stable sort by thread, ties in start
     re-sorted longer first) and each row's last started op found by one binary search on
@@ -203,33 +205,35 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     o_ts = (ts[op_rows] if op_values is None else op_values["ts"]).astype(np.int64, copy=False)
     if (o_ts[1:] < o_ts[:-1]).any():
         return None
-    a_ts = ts[at_rows].astype(np.int64, copy=False)
+    a_ts = (ts[at_rows] if at_ts is None else at_ts).astype(np.int64, copy=False)
     lo, hi = min(int(o_ts[0]), int(a_ts.min())), max(int(o_ts[-1]), int(a_ts.max()))  # the ops' ends of range: in order
-    # One integer per (pid, tid), of these rows only (not of every event).
-    if op_values is None:
-        rows = np.concatenate([op_rows, at_rows])
-        thread, n_threads = thread_codes(pid[rows], tid[rows])
-    else:
-        thread, n_threads = thread_codes(np.concatenate([op_values["pid"], pid[at_rows]]),
-                                         np.concatenate([op_values["tid"], tid[at_rows]]))
-    span = hi - lo + 1
-    if n_threads * span >= 2**62 or n_threads > 2**15:
+    threads = _start_order_threads(pid, tid, op_rows, at_rows, op_values)
+    if threads is None:
         return None
-    op_thread, at_thread = thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):]
+    op_thread, at_thread, n_threads = threads
+    span = hi - lo + 1
+    if n_threads * span >= 2**62:
+        return None
     # (thread, start, row) order: the rows are in start order, so with one thread it is theirs.
-    order = np.argsort(op_thread, kind="stable") if n_threads > 1 else np.arange(len(op_rows))
-    o_thread, o_ts = (op_thread[order], o_ts[order]) if n_threads > 1 else (op_thread, o_ts)
+    order = np.argsort(op_thread, kind="stable") if n_threads > 1 else None
+    o_thread, o_ts = (op_thread[order], o_ts[order]) if order is not None else (op_thread, o_ts)
     # Ties in (thread, start) go longer first, then by row, as the lexsort (-end, ts, thread) orders them.
-    tie = np.flatnonzero((o_thread[1:] == o_thread[:-1]) & (o_ts[1:] == o_ts[:-1]))
+    same = o_ts[1:] == o_ts[:-1]
+    if o_thread is not None:
+        same &= o_thread[1:] == o_thread[:-1]
+    tie = np.flatnonzero(same)
     if len(tie):
+        order = np.arange(len(op_rows)) if order is None else order
         at = np.unique(np.r_[tie, tie + 1])
         at_end = end[op_rows[order[at]]].astype(np.int64)
-        sub_order = at[np.lexsort((at, -at_end, o_ts[at], o_thread[at]))]
+        keys = (at, -at_end, o_ts[at]) if o_thread is None else (at, -at_end, o_ts[at], o_thread[at])
+        sub_order = at[np.lexsort(keys)]
         order[at] = order[sub_order]
-        o_thread, o_ts = op_thread[order], ts[op_rows[order]].astype(np.int64)
-    o_rows = op_rows[order] if n_threads > 1 or len(tie) else op_rows  # one thread, no ties: the rows' own order
+        o_ts = ts[op_rows[order]].astype(np.int64)
+        o_thread = op_thread[order] if op_thread is not None else None
     # The last op of the row's thread starting at or before it (an op before an instant at the same time).
-    if n_threads > 1:
+    if o_thread is not None:
+        assert at_thread is not None
         key = o_thread.astype(np.int64) * span + (o_ts - lo)
         last = np.searchsorted(key, at_thread.astype(np.int64) * span + (a_ts - lo), side="right") - 1
         ok = last >= 0
@@ -245,13 +249,26 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     if is_op is None:
         is_op = np.zeros(len(ts), dtype=bool)
         is_op[op_rows] = True
-    hit = np.where(ok, o_rows[np.maximum(last, 0)], -1)
-    todo = np.flatnonzero(ok)
+    # Each row's last started op as a position among the given ops (in their given order).
+    pos = np.maximum(last, 0) if order is None else order[np.maximum(last, 0)]
+    if op_values is not None and "end" in op_values and "parent" in op_values:
+        # The first step from the ops' own columns (read near in order, not at scattered rows).
+        c_ts, c_end = o_ts[np.maximum(last, 0)], op_values["end"][pos]
+        inside = (a_ts < c_end) | ((c_end == c_ts) & (a_ts == c_ts))
+        hit = np.where(ok & inside, op_rows[pos], -1)
+        todo = np.flatnonzero(ok & ~inside)
+        up = op_values["parent"][pos[todo]]
+        up = np.where(is_op[up] & (up >= 0), up, -1)  # -1 reads the last event's flag: masked by up >= 0
+        hit[todo] = up
+        todo = todo[up >= 0]
+    else:
+        hit = np.where(ok, op_rows[pos], -1)
+        todo = np.flatnonzero(ok)
     while len(todo):
         cur = hit[todo]
-        c_ts, c_end, at = ts[cur], end[cur], a_ts[todo]
+        c_ts, c_end, at_t = ts[cur], end[cur], a_ts[todo]
         # Zero-length ops (dur 0) contain the instant they start at.
-        inside = (at < c_end) | ((c_end == c_ts) & (at == c_ts))
+        inside = (at_t < c_end) | ((c_end == c_ts) & (at_t == c_ts))
         todo = todo[~inside]
         up = parent[hit[todo]]
         # Only a cpu op's parent that is itself one of the ops continues the walk.
@@ -259,6 +276,26 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
         hit[todo] = up
         todo = todo[up >= 0]
     return hit
+
+
+def _start_order_threads(pid: np.ndarray, tid: np.ndarray, op_rows: np.ndarray, at_rows: np.ndarray,
+                         op_values: OpValues | None) -> tuple[np.ndarray | None, np.ndarray | None, int] | None:
+    """Thread codes of the ops and of the rows looked up (int16), and how many threads; (None,
+    None, 1) when every op and row is on one thread (a check against the first op's ids, no
+    codes: the usual trace); None with too many threads for int16 codes."""
+    a_pid, a_tid = pid[at_rows], tid[at_rows]
+    if op_values is None:
+        o_pid, o_tid = pid[op_rows], tid[op_rows]
+    else:
+        o_pid, o_tid = op_values["pid"], op_values["tid"]
+    p0, t0 = o_pid[0], o_tid[0]
+    if bool((o_pid == p0).all() and (o_tid == t0).all() and (a_pid == p0).all() and (a_tid == t0).all()):
+        return None, None, 1
+    # One integer per (pid, tid), of these rows only (not of every event).
+    thread, n_threads = thread_codes(np.concatenate([o_pid, a_pid]), np.concatenate([o_tid, a_tid]))
+    if n_threads > 2**15:
+        return None
+    return thread[: len(op_rows)].astype(np.int16), thread[len(op_rows):], n_threads
 
 
 def _last_started(op_thread: np.ndarray, op_ts: np.ndarray, at_thread: np.ndarray, at: np.ndarray) -> np.ndarray:
