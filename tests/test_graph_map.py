@@ -27,7 +27,7 @@ import tokentrace
 from tokentrace.analysis.apis import GRAPH_MAP_CATEGORY
 from tokentrace.analysis.detectors.graphs import layer_pattern
 from tokentrace.analysis.loading.graph_map import base_name, find_graph_maps, read_graph_map
-from tokentrace.analysis.loading.graph_replay import EXACT, MAP_THREAD_LABEL, ORDER, TEMPLATE
+from tokentrace.analysis.loading.graph_replay import EXACT, MAP_THREAD_LABEL, ORDER, TEMPLATE, _graph_launch_rows
 from tokentrace.cli import main
 
 MI300X = "AMD Instinct MI300X"
@@ -418,3 +418,17 @@ def test_a_trace_without_graph_launches_gets_the_replay_table_with_no_rows(pair,
     again, _ = _replays(plain)
     assert list(again.columns) == list(with_launches.columns) and again is not empty
     pd.testing.assert_frame_equal(again, none)
+
+
+def test_graph_launch_rows_are_the_graph_launch_calls_only(tmp_path):
+    b = TraceBuilder()
+    b.cpu_op("cudaGraphLaunch", 0, 50)  # an op of that name is no launch call
+    b.runtime("cudaLaunchKernel", 5, 2)
+    b.runtime("cudaGraphLaunch", 10, 3)
+    trace = b.load(tmp_path, "with.json")
+    rows = _graph_launch_rows(trace)
+    assert trace.events["kind"].iloc[rows].tolist() == ["runtime"]
+    assert trace.events["ts"].iloc[rows].tolist() == [trace.events["ts"].min() + 10_000]
+    n = TraceBuilder()
+    n.runtime("cudaLaunchKernel", 5, 2)
+    assert _graph_launch_rows(n.load(tmp_path, "without.json")).tolist() == []

@@ -9,7 +9,16 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
-from tokentrace.analysis.common.sync_points import BLOCKING_KINDS, _pageable, api_kind, at_keys, sync_calls, sync_ops
+from tokentrace.analysis.common.sync_points import (
+    BLOCKING_KINDS,
+    _blocking,
+    _kinds_by_code,
+    _pageable,
+    api_kind,
+    at_keys,
+    sync_calls,
+    sync_ops,
+)
 from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
 
 
@@ -321,3 +330,15 @@ def test_pageable_names_by_their_codes():
     got = _pageable(col, np.array([3, 1, 0, 2, 0, 4]))
     assert got.tolist() == [True, False, True, False, True, False]
     assert _pageable(col, np.empty(0, np.int64)).tolist() == []
+
+
+@pytest.mark.parametrize("cats", [["aten::mm", "cudaDeviceSynchronize", "cudaStreamWaitEvent", "cudaMemcpy", "x"],
+                                  [3, "cudaMemset", 7.5], []])
+def test_kinds_by_code_is_api_kind_of_each_category_and_a_trailing_none(cats):
+    got = _kinds_by_code(pd.Index(cats, dtype=object))
+    assert got.tolist() == [api_kind(str(c)) for c in cats] + [None]
+
+
+def test_blocking_marks_the_kinds_that_stop_the_host():
+    kinds = np.array(["device_sync", "gpu_wait", "memcpy_pageable", "op", None, "stream_sync"], dtype=object)
+    assert _blocking(kinds).tolist() == [True, False, True, True, False, True]

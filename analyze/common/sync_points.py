@@ -75,7 +75,7 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     rows = rt.index.to_numpy(np.int64)
     cats = rt["name"].cat
     # Kind per distinct name, then per row through the category codes (-1 picks the trailing None).
-    by_cat = np.array([api_kind(str(c)) for c in cats.categories.tolist()] + [None], dtype=object)
+    by_cat = _kinds_by_code(cats.categories)
     codes = cats.codes.to_numpy()
     # The few sync APIs' codes compared, not a table gathered per row.
     unnamed = ~category_mask(rt["name"], np.asarray(by_cat[:-1] != None, dtype=bool))  # noqa: E711
@@ -113,13 +113,14 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     if keep.any():
         at = np.flatnonzero(keep)
         r = rows[at]
+        kind = np.where(pageable_memcpy[at], "memcpy_pageable", by_cat[codes[at]]).astype(object)
         parts.append(pd.DataFrame({
-            "row": r, "api": names[r], "kind": np.where(pageable_memcpy[at], "memcpy_pageable", by_cat[codes[at]]).astype(object),
+            "row": r, "api": names[r], "kind": kind,
             **{c: rt[c].to_numpy()[at] for c in ("ts", "end", "pid", "tid")},
             "device": at_keys(gpu_launch, gpu_dev.astype(np.int64), r, -1),
             "stream": at_keys(gpu_launch, gpu_stream.astype(np.int64), r, -1),
             "copy": at_keys(copy_launch, copy_name, r, np.nan) if len(copy_name) else np.full(len(r), None, dtype=object),
-            "source": "api",
+            "source": "api", "blocking": _blocking(kind),
         }))
     # Kineto cuda_sync activity whose runtime call is not in the trace (or not a known sync API).
     if len(cs):
@@ -135,17 +136,39 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
                 "row": lone.index.to_numpy(np.int64), "api": lone["name"].astype(object).to_numpy(), "kind": k[ok],
                 "ts": numpy_column(lone, "ts"), "end": numpy_column(lone, "end"), "pid": -1, "tid": -1,
                 "device": numpy_column(lone, "device"), "stream": numpy_column(lone, "stream"), "copy": None,
-                "source": "cuda_sync",
+                "source": "cuda_sync", "blocking": _blocking(k[ok]),
             }))
     calls = (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else _empty_calls()
     ops = _sync_ops_without_call(trace, calls)
     if ops is not None:
         calls = pd.concat([calls, ops], ignore_index=True)
-    calls["blocking"] = calls["kind"].isin(BLOCKING_KINDS).to_numpy()
     ts = numpy_column(calls, "ts")
     if bool((ts[1:] >= ts[:-1]).all()):
         return calls  # in start order already (one part's rows, as loaded): what the stable sort keeps
     return calls.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+# Every name api_kind gives a kind.
+_SYNC_APIS = (*HOST_SYNC_APIS, *GPU_WAIT_APIS, *SYNC_MEMCPY_APIS, *SYNC_MEMSET_APIS)
+
+
+def _kinds_by_code(categories: pd.Index) -> np.ndarray:
+    """api_kind of each category of a name column, and a trailing None (code -1 picks it): only
+    the few sync APIs are looked up among the categories (every name of the trace; calling
+    api_kind on each cost ~0.6 ms at hf_200). A category that is not text has no kind."""
+    out = np.full(len(categories) + 1, None, dtype=object)
+    if categories.inferred_type != "string":  # not plain text: each name's kind, by its text
+        out[:-1] = [api_kind(str(c)) for c in categories.tolist()]
+        return out
+    for name, i in zip(_SYNC_APIS, categories.get_indexer(list(_SYNC_APIS)).tolist(), strict=True):
+        if i >= 0:
+            out[i] = api_kind(name)
+    return out
+
+
+def _blocking(kind: np.ndarray) -> np.ndarray:
+    """Whether each kind (an object array) stops the host: the `blocking` column."""
+    return np.isin(kind, BLOCKING_KINDS)
 
 
 def _from_views(gpu: pd.DataFrame, cs: pd.DataFrame, column: str, at: np.ndarray) -> np.ndarray:
@@ -186,7 +209,8 @@ def at_keys(keys: np.ndarray, values: np.ndarray, query: np.ndarray, missing: An
 def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in (
         ("row", np.int64), ("api", object), ("kind", object), ("ts", np.int64), ("end", np.int64), ("pid", np.int64),
-        ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object))})
+        ("tid", np.int64), ("device", np.int64), ("stream", np.int64), ("copy", object), ("source", object),
+        ("blocking", bool))})
 
 
 def sync_ops(trace: Trace) -> np.ndarray:
@@ -209,7 +233,7 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | 
     is_sync_op[sync_rows] = True
     parent = numpy_column(ev, "parent")
     op_col = numpy_column(ev, "op")
-    api_rows = calls.loc[calls["source"] == "api", "row"].to_numpy(np.int64)
+    api_rows = numpy_column(calls, "row", np.int64)[numpy_column(calls, "source", object) == "api"]
     has_sync = iv.with_ancestors(parent, op_col[api_rows]) if len(api_rows) else np.zeros(len(ev), dtype=bool)
     # Outermost sync-causing op of each chain only: no sync-causing ancestor.
     cand = sync_rows[~has_sync[sync_rows] & (climb_to(parent, parent[sync_rows], is_sync_op) < 0)]
@@ -223,5 +247,5 @@ def _sync_ops_without_call(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame | 
     return pd.DataFrame({
         "row": cand, "api": names[cand], "kind": "op", "ts": numpy_column(ev, "ts")[cand], "end": numpy_column(ev, "end")[cand],
         "pid": numpy_column(ev, "pid")[cand], "tid": numpy_column(ev, "tid")[cand], "device": -1, "stream": -1, "copy": None,
-        "source": "op",
+        "source": "op", "blocking": "op" in BLOCKING_KINDS,
     })
