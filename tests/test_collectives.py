@@ -396,3 +396,28 @@ def test_per_pair_calls_once_per_distinct_pair():
     out = _per_pair(["ab", "ab", None, "abc", "ab"], [2.0, 2.0, 2.0, 1.0, 3.0], fn)
     assert np.array_equal(out, [4.0, 4.0, np.nan, 3.0, 6.0], equal_nan=True) and out.dtype == float
     assert seen == [("ab", 2.0), (None, 2.0), ("abc", 1.0), ("ab", 3.0)]
+
+
+def test_floats_is_the_nullable_float_array_cast_to_float():
+    from tokentrace.analysis.detectors.collectives import _floats
+    values = [None, 3, 2**60 + 1, 1.5, None]
+    got = _floats(values)
+    want = pd.array(values, dtype="Float64").astype(float)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.float64 and got[2] == float(2**60)
+    assert _floats([]).dtype == np.float64 and len(_floats([])) == 0
+
+
+def test_instances_without_kernels_match_the_gpu_side_built_from_the_calls(tmp_path):
+    # A host-only (gloo) trace: the GPU side, made once per column dtypes, is the one the calls
+    # themselves give (same columns, dtypes, no rows).
+    from tokentrace.analysis.common import collectives as cc
+    from tokentrace.analysis.detectors.collectives import _gpu_instances, _no_gpu_instances, collective_kernels, host_calls
+    b = TraceBuilder()
+    b.collective("all_reduce", 10, 20, 100.0, in_nelems=MiB, group_size=4)
+    trace = b.load(tmp_path)
+    calls = host_calls(trace, cc.host_collective_mask(trace))
+    kern = collective_kernels(trace, calls, cc.collective_kernel_rows(trace)).iloc[:0]
+    cached = _no_gpu_instances(calls, kern)
+    pd.testing.assert_frame_equal(cached, _gpu_instances(calls, kern), check_exact=True)
+    assert _no_gpu_instances(calls, kern) is cached and len(cached) == 0 and "type_source" in cached.columns
