@@ -421,3 +421,37 @@ def test_instances_without_kernels_match_the_gpu_side_built_from_the_calls(tmp_p
     cached = _no_gpu_instances(calls, kern)
     pd.testing.assert_frame_equal(cached, _gpu_instances(calls, kern), check_exact=True)
     assert _no_gpu_instances(calls, kern) is cached and len(cached) == 0 and "type_source" in cached.columns
+
+
+def test_notes_count_kernel_types_missing_sizes_world_sizes_and_untimed_calls():
+    from tokentrace.analysis.detectors.collectives import _notes
+    inst = pd.DataFrame({
+        "kind": pd.array(["gpu", "host", "host", "gpu"], dtype="str"),
+        "type_source": pd.array(["kernel", "args", None, "kernel"], dtype="str"),
+        "bytes": [1.0, np.nan, np.nan, 2.0],
+        "group_size_source": pd.Series([None, "world_size", "args", "world_size"], dtype=object),
+        "group_size": [2.0, 8.0, 4.0, 8.0],
+        "busy_us": [5.0, np.nan, 3.0, 1.0],
+    })
+    assert _notes(inst) == [
+        "2 collectives typed from the kernel name alone (NCCL names a kernel after the first of the operations it runs)",
+        "2 collectives without a message size (no collective args or input shapes)",
+        "2 collectives assume the group spans the whole world (size 8): the trace does not say their process group's size",
+        "1 collective calls launched no kernel this trace shows: counted, not timed",
+    ]
+    assert _notes(inst.iloc[[0]].assign(type_source="args", bytes=1.0, group_size_source=None)) == []
+
+
+def test_no_collective_kernels_is_the_frame_built_from_no_rows(tmp_path):
+    from tokentrace.analysis.common import collectives as cc
+    from tokentrace.analysis.detectors.collectives import _collective_kernels, collective_kernels, host_calls
+    b = TraceBuilder()
+    b.collective("all_reduce", 10, 20, 100.0, in_nelems=MiB, group_size=4)
+    trace = b.load(tmp_path)
+    calls = host_calls(trace, cc.host_collective_mask(trace))
+    none = np.zeros(0, np.int64)
+    got = collective_kernels(trace, calls, none)
+    pd.testing.assert_frame_equal(got, _collective_kernels(trace, calls, none), check_exact=True)
+    assert len(got) == 0 and list(got.columns)[:2] == ["row", "coll_name"] and got["call"].dtype == np.int64
+    got["x"] = 1  # a copy: the next call's frame is untouched
+    assert "x" not in collective_kernels(trace, calls, none).columns

@@ -356,6 +356,24 @@ def collective_kernels(trace: Trace, calls: pd.DataFrame, rows: np.ndarray) -> p
     """One row per collective kernel (the event rows cc.collective_kernel_mask marks): name hints,
     args, and the host call that launched it (-1: none)."""
     ev = trace.events
+    if not len(rows):
+        # No collective kernel (most traces with host collectives only): the empty frame the
+        # steps below make, whose dtypes only the columns read decide, made once per those.
+        dtypes = ev.dtypes
+        key = tuple((c, dtypes.get(c)) for c in (*ARG_STR, *ARG_INT, "ts", "end", "device", "stream", "launch"))
+        if key not in _NO_KERNELS:
+            _NO_KERNELS[key] = _collective_kernels(trace, calls.iloc[:0], rows)
+        return _NO_KERNELS[key].copy()
+    return _collective_kernels(trace, calls, rows)
+
+
+# collective_kernels of no rows, per the dtypes of the event columns it reads (read-only).
+_NO_KERNELS: dict[tuple[tuple[str, Any], ...], pd.DataFrame] = {}
+
+
+def _collective_kernels(trace: Trace, calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """collective_kernels, built."""
+    ev = trace.events
     k = _args_frame(ev, rows)
     k.insert(0, "row", rows)
     names = trace.names[rows].astype(object)
@@ -478,7 +496,11 @@ def _gpu_instances(calls: pd.DataFrame, kern: pd.DataFrame) -> pd.DataFrame:
 def _with_host_instances(trace: Trace, calls: pd.DataFrame, gpu: pd.DataFrame, used: set[int]) -> pd.DataFrame:
     """The GPU instances and one instance per typed host call without kernels (`used`: the calls
     with kernels), in start order, with their sizes."""
-    host = calls[calls["type"].notna() & ~calls.index.isin(list(used))]
+    # Typed calls without kernels: a mask of arrays (no Series per test), then one filter.
+    keep = ~np.asarray(calls["type"].array.isna(), dtype=bool)
+    if used:
+        keep &= ~np.isin(calls.index.to_numpy(), np.fromiter(used, dtype=np.int64, count=len(used)))
+    host = calls[keep]
     # Host time is the collective's time only where the collective runs on the host (gloo, MPI,
     # or a trace without GPU activity); an NCCL call's host range is just its enqueue.
     no_gpu = trace.narrow_gpu.empty
@@ -534,8 +556,8 @@ def _sizes(trace: Trace, inst: pd.DataFrame) -> None:
     inst["busbw_gbs"] = algbw * factor
     types = inst["type"].tolist()
     if "all_to_all" not in types:  # the splits are read for all-to-alls only (most traces have none)
-        inst["a2a_imbalance"] = [np.nan] * len(types)
-        inst["splits_truncated"] = [False] * len(types)
+        inst["a2a_imbalance"] = np.full(len(types), np.nan)  # the float and bool columns those lists made, as arrays
+        inst["splits_truncated"] = np.zeros(len(types), dtype=bool)
         return
     imb, trunc = [], []
     for kind, a, b in zip(types, inst["in_split"], inst["out_split"], strict=True):
@@ -652,9 +674,10 @@ def per_step_table(trace: Trace, inst: pd.DataFrame, kern: pd.DataFrame, inst_of
     """Per step: collectives, their time and bytes, exposed time (union of the step's collective
     kernels minus compute) and the compute not already under communication (what could hide it)."""
     cols = STEP_TABLE_COLUMNS
-    gpu = inst[(inst["kind"] == "gpu") & (inst["seg"] >= 0)]
-    if gpu.empty:
+    located = (numpy_column(inst, "kind", object) == "gpu") & (numpy_column(inst, "seg", np.int64) >= 0)
+    if not located.any():  # no GPU instance in a step (host collectives only): no frame filtered to find out
         return _empty_frame(tuple(cols))
+    gpu = inst[located]
     kseg = numpy_column(inst, "seg", np.int64)[inst_of_kernel]
     kdev = numpy_column(kern, "device", np.int64)
     ok = kseg >= 0
@@ -860,9 +883,9 @@ def _findings(res: CollectivesResult, segments: Any) -> list[Finding]:
     out: list[Finding] = []
     inst, ps = res.instances, res.per_step
     span = res.span_us
-    gpu = res.gpu
-    if gpu.empty:
+    if not (numpy_column(inst, "kind", object) == "gpu").any():  # host collectives only: nothing below applies
         return out
+    gpu = res.gpu
     # 1. Exposed communication per step (decode steps when there are any).
     phase = "decode" if (ps["phase"] == "decode").any() else (str(ps["phase"].mode().iat[0]) if len(ps) else None)
     steps = ps[ps["phase"] == phase] if phase else ps
@@ -978,24 +1001,33 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
     per_step = per_step_table(trace, inst, kern, inst_of_kernel, compute, comp, segments) if segments is not None and len(segments) \
         else _empty_frame(tuple(STEP_TABLE_COLUMNS))
     if len(inst):
-        src = inst["type_source"]
-        if (src == "kernel").any():
-            notes.append(f"{int((src == 'kernel').sum())} collectives typed from the kernel name alone (NCCL names a kernel "
-                         "after the first of the operations it runs)")
-        if inst["bytes"].isna().any():
-            notes.append(f"{int(inst['bytes'].isna().sum())} collectives without a message size (no collective args or input shapes)")
-        ws = inst["group_size_source"] == "world_size"
-        if ws.any():
-            notes.append(f"{int(ws.sum())} collectives assume the group spans the whole world (size "
-                         f"{int(inst.loc[ws, 'group_size'].iloc[0])}): the trace does not say their process group's size")
-        untimed = (inst["kind"] == "host") & inst["busy_us"].isna()
-        if untimed.any():
-            notes.append(f"{int(untimed.sum())} collective calls launched no kernel this trace shows: counted, not timed")
+        notes = _notes(inst)
     inst = inst.reindex(columns=INSTANCE_COLUMNS + ["call"])
     res = CollectivesResult(instances=inst, by_type=_by_type(inst), per_step=per_step,
                             span_us=trace.duration_ns / US, notes=notes, gaps_min_gap_us=ctx.result("gaps").min_gap_us)
     res.findings = _findings(res, segments)
     return res
+
+
+def _notes(inst: pd.DataFrame) -> list[str]:
+    """What the instances' numbers rest on: kernel-name types, missing sizes, assumed group sizes,
+    untimed host calls (the columns read as arrays: Series comparisons cost ~0.1 ms each)."""
+    notes = []
+    by_kernel = int((numpy_column(inst, "type_source", object) == "kernel").sum())
+    if by_kernel:
+        notes.append(f"{by_kernel} collectives typed from the kernel name alone (NCCL names a kernel "
+                     "after the first of the operations it runs)")
+    unsized = int(np.isnan(numpy_column(inst, "bytes", float)).sum())
+    if unsized:
+        notes.append(f"{unsized} collectives without a message size (no collective args or input shapes)")
+    ws = np.flatnonzero(numpy_column(inst, "group_size_source", object) == "world_size")
+    if len(ws):
+        notes.append(f"{len(ws)} collectives assume the group spans the whole world (size "
+                     f"{int(numpy_column(inst, 'group_size', float)[ws[0]])}): the trace does not say their process group's size")
+    untimed = int(((numpy_column(inst, "kind", object) == "host") & np.isnan(numpy_column(inst, "busy_us", float))).sum())
+    if untimed:
+        notes.append(f"{untimed} collective calls launched no kernel this trace shows: counted, not timed")
+    return notes
 
 
 def refresh(previous: CollectivesResult, trace: Trace, ctx: Context) -> CollectivesResult | None:
