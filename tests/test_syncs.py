@@ -19,7 +19,7 @@ from tokentrace.analysis.common.sync_points import (
     sync_calls,
     sync_ops,
 )
-from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
+from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _busy_between, _points, descending, recommendation, sorted_key_sums
 
 
 def _syncs(builder, tmp_path):
@@ -342,3 +342,12 @@ def test_kinds_by_code_is_api_kind_of_each_category_and_a_trailing_none(cats):
 def test_blocking_marks_the_kinds_that_stop_the_host():
     kinds = np.array(["device_sync", "gpu_wait", "memcpy_pageable", "op", None, "stream_sync"], dtype=object)
     assert _blocking(kinds).tolist() == [True, False, True, True, False, True]
+
+
+def test_busy_between_is_the_overlap_of_each_wait_with_the_busy_timeline():
+    # Busy [10, 20) and [30, 50); waits across both, inside one, before all, reversed (b < a: none).
+    ms, me = np.array([10, 30]), np.array([20, 50])
+    a = np.array([0, 15, 0, 40, 60])
+    b = np.array([100, 18, 5, 35, 70])
+    assert _busy_between(ms, me, a, b).tolist() == [30, 3, 0, 0, 0]
+    assert _busy_between(ms[:0], me[:0], a, b).tolist() == [0] * 5

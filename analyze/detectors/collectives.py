@@ -25,7 +25,7 @@ cause, top kernel, busy time), which names what a late rank was doing instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import pairwise
@@ -296,7 +296,7 @@ def host_calls(trace: Trace, host_coll: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({c: out[c] for c in cols})
 
 
-def _floats(values: list[float | int | None]) -> np.ndarray:
+def _floats(values: Sequence[float | None]) -> np.ndarray:
     """The numbers as float64, None as NaN (what a nullable Float64 array of them cast to float gives)."""
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 

@@ -55,9 +55,8 @@ def cause_ops(trace: Trace, rows: np.ndarray) -> np.ndarray:
     innermost enclosing op; -1 when the call ran outside every op. Op rows map to themselves."""
     ev = trace.events
     rows = np.asarray(rows, dtype=np.int64)
-    # The categorical's rows first, then to objects: converting the whole column costs.
-    kind = ev["kind"].take(rows).to_numpy(dtype=object) if len(rows) else np.empty(0, dtype=object)
-    inner = np.where(kind == "cpu_op", rows, numpy_column(ev, "op")[rows]) if len(rows) else rows
+    # Which rows are ops, from the trace's memoised cpu_op mask (no kind strings made).
+    inner = np.where(trace.kind_mask("cpu_op")[rows], rows, numpy_column(ev, "op")[rows]) if len(rows) else rows
     # The sync-causing ops' rows (ascending), looked up by the few rows climbed, not a mask over
     # every event.
     sync_rows = sync_ops(trace)
@@ -316,8 +315,16 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
         last = np.where(cnt > 0, rows_by_end[np.maximum(hi - 1, 0)], -1)
         out["count"][sel] = cnt
         out["name"][sel] = np.where(last >= 0, names[np.maximum(last, 0)], np.array(None))
-        out["busy_us"][sel] = iv.overlap(busy.starts[d], busy.ends[d], ts[sel], end[sel] - SYNC_RETURN_SLACK_NS) / US
+        out["busy_us"][sel] = _busy_between(busy.starts[d], busy.ends[d], ts[sel], end[sel] - SYNC_RETURN_SLACK_NS) / US
     return out
+
+
+def _busy_between(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """iv.overlap(ms, me, a, b): the busy time in each [a, b), from one covered_before call on
+    both ends (one prefix sum of the device's busy timeline, not one per end)."""
+    a = np.asarray(a, dtype=np.int64)
+    covered = iv.covered_before(ms, me, np.r_[np.maximum(a, b), a])
+    return covered[: len(a)] - covered[len(a):]
 
 
 def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:

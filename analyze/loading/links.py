@@ -214,9 +214,11 @@ def _innermost_in_start_order(ts: np.ndarray, end: np.ndarray, pid: np.ndarray, 
     span = hi - lo + 1
     if n_threads * span >= 2**62:
         return None
-    # (thread, start, row) order: the rows are in start order, so with one thread it is theirs.
-    order = np.argsort(op_thread, kind="stable") if n_threads > 1 else None
-    o_thread, o_ts = (op_thread[order], o_ts[order]) if order is not None else (op_thread, o_ts)
+    # (thread, start, row) order: the rows are in start order, so with one thread (no codes) it is theirs.
+    order, o_thread = None, op_thread
+    if op_thread is not None:
+        order = np.argsort(op_thread, kind="stable")
+        o_thread, o_ts = op_thread[order], o_ts[order]
     # Ties in (thread, start) go longer first, then by row, as the lexsort (-end, ts, thread) orders them.
     same = o_ts[1:] == o_ts[:-1]
     if o_thread is not None:
