@@ -8,7 +8,7 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _name_test, _percentiles, _text_at
+from tokentrace.analysis.detectors.launches import _ended_by, _name_test, _percentiles, _text_at
 from tokentrace.analysis.loading.trace import isin_mask, values_at
 
 
@@ -197,3 +197,19 @@ def test_stream_table_with_unlinked_streams_in_between(builder, tmp_path):
         {"device": 0, "stream": 7, "launches": 2, "depth_mean": 0.5, "depth_p50": 0.5, "depth_max": 1, "starved_share": 0.5},
         {"device": 1, "stream": 9, "launches": 1, "depth_mean": 0.0, "depth_p50": 0.0, "depth_max": 0, "starved_share": 1.0}]
     assert res.activities.sort_values("launch_ts")["depth"].tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ended_by_counts_the_ends_at_or_before_each_launch(seed):
+    rng = np.random.default_rng(seed)
+    # Launch times in order (merged) or not (searched), ends nearly in order, many ties both ways.
+    lt = np.sort(rng.integers(0, 60, 40)) + 10**15
+    en = lt + rng.integers(0, 8, 40)
+    en[::7] = en[::7][::-1]
+    if seed % 2:
+        lt = rng.permutation(lt)
+    want = [int((en <= t).sum()) for t in lt]
+    assert _ended_by(lt, en).tolist() == want
+    # A known case: ends 5, 5, 9; launches at 4 (none ended), 5 (an end at the same time counts), 9.
+    assert _ended_by(np.array([4, 5, 9]), np.array([9, 5, 5])).tolist() == [0, 2, 3]
+    assert _ended_by(np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == []

@@ -125,6 +125,9 @@ def test_memcpy_is_busy_and_cuda_sync_is_not(builder, tmp_path):
     res = run(trace, context(trace))
     assert res.busy_us == pytest.approx(150.0)
     assert res.span_us == pytest.approx(250.0)
+    # One stream: two activities, one of them a kernel (the copy is not), as whole numbers.
+    st = res.streams
+    assert st["activities"].tolist() == [2] and st["kernels"].tolist() == [1] and st["kernels"].dtype == np.int64
 
 
 def test_devices_are_separate_and_summed(builder, tmp_path):

@@ -20,6 +20,7 @@ import pandas as pd
 from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import StreamBusy, stream_busy
+from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
@@ -195,8 +196,31 @@ def _depth(lt: np.ndarray, en: np.ndarray) -> np.ndarray:
     # A stream's launch times and ends come nearly in order: in-order launch times need no sort
     # (_before), and the stable sort takes the ends in one pass (the same sorted values).
     launched = _before(lt)  # launched strictly before
-    finished = np.searchsorted(np.sort(en, kind="stable"), lt, side="right")  # ended at or before
+    finished = _ended_by(lt, en)  # ended at or before
     return np.maximum(launched - finished, 0)
+
+
+def _ended_by(lt: np.ndarray, en: np.ndarray) -> np.ndarray:
+    """How many of the ends `en` are at or before each launch time (searchsorted of the sorted
+    ends, side right). Launch times in order (a stream's are) are merged with the ends instead:
+    one sort of both as keys 2v (an end) and 2v + 1 (a launch: after an equal end), whose
+    launches' positions less their ranks count the ends before them. The sort merges the two
+    nearly sorted runs, cheaper than a binary search per launch (1.5 -> 1.0 ms at 85 k)."""
+    n = len(lt)
+    if not n or not len(en) or bool((lt[1:] < lt[:-1]).any()):
+        return np.searchsorted(np.sort(en, kind="stable"), lt, side="right")
+    lo = min(int(en.min()), int(lt[0]))
+    if max(int(en.max()), int(lt[-1])) - lo >= 2**61:  # the keys would not fit
+        return np.searchsorted(np.sort(en, kind="stable"), lt, side="right")
+    key = np.empty(len(en) + n, np.int64)
+    ends, launches = key[:len(en)], key[len(en):]
+    np.subtract(en, lo, out=ends)
+    ends *= 2
+    np.subtract(lt, lo, out=launches)
+    launches *= 2
+    launches += 1
+    key.sort(kind="stable")
+    return np.flatnonzero(key & 1) - np.arange(n)
 
 
 def _before(values: np.ndarray) -> np.ndarray:
@@ -272,7 +296,7 @@ def _summary(trace: Trace, calls: pd.DataFrame, act: pd.DataFrame, stream_codes:
         rank = np.array([of_text.get(p, -1) for p in phases.tolist()] + [-1], dtype=np.int64)  # -1: no rank
         seg = numpy_column(calls, "seg", np.int64)
         located = np.flatnonzero(seg >= 0)
-        pos = pd.Index(numpy_column(table, "seg")).get_indexer(seg[located])  # -1 (no such segment) picks the trailing -1
+        pos = table_positions(table, seg[located])  # -1 (no such segment) picks the trailing -1
         key = rank[pos]
         graph_call = numpy_column(calls, "graph", bool)
         for g in iv.group_positions(key):

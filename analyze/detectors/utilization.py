@@ -141,7 +141,8 @@ def _streams(trace: Trace, t0: int, busy: StreamBusy) -> pd.DataFrame:
     codes, uniq = busy.codes, busy.pairs
     idx, s, e, b = iv.group_extents(busy.group, busy.starts, busy.ends)
     counts = np.bincount(codes, minlength=len(uniq))
-    kernels = np.bincount(codes, weights=isin_mask(gpu["kind"], ("kernel",)), minlength=len(uniq))
+    # Kernels per stream counted over the kernels' codes (whole counts: no float weights made per row).
+    kernels = np.bincount(codes[isin_mask(gpu["kind"], ("kernel",))], minlength=len(uniq))
     span = e - s
     # Rows in (device, stream) order already: union_grouped returns the groups ascending and
     # pair_codes numbers the pairs in that order (no sort of the frame needed).
