@@ -9,7 +9,7 @@ from detector_context import context
 
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
-from tokentrace.analysis.common.busy import device_busy
+from tokentrace.analysis.common.busy import BusyTimeline, device_busy
 from tokentrace.analysis.common.nsys_rules import evaluate
 from tokentrace.analysis.common.sync_points import sync_calls
 from tokentrace.analysis.detectors.utilization import run
@@ -27,6 +27,30 @@ def test_union_complement_overlap_exact():
     assert iv.overlap(ms, me, np.array([100, 0, 125]), np.array([160, 1000, 140])).tolist() == [30, 270, 0]
     assert iv.locate(ms, me, np.array([-1, 0, 120, 199, 350])).tolist() == [-1, 0, -1, 1, 2]
     assert iv.count_active(s, e, np.array([60, 112, 500])).tolist() == [2, 2, 0]
+
+
+def test_overlap_with_kept_prefix_lengths():
+    """prefix_lengths is the covered length before each merged interval; covered_before and
+    overlap give the same answers with it kept as without; BusyTimeline.busy_in is the overlap
+    with its device's intervals, the prefix made once and kept."""
+    ms, me = np.array([0, 150, 300], dtype=np.int64), np.array([120, 200, 400], dtype=np.int64)
+    cum = iv.prefix_lengths(ms, me)
+    assert cum.tolist() == [0, 120, 170, 270]
+    t = np.array([-5, 0, 60, 120, 149, 175, 250, 350, 999])
+    want = [0, 0, 60, 120, 120, 145, 170, 220, 270]
+    assert iv.covered_before(ms, me, t).tolist() == want
+    assert iv.covered_before(ms, me, t, cum).tolist() == want
+    a, b = np.array([100, 0, 125, 190, 500]), np.array([160, 1000, 140, 310, 400])  # the last: b < a, nothing
+    assert iv.overlap(ms, me, a, b, cum).tolist() == iv.overlap(ms, me, a, b).tolist() == [30, 270, 0, 20, 0]
+    empty = np.empty(0, dtype=np.int64)
+    assert iv.prefix_lengths(empty, empty).tolist() == [0]
+    assert iv.overlap(empty, empty, a, b).tolist() == [0] * 5
+
+    busy = BusyTimeline(starts={3: ms}, ends={3: me})
+    assert busy.busy_in(3, a, b).tolist() == [30, 270, 0, 20, 0]
+    kept = busy._cum[3]
+    assert kept.tolist() == cum.tolist()
+    assert busy.busy_in(3, np.array([0]), np.array([400])).tolist() == [270] and busy._cum[3] is kept
 
 
 @pytest.mark.parametrize("order", ["any", "by start", "by group and start"])

@@ -24,9 +24,21 @@ class BusyTimeline:
     opener: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row opening each busy interval
     closer: dict[int, np.ndarray] = field(default_factory=dict)  # device -> row reaching each interval's end
 
+    # device -> prefix_lengths of its busy intervals, made on first use (the overlap queries of
+    # several detectors and rules read the same ones).
+    _cum: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
     @property
     def devices(self) -> list[int]:
         return sorted(self.starts)
+
+    def busy_in(self, device: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """`iv.overlap(starts[device], ends[device], a, b)`: the device's busy time in each [a, b)."""
+        ms, me = self.starts[device], self.ends[device]
+        cum = self._cum.get(device)
+        if cum is None:  # two threads may both make it: the same array, either kept
+            cum = self._cum[device] = iv.prefix_lengths(ms, me)
+        return iv.overlap(ms, me, a, b, cum)
 
 
 def device_busy(trace: Trace) -> BusyTimeline:

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import BusyTimeline
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.trace import Trace, numpy_column
@@ -118,7 +117,7 @@ def _gpu_time_util(busy: BusyTimeline, chunks: int, threshold_pct: float, t0: in
         edges = lo + ((hi - lo) * np.arange(chunks + 1, dtype=np.float64) / chunks).astype(np.int64)
         edges[-1] = hi
         a, b = edges[:-1], edges[1:]
-        cov = iv.overlap(ms, me, a, b)
+        cov = busy.busy_in(d, a, b)
         width = np.maximum(b - a, 1)
         util = 100.0 * cov / width
         low = np.flatnonzero(util < threshold_pct)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.loading.trace import Trace, numpy_column
 from tokentrace.analysis.segments import Segments
 
@@ -99,14 +98,14 @@ def account(busy: Any, window: Window | None, t0: int) -> tuple[dict[str, Any] |
         ws, we = max(window.start, lo), min(window.end, hi)
         if we > ws:
             span += we - ws
-            b_in += int(iv.overlap(ms, me, np.array([ws]), np.array([we]))[0])
+            b_in += int(busy.busy_in(d, np.array([ws]), np.array([we]))[0])
         before_end, after_start = min(window.start, hi), max(window.end, lo)
         if before_end > lo:
-            b = int(iv.overlap(ms, me, np.array([lo]), np.array([before_end]))[0])
+            b = int(busy.busy_in(d, np.array([lo]), np.array([before_end]))[0])
             idle_before += before_end - lo - b
             busy_out += b
         if hi > after_start:
-            b = int(iv.overlap(ms, me, np.array([after_start]), np.array([hi]))[0])
+            b = int(busy.busy_in(d, np.array([after_start]), np.array([hi]))[0])
             idle_after += hi - after_start - b
             busy_out += b
     steady = {
