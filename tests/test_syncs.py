@@ -9,6 +9,7 @@ from conftest import real_trace_params, shared_trace
 
 import tokentrace
 from tokentrace.analysis.apis import BLOCKING_APIS, GPU_WAIT_APIS
+from tokentrace.analysis.common.busy import BusyTimeline
 from tokentrace.analysis.common.sync_points import (
     BLOCKING_KINDS,
     _blocking,
@@ -19,7 +20,7 @@ from tokentrace.analysis.common.sync_points import (
     sync_calls,
     sync_ops,
 )
-from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _busy_between, _points, descending, recommendation, sorted_key_sums
+from tokentrace.analysis.detectors.syncs import POINT_COLUMNS, _points, descending, recommendation, sorted_key_sums
 
 
 def _syncs(builder, tmp_path):
@@ -344,10 +345,10 @@ def test_blocking_marks_the_kinds_that_stop_the_host():
     assert _blocking(kinds).tolist() == [True, False, True, True, False, True]
 
 
-def test_busy_between_is_the_overlap_of_each_wait_with_the_busy_timeline():
+def test_busy_in_is_the_overlap_of_each_wait_with_the_busy_timeline():
     # Busy [10, 20) and [30, 50); waits across both, inside one, before all, reversed (b < a: none).
     ms, me = np.array([10, 30]), np.array([20, 50])
     a = np.array([0, 15, 0, 40, 60])
     b = np.array([100, 18, 5, 35, 70])
-    assert _busy_between(ms, me, a, b).tolist() == [30, 3, 0, 0, 0]
-    assert _busy_between(ms[:0], me[:0], a, b).tolist() == [0] * 5
+    assert BusyTimeline(starts={0: ms}, ends={0: me}).busy_in(0, a, b).tolist() == [30, 3, 0, 0, 0]
+    assert BusyTimeline(starts={0: ms[:0]}, ends={0: me[:0]}).busy_in(0, a, b).tolist() == [0] * 5

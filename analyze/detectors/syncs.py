@@ -25,7 +25,6 @@ from tokentrace.analysis.apis import (
     HOST_COPY_OPS,
     SYNC_CAUSING_OPS,
 )
-from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.busy import device_busy
 from tokentrace.analysis.common.host import HostLookup, recorded_stacks
 from tokentrace.analysis.common.json_values import json_value
@@ -315,16 +314,8 @@ def _waited_for(trace: Trace, ctx: Context, calls: pd.DataFrame) -> dict[str, np
         last = np.where(cnt > 0, rows_by_end[np.maximum(hi - 1, 0)], -1)
         out["count"][sel] = cnt
         out["name"][sel] = np.where(last >= 0, names[np.maximum(last, 0)], np.array(None))
-        out["busy_us"][sel] = _busy_between(busy.starts[d], busy.ends[d], ts[sel], end[sel] - SYNC_RETURN_SLACK_NS) / US
+        out["busy_us"][sel] = busy.busy_in(d, ts[sel], end[sel] - SYNC_RETURN_SLACK_NS) / US
     return out
-
-
-def _busy_between(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """iv.overlap(ms, me, a, b): the busy time in each [a, b), from one covered_before call on
-    both ends (one prefix sum of the device's busy timeline, not one per end)."""
-    a = np.asarray(a, dtype=np.int64)
-    covered = iv.covered_before(ms, me, np.r_[np.maximum(a, b), a])
-    return covered[: len(a)] - covered[len(a):]
 
 
 def _idle_caused(gaps: Any, rows: np.ndarray) -> np.ndarray:
