@@ -77,6 +77,10 @@ class OpGpu:
     # The top-level op of each row of trace.narrow_gpu, aligned with it (-1: no op link). The walk
     # up reaches it anyway; kept so the kernels table needs no second climb (root_of).
     gpu_root: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    # Each pair's GPU row as its position in trace.narrow_gpu (pair_gpu is that row's event row):
+    # readers gather the GPU rows' columns from the narrow view (a few tens of thousands of rows)
+    # instead of the events' (a million), and need no search to find a pair's GPU row there.
+    pair_pos: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def at(self, rows: np.ndarray, positions: tuple[np.ndarray, np.ndarray] | None = None) -> OpGpuRows:
         """The four values of each row in `rows` (0 for a row under which nothing was launched);
@@ -157,9 +161,10 @@ def op_gpu(trace: Trace) -> OpGpu:
     ops, at = iv.dense_unique(all_op)
     k = len(ops)
     self_at = at[: len(self_op)]  # the first level's pairs are the direct launches
-    self_ns = np.bincount(self_at, weights=dur[pair_pos[: len(self_op)]], minlength=k)
+    pair_dur = dur[pair_pos]  # one gather; the direct launches' are its first len(self_op)
+    self_ns = np.bincount(self_at, weights=pair_dur[: len(self_op)], minlength=k)
     self_count = np.bincount(self_at, minlength=k).astype(np.int64, copy=False)
-    total_ns = np.bincount(at, weights=dur[pair_pos], minlength=k).astype(float, copy=False)
+    total_ns = np.bincount(at, weights=pair_dur, minlength=k).astype(float, copy=False)
     total_count = np.bincount(at, minlength=k).astype(np.int64, copy=False)
     return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, gpu.index.to_numpy(np.int64)[pair_pos],
-                  at.astype(np.int64, copy=False), gpu_root)
+                  at.astype(np.int64, copy=False), gpu_root, pair_pos)

@@ -306,6 +306,9 @@ def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None 
     then a stable sort by group and descending total, one row per group, gives."""
     if not len(group):
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    dense = _dense_top_per_group(group, key, weight)
+    if dense is not None:
+        return dense
     pair, pair_first = group_ids(group, key)
     n = len(pair_first)
     total = np.bincount(pair, minlength=n) if weight is None else group_sums(pair, weight, n)[0]
@@ -313,3 +316,48 @@ def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None 
     order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
     keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
     return pg[keep], pair_first[keep], total[keep]
+
+
+def _dense_top_per_group(group: np.ndarray, key: np.ndarray,
+                         weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """top_per_group through a table over the (group, key) range, where that range is small
+    (DENSE_KEYS_PER_ROW) and the totals are counts or integer sums every order adds exactly (None
+    otherwise): two bincounts over the rows, a maximum per group over the table, and the first
+    rows of the winning pairs only (of every tied pair where a group's best total is tied), not a
+    numbering of every pair by its first row and a sort of them (at train_200's 215 k op-kernel
+    pairs, 3.5 -> ~1 ms)."""
+    n = len(group)
+    if weight is not None:
+        if weight.dtype.kind not in "iu":
+            return None
+        # Integer sums below 2**53 are exact as floats in any order (bincount adds doubles).
+        if max(abs(int(weight.min())), abs(int(weight.max()))) * n >= 2**53:
+            return None
+    g_lo, k_lo = int(group.min()), int(key.min())
+    n_groups, n_keys = int(group.max()) - g_lo + 1, int(key.max()) - k_lo + 1
+    if n_groups * n_keys > DENSE_KEYS_PER_ROW * n:
+        return None
+    cell = np.subtract(group, g_lo, dtype=np.int64)
+    cell *= n_keys
+    cell += key
+    cell -= k_lo
+    size = n_groups * n_keys
+    count = np.bincount(cell, minlength=size)
+    total = count.astype(float) if weight is None else np.bincount(cell, weights=weight, minlength=size)
+    table = np.where(count > 0, total, -np.inf).reshape(n_groups, n_keys)
+    best = table.max(axis=1)
+    has = best > -np.inf
+    cand = np.flatnonzero(((table == best[:, None]) & has[:, None]).ravel())  # each group's best cells, ties included
+    # The first row of each candidate cell, from the rows in candidate cells only.
+    idx = np.full(size, -1, dtype=np.int64)
+    idx[cand] = np.arange(len(cand))
+    of_row = idx[cell]
+    rows = np.flatnonzero(of_row >= 0)
+    first = rows[first_rows(of_row[rows], len(cand))]
+    if len(cand) > int(has.sum()):  # a tie: the pair that appears first wins it
+        cand_group = cand // n_keys
+        order = np.lexsort((first, cand_group))
+        keep = order[np.r_[True, cand_group[order][1:] != cand_group[order][:-1]]]
+        cand, first = cand[keep], first[keep]
+    won = np.flatnonzero(has)
+    return won + g_lo, first, best[won].astype(np.int64)  # counts or integer sums, exact
