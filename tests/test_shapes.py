@@ -204,6 +204,19 @@ def test_first_rows_in_blocks_are_the_first_occurrences(monkeypatch):
         u, at = np.unique(ids, return_index=True)
         want[u] = at
         assert first.tolist() == want.tolist()
+    # Growing blocks that number only the rows of ids not seen before: few distinct ids (every
+    # later block filtered), ids that turn mostly new after a while (the filter given up), and
+    # distinct ids from the start.
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_START", 3)
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_BLOCK", 16)
+    few = rng.integers(0, 4, 200)
+    turning = np.concatenate([rng.integers(0, 3, 40), rng.permutation(np.arange(3, 150))])
+    for ids, k in ((few, 6), (turning, 150), (rng.permutation(90), 90)):
+        want = np.full(k, len(ids))
+        u, at = np.unique(ids, return_index=True)
+        want[u] = at
+        assert shape_codes.first_rows(ids, k).tolist() == want.tolist()
+    assert shape_codes.first_rows(np.array([2, 2, 0, 2, 1, 0]), 4).tolist() == [2, 4, 0, 6]
 
 
 def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
@@ -277,6 +290,29 @@ def test_group_sums_of_whole_number_floats_are_pandas_sums_bit_for_bit():
 
 def _object(values: list) -> pd.Series:
     return pd.Series(np.array(values, dtype=object), dtype=object)
+
+
+def test_kahan_sums_of_pandas_kernel_and_python_loop_agree_bit_for_bit(monkeypatch):
+    # Awkward floats with NaN and infinities, ids out of order: pandas' kernel and the Python loop
+    # give the same bits and the same counts of values not NaN; without the kernel, the loop.
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(0, 200))
+        k = int(rng.integers(1, 6))
+        ids = rng.integers(0, k, n)
+        v = _awkward_floats(rng, n)
+        if trial % 5 == 0:
+            v[rng.random(n) < 0.05] = rng.choice([np.inf, -np.inf])
+        by_kernel = shape_codes.kahan_group_sums(ids, v, k)
+        by_loop = shape_codes.kahan_sums_python(ids, v, k)
+        assert by_kernel[0].tobytes() == by_loop[0].tobytes() and by_kernel[1].tolist() == by_loop[1].tolist()
+    # A known answer where compensation matters: 1e16 + 1 + 1 is 1e16 + 2 with it, 1e16 without.
+    ids, v = np.array([0, 0, 0, 1]), np.array([1e16, 1.0, 1.0, np.nan])
+    by_kernel = shape_codes.kahan_group_sums(ids, v, 2)
+    monkeypatch.setattr(shape_codes, "_pandas_group_sum", None)
+    for sums, count in (by_kernel, shape_codes.kahan_group_sums(ids, v, 2)):
+        assert sums.tolist() == [1e16 + 2, 0.0] and count.tolist() == [3, 0]
 
 
 def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():

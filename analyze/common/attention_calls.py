@@ -51,7 +51,7 @@ from tokentrace.analysis.common.labels import phase_labels
 from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, numpy_column, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, column_array, isin_mask, numpy_column, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -84,18 +84,26 @@ def _empty_calls() -> pd.DataFrame:
 _KERNEL_BACKENDS = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
 _KERNEL_LIBRARIES = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
 _NAMES_A_BACKEND = np.array([b is not None for b in _KERNEL_BACKENDS], dtype=bool)
+_NAMES_A_LIBRARY = np.array([x is not None for x in _KERNEL_LIBRARIES], dtype=bool)
+# Each KERNELS_RE entry's backend as a code shared by the entries naming the same one (-1: none),
+# and the backend of each code: a GPU row's backend code is read through its match index, not
+# factorized from the backend strings of its rows.
+_BACKEND_CODE, _BACKENDS = pd.factorize(_KERNEL_BACKENDS, use_na_sentinel=True)
+_BACKENDS = np.asarray(_BACKENDS, dtype=object)
 
 
 def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx: np.ndarray,
                   libraries: bool = True) -> dict[str, np.ndarray]:
     """GPU ns, kernel count, top kernel, kernel-named backend and library (None everywhere unless
     `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match."""
-    ok = call_of_gpu >= 0
+    ok = np.flatnonzero(call_of_gpu >= 0)  # the few rows in calls, as places (three gathers of them)
     c = call_of_gpu[ok]
     dur = numpy_column(gpu, "dur")[ok]
-    name_codes = np.asarray(gpu["name"].array.codes)[ok]
-    kb = _KERNEL_BACKENDS[kidx[ok]]
-    kl = _KERNEL_LIBRARIES[kidx[ok]] if libraries else np.full(len(kb), None, dtype=object)
+    names = column_array(gpu, "name")  # the categorical, without a Series
+    if not isinstance(names, pd.Categorical):  # (always one in a loaded trace's views)
+        names = pd.Categorical(names)
+    name_codes = np.asarray(names.codes)[ok]
+    ki = kidx[ok]
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
     count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
     top = np.full(n_calls, None, dtype=object)
@@ -108,15 +116,18 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx
         named_k = name_codes >= 0
         k_codes = name_codes[named_k].astype(np.int64)
         won, at, _ = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
-        top[won] = np.asarray(gpu["name"].array.categories, dtype=object)[k_codes[at]]
-        has_b = pd.notna(kb)
+        top[won] = np.asarray(names.categories, dtype=object)[k_codes[at]]
+        # Backends and libraries through each row's match index: booleans and codes from small
+        # tables, not a test of every row's backend string.
+        has_b = _NAMES_A_BACKEND[ki]
         if has_b.any():
-            bcodes, bvals = pd.factorize(kb[has_b])
+            bcodes = _BACKEND_CODE[ki[has_b]]
             won, at, _ = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
-            kback[won] = np.asarray(bvals, dtype=object)[bcodes[at]]
-        has_l = pd.notna(kl)
-        lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
-        klib_of[lc] = kl[has_l][first_l]
+            kback[won] = _BACKENDS[bcodes[at]]
+        if libraries:
+            has_l = _NAMES_A_LIBRARY[ki]
+            lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
+            klib_of[lc] = _KERNEL_LIBRARIES[ki[has_l][first_l]]
     return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
 
 
@@ -206,7 +217,7 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
         # a GPU row's first pair whose op is an attention op holds its nearest one (no climb of
         # every GPU row to its root).
         hit = np.flatnonzero(is_att[att.pair_op])
-        pos, first = np.unique(np.searchsorted(gpu.index.to_numpy(np.int64), att.pair_gpu[hit]), return_index=True)
+        pos, first = np.unique(att.pair_pos[hit], return_index=True)  # each GPU row's place, with its nearest pair
         call_of_gpu[pos] = call_of(att.pair_op[hit[first]])
     per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
