@@ -507,3 +507,11 @@ def test_op_dims_codes_follow_the_cpu_ops_rows_equal_dims_equal_codes(tmp_path):
     ops = tr.narrow(("cpu_op",), OP_COLUMNS)
     assert ops["name"].tolist() == ["aten::mm", "aten::add", "aten::mm", "aten::relu"]
     assert op_dims_codes(tr).tolist() == [0, 1, 0, -1]
+
+
+def test_phase_key_of_one_phase_is_a_constant_view_that_splits_no_group():
+    one = shapes._phase_key(np.zeros(5, np.int64), np.array(["all"], dtype=object))
+    assert one.strides == (0,) and one.tolist() == [0] * 5
+    assert group_ids(np.array([3, 1, 3, 3, 1]), one)[0].tolist() == [0, 1, 0, 0, 1]
+    two = np.array([0, 1, 0])
+    assert shapes._phase_key(two, np.array(["prefill", "decode"], dtype=object)) is two
