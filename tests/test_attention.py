@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -157,6 +158,43 @@ def test_kernel_backend_names():
     assert kernel_backend("create_flashinfer_kv_indices_triton") is None
     assert kernel_backend("cudnn_generated_fort_native_sdpa_sm90_knob_7") == "cudnn"
     assert kernel_backend(GEMM_KERNEL) is None and kernel_backend(SOFTMAX_KERNEL) is None
+
+
+def _match_paths(items: Any) -> list[str]:
+    """The ways through a parsed regex as strings of the characters each always matches, "\0"
+    where it matches anything else (a class, a repeat, an anchor): a match along a path holds
+    every run of plain characters between the "\0"s."""
+    import re._constants as c
+
+    paths = [""]
+    for op, arg in items:
+        if op is c.LITERAL:
+            paths = [p + chr(arg) for p in paths]
+        elif op is c.BRANCH:
+            paths = [p + q for p in paths for b in arg[1] for q in _match_paths(b)]
+        elif op is c.SUBPATTERN:
+            paths = [p + q for p in paths for q in _match_paths(arg[3])]
+        else:
+            paths = [p + "\0" for p in paths]
+    return paths
+
+
+def test_kernel_literals_prefilter_every_kernel_pattern():
+    # Every alternative of every ATTENTION_KERNELS pattern always matches one of KERNEL_LITERALS,
+    # so a name without any of them cannot match: the prefilter never hides a kernel.
+    import re._parser
+
+    from tokentrace.analysis.common.attention_ops import ATTENTION_KERNELS, KERNEL_LITERALS, KERNELS_ANY, KERNELS_RE, match_categories
+
+    for pattern, *_ in ATTENTION_KERNELS:
+        for path in _match_paths(re._parser.parse(pattern)):
+            assert any(lit in run for run in path.split("\0") for lit in KERNEL_LITERALS), (pattern, path)
+    names = pd.Categorical([FLASH_KERNEL, GEMM_KERNEL, "fmha_cutlassF_bf16_aligned_64x64_rf_sm80", SOFTMAX_KERNEL,
+                            "void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>", "_fwd_kernel", "x_fwd_kernel",
+                            "create_flashinfer_kv_indices_triton", "cudnn_generated_fort_native_sdpa_sm90_knob_7"] * 30)
+    with_prefilter = match_categories(names, KERNELS_RE, prefilter=KERNELS_ANY)
+    assert with_prefilter.tolist() == match_categories(names, KERNELS_RE).tolist()
+    assert with_prefilter[:9].tolist() == [6, -1, 7, -1, 0, 8, -1, -1, 5]
 
 
 def test_kernel_only_calls_merge_consecutive_attention_kernels(tmp_path):

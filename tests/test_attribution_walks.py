@@ -28,6 +28,9 @@ def test_climb_to_and_outermost_are_the_walk_up_each_chain(seed):
     nearest = [next((r for r in _chain(parent, s) if target[r]), -1) for s in start.tolist()]
     top = [next((r for r in reversed(_chain(parent, s)) if target[r]), -1) for s in start.tolist()]
     assert attribution.climb_to(parent, start, target).tolist() == nearest
+    # The same targets as codes (attention_op_spec's int8: >= 0 on a target, -1 elsewhere).
+    codes = np.where(target, rng.integers(0, 5, n), -1).astype(np.int8)
+    assert attribution.climb_to(parent, start, codes).tolist() == nearest
     assert attribution.outermost(parent, start, target).tolist() == top
     np.testing.assert_array_equal(start, given)  # the start rows are left as they were
 
@@ -75,3 +78,24 @@ def test_op_gpu_keeps_each_gpu_rows_top_level_op(tmp_path):
     assert got == {"gemm": "aten::linear", "add": "aten::linear", "relu": "aten::relu", "bare": None, "orphan": None}
     parent = numpy_column(tr.events, "parent")
     assert og.gpu_root.tolist() == attribution.root_of(parent, numpy_column(gpu, "op")).tolist()
+
+
+def test_op_gpu_pairs_hold_each_gpu_rows_place_level_by_level(tmp_path):
+    """pair_pos: each pair's GPU row as its position in narrow_gpu (pair_gpu its event row), the
+    direct launches first in GPU-row order, then a level up at a time."""
+    from tracebuilder import TraceBuilder
+
+    b = TraceBuilder()
+    b.cpu_op("aten::linear", 100, 60)
+    b.cpu_op("aten::mm", 102, 25)
+    b.launch("gemm", 103, 110, 40)
+    b.cpu_op("aten::relu", 200, 10)
+    b.launch("relu", 201, 210, 2)
+    b.gpu("orphan", 400, 5, corr=999_999)
+    tr = b.load(tmp_path)
+    og = attribution.op_gpu(tr)
+    gpu = tr.narrow_gpu
+    names = tr.events["name"].astype(object).to_numpy()
+    assert og.pair_gpu.tolist() == gpu.index.to_numpy()[og.pair_pos].tolist()
+    got = [(str(gpu["name"].iloc[p]), names[o]) for p, o in zip(og.pair_pos.tolist(), og.pair_op.tolist(), strict=True)]
+    assert got == [("gemm", "aten::mm"), ("relu", "aten::relu"), ("gemm", "aten::linear")]

@@ -204,6 +204,19 @@ def test_first_rows_in_blocks_are_the_first_occurrences(monkeypatch):
         u, at = np.unique(ids, return_index=True)
         want[u] = at
         assert first.tolist() == want.tolist()
+    # Growing blocks that number only the rows of ids not seen before: few distinct ids (every
+    # later block filtered), ids that turn mostly new after a while (the filter given up), and
+    # distinct ids from the start.
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_START", 3)
+    monkeypatch.setattr(shape_codes, "FIRST_ROWS_BLOCK", 16)
+    few = rng.integers(0, 4, 200)
+    turning = np.concatenate([rng.integers(0, 3, 40), rng.permutation(np.arange(3, 150))])
+    for ids, k in ((few, 6), (turning, 150), (rng.permutation(90), 90)):
+        want = np.full(k, len(ids))
+        u, at = np.unique(ids, return_index=True)
+        want[u] = at
+        assert shape_codes.first_rows(ids, k).tolist() == want.tolist()
+    assert shape_codes.first_rows(np.array([2, 2, 0, 2, 1, 0]), 4).tolist() == [2, 4, 0, 6]
 
 
 def test_group_ids_by_table_and_by_hash_agree(monkeypatch):
@@ -279,6 +292,29 @@ def _object(values: list) -> pd.Series:
     return pd.Series(np.array(values, dtype=object), dtype=object)
 
 
+def test_kahan_sums_of_pandas_kernel_and_python_loop_agree_bit_for_bit(monkeypatch):
+    # Awkward floats with NaN and infinities, ids out of order: pandas' kernel and the Python loop
+    # give the same bits and the same counts of values not NaN; without the kernel, the loop.
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(0, 200))
+        k = int(rng.integers(1, 6))
+        ids = rng.integers(0, k, n)
+        v = _awkward_floats(rng, n)
+        if trial % 5 == 0:
+            v[rng.random(n) < 0.05] = rng.choice([np.inf, -np.inf])
+        by_kernel = shape_codes.kahan_group_sums(ids, v, k)
+        by_loop = shape_codes.kahan_sums_python(ids, v, k)
+        assert by_kernel[0].tobytes() == by_loop[0].tobytes() and by_kernel[1].tolist() == by_loop[1].tolist()
+    # A known answer where compensation matters: 1e16 + 1 + 1 is 1e16 + 2 with it, 1e16 without.
+    ids, v = np.array([0, 0, 0, 1]), np.array([1e16, 1.0, 1.0, np.nan])
+    by_kernel = shape_codes.kahan_group_sums(ids, v, 2)
+    monkeypatch.setattr(shape_codes, "_pandas_group_sum", None)
+    for sums, count in (by_kernel, shape_codes.kahan_group_sums(ids, v, 2)):
+        assert sums.tolist() == [1e16 + 2, 0.0] and count.tolist() == [3, 0]
+
+
 def test_frame_groups_keys_and_firsts_are_the_groupby_agg_of_the_frame():
     """frame_group_ids + key_values + first_known give groupby(keys, dropna=False, sort=False)
     .agg(first) .reset_index() exactly (dtypes too), for every kind of key and value column,
@@ -339,6 +375,33 @@ def test_top_per_group_is_the_groupby_top_with_ties_to_the_first_seen():
     g, at, total = top_per_group(np.array([0, 0, 1, 0]), np.array([7, 8, 7, 7]), np.array([1, 5, 2, 3]))
     assert g.tolist() == [0, 1] and at.tolist() == [1, 2] and total.tolist() == [5, 2]
     assert [a.tolist() for a in top_per_group(np.empty(0, np.int64), np.empty(0, np.int64))] == [[], [], []]
+
+
+def test_top_per_group_by_table_and_by_sort_agree(monkeypatch):
+    # Counts and integer weights over a small (group, key) range take the table (keys offset from
+    # zero, groups out of order, many ties); the same inputs with the table off take the sort:
+    # the same groups, first rows of the winning pairs and totals, the totals int64 both ways.
+    from tokentrace.analysis.common import shape_codes
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 400))
+        group = (rng.integers(0, int(rng.integers(1, 9)), n) + 3)[::-1].copy()
+        key = rng.integers(-4, int(rng.integers(-3, 6)), n)
+        weight = [None, rng.integers(0, 3, n), rng.integers(-2, 3, n).astype(np.int16)][trial % 3]
+        assert shape_codes._dense_top_per_group(group, key, weight) is not None
+        by_table = top_per_group(group, key, weight)
+        monkeypatch.setattr(shape_codes, "DENSE_KEYS_PER_ROW", 0)
+        by_sort = top_per_group(group, key, weight)
+        monkeypatch.undo()
+        assert [a.tolist() for a in by_table] == [a.tolist() for a in by_sort]
+        assert by_table[2].dtype == by_sort[2].dtype == np.int64
+    # A known answer: group 4's keys 9 and 7 tie at 5, key 9 seen first (row 1), so it wins though
+    # its cell comes later in the table; group 6 has one key.
+    g, at, total = top_per_group(np.array([6, 4, 4, 4, 4]), np.array([7, 9, 7, 9, 7]), np.array([1, 2, 5, 3, 0]))
+    assert g.tolist() == [4, 6] and at.tolist() == [1, 0] and total.tolist() == [5, 1]
+    # Float weights, and integer sums that doubles could round, are not the table's.
+    assert shape_codes._dense_top_per_group(np.array([0, 0]), np.array([1, 1]), np.array([0.5, 1.0])) is None
+    assert shape_codes._dense_top_per_group(np.array([0, 0]), np.array([1, 1]), np.array([2**52, 1])) is None
 
 
 def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):
@@ -444,3 +507,11 @@ def test_op_dims_codes_follow_the_cpu_ops_rows_equal_dims_equal_codes(tmp_path):
     ops = tr.narrow(("cpu_op",), OP_COLUMNS)
     assert ops["name"].tolist() == ["aten::mm", "aten::add", "aten::mm", "aten::relu"]
     assert op_dims_codes(tr).tolist() == [0, 1, 0, -1]
+
+
+def test_phase_key_of_one_phase_is_a_constant_view_that_splits_no_group():
+    one = shapes._phase_key(np.zeros(5, np.int64), np.array(["all"], dtype=object))
+    assert one.strides == (0,) and one.tolist() == [0] * 5
+    assert group_ids(np.array([3, 1, 3, 3, 1]), one)[0].tolist() == [0, 1, 0, 0, 1]
+    two = np.array([0, 1, 0])
+    assert shapes._phase_key(two, np.array(["prefill", "decode"], dtype=object)) is two

@@ -32,6 +32,7 @@ from tokentrace.analysis.apis import GRAPH_LAUNCH_APIS, GRAPH_MAP_CATEGORY
 from tokentrace.analysis.common.attention_ops import (
     ATTENTION_MODULE_RE,
     EAGER,
+    KERNELS_ANY,
     KERNELS_RE,
     MATH,
     MATMUL_OPS,
@@ -47,11 +48,11 @@ from tokentrace.analysis.common.attention_ops import (
 )
 from tokentrace.analysis.common.attribution import OpGpu, climb_to, outermost
 from tokentrace.analysis.common.dtypes import dtype_name
-from tokentrace.analysis.common.labels import phase_labels
-from tokentrace.analysis.common.shape_codes import first_rows, group_ids, top_per_group, value_codes_at
+from tokentrace.analysis.common.labels import phase_codes
+from tokentrace.analysis.common.shape_codes import distinct_objects, first_rows, group_ids, top_per_group
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.loading.links import innermost_containing, nest_parents
-from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, isin_mask, numpy_column, values_at
+from tokentrace.analysis.loading.trace import OP_COLUMNS, PYTHON_COLUMNS, Trace, column_array, isin_mask, numpy_column, values_at
 from tokentrace.analysis.segments import Segments
 
 CALL_COLUMNS = ["call", "source", "op", "backend", "kernel", "module", "batch", "heads", "kv_heads", "q_len", "kv_len",
@@ -84,18 +85,28 @@ def _empty_calls() -> pd.DataFrame:
 _KERNEL_BACKENDS = np.array([s[0] for _, s in KERNELS_RE] + [None], dtype=object)
 _KERNEL_LIBRARIES = np.array([s[1] for _, s in KERNELS_RE] + [None], dtype=object)
 _NAMES_A_BACKEND = np.array([b is not None for b in _KERNEL_BACKENDS], dtype=bool)
+_NAMES_A_LIBRARY = np.array([x is not None for x in _KERNEL_LIBRARIES], dtype=bool)
+# Each KERNELS_RE entry's backend as a code shared by the entries naming the same one (-1: none),
+# and the backend of each code: a GPU row's backend code is read through its match index, not
+# factorized from the backend strings of its rows.
+_BACKEND_CODE, _BACKENDS = pd.factorize(_KERNEL_BACKENDS, use_na_sentinel=True)
+_BACKENDS = np.asarray(_BACKENDS, dtype=object)
 
 
 def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx: np.ndarray,
-                  libraries: bool = True) -> dict[str, np.ndarray]:
+                  libraries: bool = True, pytorch_own: bool = False) -> dict[str, np.ndarray]:
     """GPU ns, kernel count, top kernel, kernel-named backend and library (None everywhere unless
-    `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match."""
-    ok = call_of_gpu >= 0
+    `libraries`) for each call id 0..n_calls-1; `kidx`: each GPU row's KERNELS_RE match. With
+    `pytorch_own`, also "own": the count of PyTorch's own kernels (_pytorch_kernels) per call,
+    from the names' codes gathered here anyway."""
+    ok = np.flatnonzero(call_of_gpu >= 0)  # the few rows in calls, as places (three gathers of them)
     c = call_of_gpu[ok]
     dur = numpy_column(gpu, "dur")[ok]
-    name_codes = np.asarray(gpu["name"].array.codes)[ok]
-    kb = _KERNEL_BACKENDS[kidx[ok]]
-    kl = _KERNEL_LIBRARIES[kidx[ok]] if libraries else np.full(len(kb), None, dtype=object)
+    names = column_array(gpu, "name")  # the categorical, without a Series
+    if not isinstance(names, pd.Categorical):  # (always one in a loaded trace's views)
+        names = pd.Categorical(names)
+    name_codes = np.asarray(names.codes)[ok]
+    ki = kidx[ok]
     gpu_ns = np.bincount(c, weights=dur, minlength=n_calls) if n_calls else np.zeros(0)
     count = np.bincount(c, minlength=n_calls) if n_calls else np.zeros(0, np.int64)
     top = np.full(n_calls, None, dtype=object)
@@ -108,24 +119,29 @@ def _gpu_per_call(call_of_gpu: np.ndarray, gpu: pd.DataFrame, n_calls: int, kidx
         named_k = name_codes >= 0
         k_codes = name_codes[named_k].astype(np.int64)
         won, at, _ = top_per_group(c[named_k], k_codes, dur[named_k].astype(np.int64))
-        top[won] = np.asarray(gpu["name"].array.categories, dtype=object)[k_codes[at]]
-        has_b = pd.notna(kb)
+        top[won] = np.asarray(names.categories, dtype=object)[k_codes[at]]
+        # Backends and libraries through each row's match index: booleans and codes from small
+        # tables, not a test of every row's backend string.
+        has_b = _NAMES_A_BACKEND[ki]
         if has_b.any():
-            bcodes, bvals = pd.factorize(kb[has_b])
+            bcodes = _BACKEND_CODE[ki[has_b]]
             won, at, _ = top_per_group(c[has_b], bcodes, dur[has_b].astype(np.int64))
-            kback[won] = np.asarray(bvals, dtype=object)[bcodes[at]]
-        has_l = pd.notna(kl)
-        lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
-        klib_of[lc] = kl[has_l][first_l]
-    return {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
+            kback[won] = _BACKENDS[bcodes[at]]
+        if libraries:
+            has_l = _NAMES_A_LIBRARY[ki]
+            lc, first_l = np.unique(c[has_l], return_index=True)  # each call's first kernel naming a library
+            klib_of[lc] = _KERNEL_LIBRARIES[ki[has_l][first_l]]
+    per = {"gpu_ns": gpu_ns, "count": count, "top": top, "kback": kback, "klib": klib_of}
+    if pytorch_own:
+        own = _pytorch_kernels(names.categories)[name_codes]
+        per["own"] = np.bincount(c, weights=own.astype(float), minlength=n_calls) if n_calls else np.zeros(0)
+    return per
 
 
-def _pytorch_kernels(gpu: pd.DataFrame, at: np.ndarray) -> np.ndarray:
-    """Per GPU row of the mask `at`: is it one of PyTorch's own kernels (at::native elementwise,
-    fill, reduce, copy)? Only those rows' codes are read (the rows in attention calls)."""
-    cats = gpu["name"].array.categories
-    own = np.array([PYTORCH_KERNEL in str(c) for c in cats.tolist()] + [False])  # code -1 (no name) reads the last
-    return own[np.asarray(gpu["name"].array.codes)[at]]
+def _pytorch_kernels(categories: pd.Index) -> np.ndarray:
+    """Per name code of a categorical of GPU names, then one more for code -1 (no name): is it one
+    of PyTorch's own kernels (at::native elementwise, fill, reduce, copy)?"""
+    return np.array([PYTORCH_KERNEL in str(c) for c in categories.tolist()] + [False])
 
 
 def _first_where(call: np.ndarray, mask: np.ndarray, n: int, last: bool = False) -> np.ndarray:
@@ -177,7 +193,11 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
     concrete = numpy_column(ev, "concrete_inputs")
     # Shapes and causality are parsed once per distinct (dims, types, concrete inputs, op kind),
     # not once per row: a long decode holds tens of thousands of attention ops of a few shapes.
-    inv, first_of = group_ids(value_codes_at(dims, order), value_codes_at(types, order), value_codes_at(concrete, order), spec_o)
+    # Distinct by the objects the rows hold (the loader shares one per distinct text): a parse is
+    # a function of the values, so equal values held twice parse alike, and no list is encoded
+    # to compare contents (value_codes' work, ~0.5 ms at hf_200's 2.4 k attention ops).
+    inv, first_of = group_ids(distinct_objects(dims[order])[0], distinct_objects(types[order])[0],
+                              distinct_objects(concrete[order])[0], spec_o)
     parse_rows, parse_spec = order[first_of], spec_o[first_of]
     shapes_u = [op_shapes(dims[r], types[r], kinds[sp]) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)]
     causal_u = np.array([_causal(concrete[r], kinds[sp].causal) for r, sp in zip(parse_rows.tolist(), parse_spec.tolist(), strict=True)],
@@ -206,16 +226,14 @@ def _op_calls(trace: Trace, kidx: np.ndarray, spec: np.ndarray, att: OpGpu | Non
         # a GPU row's first pair whose op is an attention op holds its nearest one (no climb of
         # every GPU row to its root).
         hit = np.flatnonzero(is_att[att.pair_op])
-        pos, first = np.unique(np.searchsorted(gpu.index.to_numpy(np.int64), att.pair_gpu[hit]), return_index=True)
+        pos, first = np.unique(att.pair_pos[hit], return_index=True)  # each GPU row's place, with its nearest pair
         call_of_gpu[pos] = call_of(att.pair_op[hit[first]])
-    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx)
+    per = _gpu_per_call(call_of_gpu, gpu, n_calls, kidx, pytorch_own=True)
     backend = np.where(per["kback"] != None, per["kback"], op_backend)  # noqa: E711
     # Nothing names a backend: SDPA without a fused variant ran decomposed (its math path); an
     # engine's attention op ran some fused kernel this vocabulary does not know, unless all it ran
     # was PyTorch's own kernels (vLLM's profiling run only zero-fills the output).
-    ok = call_of_gpu >= 0
-    own = np.bincount(call_of_gpu[ok], weights=_pytorch_kernels(gpu, ok).astype(float), minlength=n_calls) if n_calls else np.zeros(0)
-    only_pytorch = (per["count"] > 0) & (own >= per["count"])
+    only_pytorch = (per["count"] > 0) & (per["own"] >= per["count"])
     otherwise = np.where(only_pytorch & (otherwise != MATH), UNKNOWN, otherwise)
     backend = np.where((backend == None) & (per["count"] > 0), otherwise, backend)  # noqa: E711
     backend = np.where(backend == None, UNKNOWN, backend)  # noqa: E711
@@ -478,7 +496,7 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     if op_spec is None:
         op_spec = attention_op_spec(trace)
     gpu = trace.narrow_gpu
-    kidx = match_categories(gpu["name"].array, KERNELS_RE) if len(gpu) else np.empty(0, dtype=np.int64)
+    kidx = match_categories(gpu["name"].array, KERNELS_RE, prefilter=KERNELS_ANY) if len(gpu) else np.empty(0, dtype=np.int64)
     op_calls, is_att, call_of_gpu = _op_calls(trace, kidx, op_spec, att)
     parts = [p for p in (op_calls, _kernel_calls(trace, kidx, call_of_gpu >= 0), _eager_calls(trace, is_att, kidx))
              if p is not None]
@@ -492,7 +510,10 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     n = len(ts)
     cols["call"] = np.arange(n)
     rows = np.asarray(cols["row"], dtype=np.int64)
-    seg_phase, seg = phase_labels(trace, segments, rows)
+    # phase_labels' labels and segments, with the segment phases told apart on the few labels
+    # (an np.isin of every call's label string was ~0.4 ms at hf_200's 1.2 k calls).
+    phase_c, phase_u, seg = phase_codes(trace, segments, rows)
+    seg_phase = phase_u[phase_c].astype(object, copy=False)
     # A graph replay ran with the key length it was captured for only in its shapes, not its work.
     in_graph = pd.Series(cols["in_graph"]).fillna(False).to_numpy(bool) if cols["in_graph"].dtype != bool else cols["in_graph"]
     cols["in_graph"] = in_graph
@@ -504,7 +525,7 @@ def find_calls(trace: Trace, segments: Segments | None = None, op_spec: np.ndarr
     q = cols["q_len"].to_numpy(float, na_value=np.nan)
     per_seq = pd.notna(cols["batch"])
     by_len = np.where(per_seq & (q > 1), "prefill", np.where(per_seq & (q == 1), "decode", np.array(None)))
-    from_seg = np.isin(seg_phase, SEGMENT_PHASES)
+    from_seg = np.isin(np.asarray(phase_u, dtype=object), SEGMENT_PHASES)[phase_c]
     phase = np.where(from_seg, seg_phase, np.where(by_len != None, by_len, "unknown"))  # noqa: E711
     cols["phase"] = [str(p) for p in phase]
     cols["seg"] = seg

@@ -171,8 +171,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
     # attention op above one will do, so the climb (of the outermost GEMMs only) stops at the
     # nearest (not at the root).
-    in_att = ctx.shared(attention_op_spec) >= 0
-    free = climb_to(parent, rows, in_att) < 0
+    free = climb_to(parent, rows, ctx.shared(attention_op_spec)) < 0  # the spec's codes: >= 0 on attention ops
     pos, rows = pos[free], rows[free]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
@@ -204,8 +203,8 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
              for nm, r, dt in zip(cols["name"].tolist(), first_op_rows.tolist(), cols["dtype"].tolist(), strict=True)]
     cols |= {"first": first_op_rows, "calls": np.bincount(gid, minlength=n_groups), "gpu_ns": group_sums(gid, gpu_ns, n_groups)[0],
              "flops": [c[0] if c else np.nan for c in costs], "bytes": [c[1] if c else np.nan for c in costs],
-             "input_dims": dims[first_op_rows], "kind": "gemm"}
-    return pd.DataFrame(cols)
+             "input_dims": dims[first_op_rows], "kind": "gemm", "detail": np.full(n_groups, np.nan)}
+    return _part_frame(cols)
 
 
 def _phase_from_attention(ts: np.ndarray, calls: pd.DataFrame) -> np.ndarray | None:
@@ -262,7 +261,7 @@ def _step_rows(steps: pd.DataFrame) -> pd.DataFrame:
     cols["gpu_ns"] = cols["gpu_us"] * US
     cols["name"] = cols["op"]
     cols["kind"] = "attention"
-    return pd.DataFrame(cols)
+    return _part_frame(cols)
 
 
 def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
@@ -290,15 +289,25 @@ def _call_rows(calls: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
         "detail": [f"{b}, causal" if c is True else str(b) for b, c in zip(r["backend"], r["causal"], strict=True)],
         "gpu_ns": cols["gpu_us"] * US, "name": cols["op"], "kind": "attention",
     }
-    return pd.DataFrame(cols)
+    return _part_frame(cols)
+
+
+# The columns of each part of the table (GEMM groups, engine steps, attention calls), in order.
+PART_COLUMNS = ["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"]
+
+
+def _part_frame(cols: dict[str, Any]) -> pd.DataFrame:
+    """A part of the table: PART_COLUMNS of `cols` only, in order, so that the parts concatenate
+    as they are (a frame of every column, then a reindex of each part to these, cost ~1 ms of
+    pandas at hf_200). A part without some column holds it as NaN, as the reindex filled it."""
+    return pd.DataFrame({c: cols[c] for c in PART_COLUMNS})
 
 
 def _table(parts: list[pd.DataFrame], spec: Any) -> pd.DataFrame:
     parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    df = pd.concat([p.reindex(columns=["kind", "name", "input_dims", "detail", "dtype", "phase", "calls", "gpu_ns", "flops", "bytes"])
-                    for p in parts], ignore_index=True)
+    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]  # each part holds PART_COLUMNS, in order
     # The numbers from numpy arrays, the frame built once (a column assignment each was most of the time).
     calls = numpy_column(df, "calls")
     flops = numpy_column(df, "flops", float) * calls

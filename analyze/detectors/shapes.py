@@ -20,7 +20,7 @@ import pandas as pd
 
 from tokentrace.analysis.common.attribution import OpGpu, op_gpu
 from tokentrace.analysis.common.json_values import records
-from tokentrace.analysis.common.labels import phase_codes
+from tokentrace.analysis.common.labels import phase_code_labels, phase_codes
 from tokentrace.analysis.common.shape_codes import group_ids, op_dims_codes, top_per_group, value_codes, value_codes_at
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
@@ -86,8 +86,22 @@ def _sum(gid: np.ndarray, k: int, values: np.ndarray) -> np.ndarray:
     return np.bincount(gid, weights=np.asarray(values, dtype=float), minlength=k)
 
 
-def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarray) -> pd.DataFrame:
-    """The `ops` table (`dims_codes`: op_dims_codes of the trace)."""
+def _phase_key(phase_c: np.ndarray, phase_u: np.ndarray) -> np.ndarray:
+    """The rows' phase codes as a group_ids key: where one phase holds every row (a trace of one
+    phase), a stride-0 view of its code, which group_ids skips with no pass over the rows (a
+    minimum and a maximum of 335 k codes at train_200)."""
+    return phase_c if len(phase_u) > 1 else np.broadcast_to(np.zeros(1, dtype=np.int64), phase_c.shape)
+
+
+def _op_positions(trace: Trace, att: OpGpu) -> tuple[np.ndarray, np.ndarray]:
+    """att.positions of the cpu ops' view's rows: (positions in the view, positions in att.ops),
+    found once for both tables."""
+    return att.positions(trace.narrow(("cpu_op",), OP_COLUMNS).index.to_numpy(np.int64))
+
+
+def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarray,
+              positions: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """The `ops` table (`dims_codes`: op_dims_codes of the trace; `positions`: _op_positions)."""
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     cols = ["name", "input_dims", "input_types", "phase", "calls", "cpu_total_us", "gpu_total_us", "gpu_self_us",
             "gpu_mean_us", "kernels", "top_kernel", "top_kernel_us"]
@@ -95,17 +109,17 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
         return pd.DataFrame(columns=cols)
     ev = trace.events
     rows = ops.index.to_numpy(np.int64)
-    # A cpu op has no launch link: its own start locates it (locate_rows without the gather of the
-    # launch column at every op).
-    seg = segments.locate_times(numpy_column(ops, "ts")) if len(segments) else None
-    phase_c, phase_u, _ = phase_codes(trace, segments, rows, seg)
+    # A cpu op has no launch link: its own start locates it. Its phase code only (no segment ids):
+    # ops in start order are located a segment's run at a time, with no array over the ops but the
+    # codes (a located segment per op, then its phase text per op, was ~2 ms at train_200).
+    phase_c, phase_u = phase_code_labels(trace, segments, rows, ts=numpy_column(ops, "ts"))
     all_names, labels = name_codes(ev["name"])
     # The narrow frame's names are the events' categorical (same codes), already gathered.
     op_names = name_codes(ops["name"])[0]
     # Group on integer codes: grouping on the text of a million shape lists is what would cost.
-    gid, first = group_ids(op_names, dims_codes, value_codes(numpy_column(ops, "input_type")), phase_c)
+    gid, first = group_ids(op_names, dims_codes, value_codes(numpy_column(ops, "input_type")), _phase_key(phase_c, phase_u))
     n_groups = len(first)
-    at_rows, at_ops = att.positions(rows)  # where the ops GPU work ran under sit among these
+    at_rows, at_ops = positions  # where the ops GPU work ran under sit among these
     # Every op GPU work ran under is a cpu op (as in every loaded trace): at_ops is then all of
     # att.ops in order, their values are read as they are, and no pair needs filtering out.
     every_op = len(at_ops) == len(att.ops)
@@ -128,11 +142,14 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     top_kernel = np.full(n_groups, None, dtype=object)
     top_us = np.full(n_groups, np.nan)
     if len(att.pair_op):
-        g, pair_gpu = group_of_op[att.pair_at], att.pair_gpu
+        g, pair_pos = group_of_op[att.pair_at], att.pair_pos
         if not every_op:
             keep = g >= 0
-            g, pair_gpu = g[keep], pair_gpu[keep]
-        k, d = all_names[pair_gpu], numpy_column(ev, "dur")[pair_gpu]
+            g, pair_pos = g[keep], pair_pos[keep]
+        # Each pair's kernel name and time from the GPU rows' view (its categorical shares the
+        # events' codes), through the pair's place there: gathers over ~0.1 M rows, not ~1 M.
+        gpu = trace.narrow_gpu
+        k, d = name_codes(gpu["name"])[0][pair_pos], numpy_column(gpu, "dur")[pair_pos]
         top_k = np.full(n_groups, -1, dtype=np.int64)
         # Per group the kernel with the most time; ties go to the (group, kernel) pair seen first.
         won, at, won_ns = top_per_group(g, k, d)
@@ -152,8 +169,27 @@ def _op_table(trace: Trace, att: OpGpu, segments: Segments, dims_codes: np.ndarr
     })
 
 
-def _kernel_table(trace: Trace, segments: Segments, att: OpGpu) -> pd.DataFrame:
-    """The `kernels` table (`att`: op_gpu of the trace, for each kernel's top-level op)."""
+def _launching_op_dims(trace: Trace, att: OpGpu, has: np.ndarray, op: np.ndarray, dims_codes: np.ndarray,
+                       positions: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per GPU row, the shape code of the op that launched it (-1: no op), equal dims sharing a
+    code as value_codes gives them. Where every op GPU work ran under is a cpu op, the launching
+    op's place among the cpu ops comes from op_gpu's direct-launch pairs and the codes are read
+    from `dims_codes` (op_dims_codes, shared): no second encoding of the kernels' dims (~1.5 ms
+    at hf_200). Otherwise the launching ops' dims are encoded here."""
+    at_rows, at_ops = positions
+    n_direct = int(has.sum())
+    if len(at_ops) != len(att.ops) or len(att.pair_pos) < n_direct:
+        return np.where(has, value_codes_at(numpy_column(trace.events, "input_dims"), np.maximum(op, 0)), -1)
+    # The first level of pairs is the direct launches, in GPU-row order: each linked GPU row's op.
+    out = np.full(len(has), -1, dtype=np.int64)
+    out[att.pair_pos[:n_direct]] = dims_codes[at_rows[att.pair_at[:n_direct]]]
+    return out
+
+
+def _kernel_table(trace: Trace, segments: Segments, att: OpGpu, dims_codes: np.ndarray,
+                  positions: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """The `kernels` table (`att`: op_gpu of the trace, for each kernel's top-level op;
+    `dims_codes`: op_dims_codes; `positions`: _op_positions)."""
     gpu = trace.narrow_gpu
     cols = ["name", "op", "op_input_dims", "top_op", "phase", "calls", "gpu_total_us", "gpu_mean_us", "gpu_max_us"]
     if gpu.empty:
@@ -164,15 +200,12 @@ def _kernel_table(trace: Trace, segments: Segments, att: OpGpu) -> pd.DataFrame:
     has = op >= 0
     top = att.gpu_root
     all_names, labels = name_codes(ev["name"])
-    # Shape codes of each kernel's launching op: value_codes groups rows by object first, so the
-    # kernels' few hundred distinct lists are encoded once each (a set of the distinct ops first
-    # took a temporary over the rows' whole range).
-    op_dims = np.where(has, value_codes_at(numpy_column(ev, "input_dims"), np.maximum(op, 0)), -1)
+    op_dims = _launching_op_dims(trace, att, has, op, dims_codes, positions)
     phase_c, phase_u, _ = phase_codes(trace, segments, rows, segments.locate_gpu(trace) if len(segments) else None)
     o = np.where(has, all_names[np.maximum(op, 0)], -1)
     t = np.where(has, all_names[np.maximum(top, 0)], -1)
     k_names = name_codes(gpu["name"])[0]
-    gid, first = group_ids(k_names, o, op_dims, t, phase_c)
+    gid, first = group_ids(k_names, o, op_dims, t, _phase_key(phase_c, phase_u))
     n_groups = len(first)
     dur = numpy_column(gpu, "dur")
     gpu_max = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
@@ -195,9 +228,11 @@ def run(trace: Trace, ctx: Context) -> Shapes:
     att = ctx.shared(op_gpu)
     gpu = trace.narrow_gpu
     unlinked = numpy_column(gpu, "op") < 0
+    dims_codes = ctx.shared(op_dims_codes)
+    positions = _op_positions(trace, att)
     return Shapes(
-        ops=_op_table(trace, att, segments, ctx.shared(op_dims_codes)),
-        kernels=_kernel_table(trace, segments, att),
+        ops=_op_table(trace, att, segments, dims_codes, positions),
+        kernels=_kernel_table(trace, segments, att, dims_codes, positions),
         unattributed_gpu_us=float(numpy_column(gpu, "dur")[unlinked].sum()) / US,
         unattributed_gpu_count=int(unlinked.sum()),
         gpu_total_us=float(gpu["dur"].sum()) / US,
