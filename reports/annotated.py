@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tokentrace.analysis.loading.files import read_bytes
-from tokentrace.analysis.loading.json_decode import flatten_deep
+from tokentrace.analysis.loading.json_decode import deep_values, flatten_deep
 from tokentrace.analysis.loading.repair import repair
 from tokentrace.errors import TraceError
 from tokentrace.jsonout import strict
@@ -209,15 +209,20 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
         except RecursionError:
             if flattened:
                 return _splice_at_key(inner, view, path)
-            # Too deep to check as it is: check it with the values nested too deep replaced by null. Valid
-            # that way, the original bytes are copied, deep values and all; else the flattened text goes on
-            # to be repaired, as the loader read it.
-            flat, _ = flatten_deep(view)
+            # Too deep to check as it is: check it with the values nested too deep replaced by null, and
+            # those values on their own. Valid that way, the original bytes are copied, deep values and
+            # all; else the flattened text goes on (to be repaired if need be), as the loader read it.
+            flat, spans, _ = deep_values(view)
             try:
                 msgspec.json.decode(flat, type=msgspec.Raw)
-                return _splice_at_key(inner, view, path)
             except (msgspec.DecodeError, RecursionError):
                 data, flattened = flat, True
+                continue
+            if _deep_values_valid(view, spans):
+                return _splice_at_key(inner, view, path)
+            # A deep value that is not JSON itself (a byte the loader never read inside it): the
+            # copy is of the text as the loader read it, that value null (its warning said so).
+            data, flattened = flat, True
         except (msgspec.DecodeError, ValueError):
             if repaired:
                 raise TraceError(path, "cannot copy the trace: not valid JSON even after repair") from None
@@ -228,6 +233,32 @@ def annotated_chunks(analysis: Any) -> list[Chunk]:
                 data = repair(flatten_deep(view)[0], str(path), warnings)
                 flattened = True
             repaired = True
+
+
+# Bytes of deep values read to check them before a copy keeps them: a value is checked MAX_DEPTH
+# levels a pass, so one n levels deep is read n / MAX_DEPTH times; past this much the copy takes
+# the loader's nulls instead (a valid value millions of levels deep would cost minutes).
+_DEEP_CHECK_BYTES = 64 << 20
+
+
+def _deep_values_valid(view: memoryview, spans: list[tuple[int, int]], budget: int = _DEEP_CHECK_BYTES) -> bool:
+    """Whether each value too deep for the decoder (`spans` of `view`, as deep_values cut them) is
+    JSON on its own: decoded MAX_DEPTH levels at a time, the values deeper still cut out and checked
+    in turn, without recursion. False when one is not, or past `budget` bytes read."""
+    pending = [view[a:b] for a, b in spans]
+    read = 0
+    while pending:
+        part = pending.pop()
+        read += len(part)
+        if read > budget:
+            return False
+        flat, inner, _ = deep_values(part)
+        try:
+            msgspec.json.decode(flat, type=msgspec.Raw)
+        except (msgspec.DecodeError, RecursionError):
+            return False
+        pending += [part[a:b] for a, b in inner]
+    return True
 
 
 def _valid_utf8(chunks: Iterable[Chunk]) -> Iterator[Chunk]:

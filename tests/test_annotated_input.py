@@ -15,7 +15,8 @@ from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.loading import files
-from tokentrace.reports.annotated import PROCESS_NAME, annotated_bytes, write_annotated
+from tokentrace.analysis.loading.json_decode import deep_values
+from tokentrace.reports.annotated import PROCESS_NAME, _deep_values_valid, annotated_bytes, write_annotated
 
 
 def _doc() -> dict:
@@ -91,6 +92,43 @@ def test_json_nested_deeper_than_the_decoder_goes(tmp_path):
     assert out.startswith(head + b'"traceEvents": [{"ph":"M"') and out.endswith(b"}," + tail)
     ours = out[len(head) + len(b'"traceEvents": '):len(out) - len(tail) - 1] + b"]"
     assert json.loads(ours)[0]["args"] == {"name": PROCESS_NAME}
+
+
+def test_a_deep_value_that_is_not_json_is_copied_as_the_loader_read_it(tmp_path):
+    """A byte inside a value nested too deep for the decoder (a NUL between its closing brackets)
+    makes the file invalid there; the loader read that value as null, so the copy has null in its
+    place (strict JSON, every other byte as it was), not the original bytes."""
+    doc = _doc()
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(doc))
+    analysis = tokentrace.analyze(path)
+    deep = b"[" * 3000 + b"]" * 1500 + b"\x00" + b"]" * 1500
+    text = json.dumps({"meta": "__DEEP__", **doc}).encode().replace(b'"__DEEP__"', deep)
+    path.write_bytes(text)
+    out = annotated_bytes(analysis)
+    assert b"\x00" not in out
+    copy = json.loads(out)
+    assert copy["meta"] == [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[None]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
+    assert copy["traceEvents"][0]["args"] == {"name": PROCESS_NAME}
+    _copied(out, {**doc, "meta": copy["meta"]})
+
+
+def test_deep_values_are_checked_a_slice_of_levels_at_a_time():
+    """_deep_values_valid: each value deep_values cut is decoded MAX_DEPTH levels at a time (a
+    valid one 3000 deep, objects and strings with brackets in them), a bad byte at any depth is
+    found, and past the budget of bytes read the answer is no."""
+    def check(text: bytes, budget: int = 1 << 20) -> bool:
+        flat, spans, _ = deep_values(text)
+        json.loads(flat)  # the shell is JSON
+        return _deep_values_valid(memoryview(text), spans, budget)
+
+    good = b'{"a": ' + b'[{"k": "]}[", "v": ' * 1000 + b"1" + b"}]" * 1000 + b', "b": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+    assert check(good)
+    assert not check(good, budget=10_000)  # the deep part alone is ~30 KB read in ~60 passes
+    for at in (0, 1500, 2900):  # at the innermost level, in the middle, near the cut
+        bad = b'{"b": ' + b"[" * 3000 + b"]" * at + b"x" + b"]" * (3000 - at) + b"}"
+        assert not check(bad)
+    assert not check(b'{"b": ' + b"[" * 200 + b'"a\x01b"' + b"]" * 200 + b"}")  # a raw control character in a string deep down
 
 
 def test_bytes_that_are_not_utf8_in_parts_the_decoder_skips(tmp_path):

@@ -651,6 +651,13 @@ def flatten_deep(text: Any, limit: int = MAX_DEPTH) -> tuple[bytes, int]:
     """The JSON text with every value that opens below `limit` levels replaced by null, and the
     number of top-level items (events, for an events array) that held one. No recursion: string
     spans and bracket depth come from numpy over the bytes."""
+    flat, spans, holders = deep_values(text, limit)
+    return flat, holders
+
+
+def deep_values(text: Any, limit: int = MAX_DEPTH) -> tuple[bytes, list[tuple[int, int]], int]:
+    """`flatten_deep`'s text, the [start, stop) byte span of each value it replaced by null (an
+    unclosed one runs to the end), and its count of top-level items that held one."""
     b = np.frombuffer(text, np.uint8)
     quotes = np.flatnonzero(b == ord('"'))
     backslash = b == ord("\\")
@@ -677,14 +684,16 @@ def flatten_deep(text: Any, limit: int = MAX_DEPTH) -> tuple[bytes, int]:
     holders = len(np.unique(np.searchsorted(items, starts, side="right")))
     view = memoryview(text)
     out: list[Any] = []
+    spans: list[tuple[int, int]] = []
     prev = 0
     for s, e in zip(starts.tolist(), stop.tolist(), strict=False):
         if s < prev:  # inside an unclosed deep value already cut
             continue
         out += [view[prev:s], b"null"]
+        spans.append((s, e + 1))
         prev = e + 1
     out.append(view[prev:])
-    return b"".join(out), holders
+    return b"".join(out), spans, holders
 
 
 # ---- the lenient path ----------------------------------------------------------------------
