@@ -691,7 +691,8 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
-    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
+    step_columns = serving.step_columns(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
+    per_step = pd.DataFrame(step_columns)
     source = _source(segs, patterns)
     t0 = trace.span_ns[0]
     notes: list[str] = []
@@ -721,7 +722,7 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
         notes=notes,
         findings=_findings(steps, decode),
         serving=per_step,
-        serving_summary=serving.summary(per_step, steps, None if window is None else
+        serving_summary=serving.summary(step_columns, steps, None if window is None else
                                         ((window.start - t0) / US, (window.end - t0) / US)),
         source=source,
         steps_window=window,
