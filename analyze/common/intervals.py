@@ -300,21 +300,26 @@ def enclosing_sorted(starts: np.ndarray, ends: np.ndarray, t: int, maxima: np.nd
     B = ENCLOSING_BLOCK
     blocks = np.flatnonzero(maxima[:-(-k // B)] > t) if maxima is not None else None
     if blocks is not None and len(blocks) * B * 4 < k:
-        pos = (blocks[:, None] * B + np.arange(B)).ravel()
-        pos = pos[pos < k]
-        sel = e[pos] > t
-        if keep is not None:
-            sel &= keep[pos]
-        hit = pos[sel]
+        # A few blocks (two or three, a lookup): each tested through slices, no gathers.
+        parts = [_enclosing_in(e, keep, t, b * B, min(b * B + B, k)) for b in blocks.tolist()]
+        hit = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, np.intp)
     else:
-        sel = e[:k] > t
-        if keep is not None:
-            sel &= keep[:k]
-        hit = np.flatnonzero(sel)
-    if not len(hit):
+        hit = _enclosing_in(e, keep, t, 0, k)
+    if len(hit) < 2:
         return hit
-    order = np.lexsort((-e[hit], s[hit]))
+    hs = s[hit]
+    if bool((hs[1:] > hs[:-1]).all()):  # no tie of starts (as usual): in position order already
+        return hit
+    order = np.lexsort((-e[hit], hs))
     return hit[order]
+
+
+def _enclosing_in(e: np.ndarray, keep: np.ndarray | None, t: int, lo: int, hi: int) -> np.ndarray:
+    """Positions in lo:hi of the intervals (kept by `keep`, when given) that end after t."""
+    sel = e[lo:hi] > t
+    if keep is not None:
+        sel &= keep[lo:hi]
+    return np.flatnonzero(sel) + lo if lo else np.flatnonzero(sel)
 
 
 def with_ancestors(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
