@@ -249,12 +249,17 @@ def row_times(trace: Trace, rows: np.ndarray | pd.Index) -> np.ndarray:
 def _gpu_launch_times(trace: Trace) -> np.ndarray:
     """Segments.gpu_launch_times, made (a fresh array: it is made read-only)."""
     gpu = trace.narrow_gpu
-    launch = numpy_column(gpu, "launch", np.int64)
+    launch = numpy_column(gpu, "launch")
     ts = numpy_column(gpu, "ts", np.int64)
     has = launch >= 0
     if not has.any():
         return ts.copy()
-    return np.where(has, numpy_column(trace.events, "ts", np.int64)[np.where(has, launch, 0)], ts)
+    # One gather through the launch rows as stored (take wraps -1 to the last row, overwritten
+    # below): no int64 copy of them nor a second full-length select.
+    out = numpy_column(trace.events, "ts", np.int64).take(launch)
+    if not has.all():
+        np.copyto(out, ts, where=~has)
+    return out
 
 
 def _read_only(value: object) -> None:

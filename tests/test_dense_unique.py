@@ -14,6 +14,8 @@ from tokentrace.analysis.common.intervals import dense_unique
     [5, 3, 5, 0, 3, 3, 9],  # duplicates, unordered, a zero
     [1000, 1000, 1000],
     [-3, 4, -3, 2],  # any integers, not only non-negative ones
+    [1003, 1000, 1005, 1003],  # far from 0: the range shifted
+    [0, 1003, 1000],  # from 0: indexed as given
 ])
 def test_dense_unique_is_np_unique_with_inverse(values):
     rows = np.array(values, dtype=np.int64)
@@ -30,3 +32,10 @@ def test_dense_unique_random():
         want_u, want_inv = np.unique(rows, return_inverse=True)
         got_u, got_inv = dense_unique(rows)
         assert np.array_equal(got_u, want_u) and np.array_equal(got_inv, want_inv)
+
+
+def test_dense_unique_keeps_the_rows_dtype():
+    rows = np.array([9, 2, 9, 4], dtype=np.int32)
+    got_u, got_inv = dense_unique(rows)
+    assert got_u.tolist() == [2, 4, 9] and got_inv.tolist() == [2, 0, 2, 1]
+    assert got_u.dtype == np.int32 and got_inv.dtype == np.intp

@@ -160,3 +160,34 @@ def test_marked_block_maxima_read_the_marked_ends_only():
     keep = rng.random(len(e)) < 0.3
     keep[2 * B:3 * B] = False  # a block without a mark
     assert np.array_equal(marked_block_maxima(e, np.flatnonzero(keep)), iv.block_maxima(e, keep))
+
+
+def test_enclosing_sorted_orders_tied_starts_outermost_first_on_both_paths():
+    """Intervals starting together: the longer one first, by a full scan and through the blocks
+    (two blocks of many hold the hits: the block path)."""
+    assert iv.enclosing_sorted(np.array([0, 0, 5]), np.array([10, 20, 8]), 6).tolist() == [1, 0, 2]
+    n = 9 * iv.ENCLOSING_BLOCK
+    s = np.arange(n, dtype=np.int64)
+    s[1] = 0
+    e = s + 1
+    e[0], e[1] = 10**9, 10**8
+    maxima = iv.block_maxima(e)
+    assert iv.enclosing_sorted(s, e, n - 1, maxima).tolist() == [0, 1, n - 1]
+    assert iv.enclosing_sorted(s, e, n - 1).tolist() == [0, 1, n - 1]
+    assert iv.enclosing_sorted(s, e, 5, maxima).tolist() == [0, 1, 5]  # few started before: a full scan
+
+
+def test_source_maxima_the_same_for_sparse_and_dense_marks():
+    """_Source.maxima: the marked ends' block maxima, whether few rows are marked (gathered) or
+    most (one masked pass)."""
+    from tokentrace.analysis.common.host import _Source
+
+    B = iv.ENCLOSING_BLOCK
+    ends = np.arange(3 * B, dtype=np.int64)
+    low = np.iinfo(np.int64).min
+    for marked, want in ((np.array([1, B + 5]), [1, B + 5, low]),  # sparse
+                         (np.r_[0:B - 3, B:3 * B - 1], [B - 4, 2 * B - 1, 3 * B - 2])):  # dense
+        mine = np.zeros(len(ends), bool)
+        mine[marked] = True
+        src = _Source(ends, ends, None, ends, ends, mine, True, marked)
+        assert src.maxima().tolist() == want

@@ -509,3 +509,14 @@ def test_segment_columns_put_in_start_order_as_a_stable_sort():
     pd.testing.assert_frame_equal(pd.DataFrame(phases._in_start_order(pd.DataFrame(cols))), ref)
     empty = phases._in_start_order(phases._frame([], [], [], [], []))
     assert {c: (len(v), v.dtype) for c, v in empty.items()} == {c: (0, s.dtype) for c, s in pd.DataFrame(phases._frame([], [], [], [], [])).items()}
+
+
+def test_token_source_note_counts_prefill_and_decode_sources():
+    """The note names the prefill and decode steps' token sources, most frequent first, ties in
+    order of appearance (value_counts' order), leaving out other phases and missing sources."""
+    import pandas as pd
+
+    steps = pd.DataFrame({"phase": ["prefill", "decode", "decode", "step", "decode", "decode", "prefill"],
+                          "token_source": ["host_end", "gpu_end", "host_end", None, "dtoh_sync", "gpu_end", None]})
+    assert phases._token_source_note(steps) == "token ready from: host_end x2, gpu_end x2, dtoh_sync x1"
+    assert phases._token_source_note(steps[steps["phase"] == "step"]) is None

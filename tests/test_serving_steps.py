@@ -512,3 +512,35 @@ def test_engine_segments_merge_a_single_inner_marker_and_keep_an_outer_holding_t
     assert t["q_len"].tolist() == [1, 1] and t["tid"].dtype == np.int32
     assert t["note"].tolist() == [f"counts from the enclosing {outer} (which says decode; its kind is used)", None]
     assert sm.engine_segments(ann.iloc[[2]]) is None
+
+
+def test_counts_by_value_orders_as_value_counts():
+    import pandas as pd
+
+    from tokentrace.analysis.common.serving import counts_by_value
+
+    kinds = ["decode", "prefill", "decode", "mixed", "prefill", "step"]  # ties: first seen first
+    assert counts_by_value(kinds) == {"decode": 2, "prefill": 2, "mixed": 1, "step": 1}
+    assert list(counts_by_value(kinds)) == [str(k) for k in pd.Series(kinds).value_counts().index]
+    assert counts_by_value([]) == {}
+
+
+def test_per_step_records_from_columns_or_frame():
+    """summary's per-step records: None for NaN, negative counts and absent columns, floats
+    rounded but the FLOPs, the same from step_columns' arrays as from the frame."""
+    import pandas as pd
+
+    from tokentrace.analysis.common.serving import PER_STEP_KEYS, summary
+    cols = {"seg": np.array([0, 1]), "index": np.array([-1, 3]), "kind": np.array(["decode", "prefill"], object),
+            "name": np.array(["a", None], object), "wall_us": np.array([1.23456, np.nan]),
+            "requests": np.array([2, -1]), "total_tokens": np.array([4, 7]), "decode_tokens": np.array([4, 0]),
+            "prefill_tokens": np.array([0, 7]), "itl_us": np.array([1.0, np.nan]),
+            "attention_flops": np.array([1.23456789, np.nan]), "note": np.array([None, "x"], object)}
+    got = summary(cols, pd.DataFrame(), (0.0, 10.0))
+    assert got == summary(pd.DataFrame(cols), pd.DataFrame(), (0.0, 10.0))
+    first, second = got["per_step"]
+    assert list(first) == list(PER_STEP_KEYS)
+    assert (first["index"], first["kind"], first["name"], first["wall_us"], first["requests"]) == (-1, "decode", "a", 1.235, 2)
+    assert (first["attention_flops"], first["note"], first["start_us"]) == (1.23456789, None, None)
+    assert (second["name"], second["wall_us"], second["requests"], second["attention_flops"]) == (None, None, None, None)
+    assert got["by_kind"] == {"decode": 1, "prefill": 1} and got["notes"] == ["x"]

@@ -123,7 +123,14 @@ class _Source:
     def maxima(self) -> np.ndarray:
         """The block maxima of the kind's intervals, every thread's (made once, when asked)."""
         if self._maxima is None:
-            self._maxima = iv.block_maxima(self.end) if self.marked is None else marked_block_maxima(self.end, self.marked)
+            if self.marked is None:
+                self._maxima = iv.block_maxima(self.end)
+            elif self.mine is not None and 3 * len(self.marked) > 2 * len(self.end):
+                # Most rows marked (a serving engine's trace is ~90% Python frames): one masked
+                # pass over the ends beats gathering most of them (serving_200 ~2.5 -> 1.5 ms).
+                self._maxima = iv.block_maxima(self.end, self.mine)
+            else:
+                self._maxima = marked_block_maxima(self.end, self.marked)
         return self._maxima
 
 

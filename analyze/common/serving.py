@@ -108,9 +108,15 @@ def _rows_of(frame: pd.DataFrame, wanted: np.ndarray) -> np.ndarray:
 def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """Per segment (same rows as `steps`): the serving numbers (see the module docstring).
     `geometry`: attention_geometry's arrays by seg id."""
+    return pd.DataFrame(step_columns(steps, table, geometry))
+
+
+def step_columns(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """`step_table`'s columns by name, as arrays: what `summary` reads, without the frame's
+    columns read back (a Series each)."""
     seg = numpy_column(steps, "seg")
     at = _rows_of(table, seg)
-    t = {c: table[c].to_numpy()[at] for c in (
+    t = {c: numpy_column(table, c)[at] for c in (
         "kind", "requests", "prefill_requests", "prefill_tokens", "prefill_kv_tokens", "decode_requests", "decode_tokens",
         "decode_kv_tokens", "total_tokens", "prefill_sqsq", "decode_sqsq", "prefill_sqsk", "decode_sqsk", "note")}
     wall = numpy_column(steps, "step_us", float)
@@ -144,36 +150,43 @@ def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.
         flops = es.attention_flops(out["attention_pairs"], g["heads"], g["head_dim"], g["head_dim_v"], g["calls"])
         out["attention_flops"] = np.where(fits & known, flops, np.nan)
     out["note"] = t["note"].astype(object)
-    return pd.DataFrame(out)
+    return out
 
 
-def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[float, float] | None = None) -> dict[str, Any] | None:
+def summary(serving: pd.DataFrame | dict[str, np.ndarray], steps: pd.DataFrame,
+            gpu_window_us: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """The `phases.serving` JSON section, or None when no step's tokens are known. Throughput is
-    over `gpu_window_us` (the steady-state window, relative to the trace start) when given."""
+    over `gpu_window_us` (the steady-state window, relative to the trace start) when given.
+    `serving`: step_table's frame, or step_columns' arrays (the same answer, without a Series
+    per column read)."""
+    def col(name: str, dtype: Any = None) -> np.ndarray:
+        return np.asarray(serving[name], dtype=dtype)
+
     # The token steps' columns as arrays (a frame of them would copy every column).
-    keep = serving["kind"].isin(("prefill", "decode", "mixed", "step")).to_numpy()
-    tok = numpy_column(serving, "total_tokens", np.int64)[keep]
+    kind = col("kind", object)
+    keep = np.isin(kind, ("prefill", "decode", "mixed", "step"))
+    tok = col("total_tokens", np.int64)[keep]
     if not len(tok) or not (tok > 0).any():
         return None
     if gpu_window_us:
         t0, t1 = gpu_window_us
     else:
-        at = _rows_of(steps, numpy_column(serving, "seg")[keep])
+        at = _rows_of(steps, col("seg")[keep])
         t0, t1 = float(np.nanmin(numpy_column(steps, "first_op_us", float)[at])), float(np.nanmax(numpy_column(steps, "token_ready_us", float)[at]))
     window = max(t1 - t0, 0.0)
-    columns = [c for c in PER_STEP_KEYS if c in serving]  # the columns _record reads
+    columns = [c for c in PER_STEP_KEYS if c in serving]  # the columns _records reads
     known = tok >= 0
     total = int(tok[known].sum())
-    dec = numpy_column(serving, "decode_tokens", np.int64)[keep]
-    pre = numpy_column(serving, "prefill_tokens", np.int64)[keep]
-    itl = numpy_column(serving, "itl_us", float)[keep]
+    dec = col("decode_tokens", np.int64)[keep]
+    pre = col("prefill_tokens", np.int64)[keep]
+    itl = col("itl_us", float)[keep]
     itl = itl[~np.isnan(itl)]
-    flops = numpy_column(serving, "attention_flops", float)[keep]
+    flops = col("attention_flops", float)[keep]
     flops = flops[~np.isnan(flops)]
-    notes = sorted({str(n) for n in numpy_column(serving, "note", object)[keep] if isinstance(n, str) and n})
+    notes = sorted({str(n) for n in col("note", object)[keep] if isinstance(n, str) and n})
     return {
         "steps": int(len(tok)),
-        "by_kind": {str(k): int(v) for k, v in serving["kind"][keep].value_counts().items()},
+        "by_kind": counts_by_value(kind[keep].tolist()),
         "steps_with_tokens": int(known.sum()),
         "window_us": round(window, 3),
         "window": "gpu" if gpu_window_us else "host",
@@ -187,23 +200,49 @@ def summary(serving: pd.DataFrame, steps: pd.DataFrame, gpu_window_us: tuple[flo
         "attention_flops": float(pd.Series(flops).sum()) if len(flops) else None,  # pandas' sum, as it always was
         "attention_flops_steps": int(len(flops)),
         "notes": notes,
-        "per_step": [_record(dict(zip(columns, r, strict=True))) for r in zip(*(serving[c].tolist() for c in columns), strict=True)],
+        "per_step": _records({c: col(c) for c in columns}, len(kind)),
     }
 
 
-def _record(r: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k in PER_STEP_KEYS:
-        v = r.get(k)
-        if v is None or (isinstance(v, float) and np.isnan(v)):
-            out[k] = None
-        elif isinstance(v, (np.integer, int)) and not isinstance(v, bool):
-            out[k] = None if v < 0 and k != "index" else int(v)
-        elif isinstance(v, (np.floating, float)):
-            out[k] = round(float(v), 3) if k != "attention_flops" else float(v)
-        else:
-            out[k] = v
-    return out
+def counts_by_value(values: list[Any]) -> dict[str, int]:
+    """`pd.Series(values).value_counts()` as {str(value): count} for values without NaN: most
+    frequent first, ties in order of first appearance (as pandas orders them), without a Series."""
+    counts: dict[Any, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return {str(k): n for k, n in sorted(counts.items(), key=lambda kv: -kv[1])}  # sorted is stable
+
+
+def _records(columns: dict[str, np.ndarray], n: int) -> list[dict[str, Any]]:
+    """The per-step JSON records: each of PER_STEP_KEYS (None for an absent column) as `_value`
+    gives it, converted a column at a time (a numeric column's values all take one branch)."""
+    values = [_column_values(k, columns[k]) if k in columns else [None] * n for k in PER_STEP_KEYS]
+    return [dict(zip(PER_STEP_KEYS, r, strict=True)) for r in zip(*values, strict=True)]
+
+
+def _column_values(k: str, arr: np.ndarray) -> list[Any]:
+    """`_value(k, v)` of each value of a column: integer and float columns without a per-value
+    type test (their tolist() values are Python ints and floats)."""
+    vals = arr.tolist()
+    if arr.dtype.kind in "iu":
+        return vals if k == "index" else [None if v < 0 else v for v in vals]
+    if arr.dtype.kind == "f":
+        if k == "attention_flops":
+            return [None if v != v else v for v in vals]  # v != v: NaN
+        return [None if v != v else round(v, 3) for v in vals]
+    return [_value(k, v) for v in vals]
+
+
+def _value(k: str, v: Any) -> Any:
+    """One per-step JSON value: None for a missing one (None, NaN, a negative count), ints and
+    floats (rounded to 3 places but the FLOPs) as Python numbers."""
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if isinstance(v, (np.integer, int)) and not isinstance(v, bool):
+        return None if v < 0 and k != "index" else int(v)
+    if isinstance(v, (np.floating, float)):
+        return round(float(v), 3) if k != "attention_flops" else float(v)
+    return v
 
 
 def ttft_absent_reason(method: str, has_prefill: bool, prompt_steps: int = 0) -> str | None:

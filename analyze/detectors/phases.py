@@ -691,7 +691,8 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     steps = _steps_frame(trace, segs, window)
     if segs.method == "framework_markers":
         steps["ttft_us"] = np.nan  # an engine prefill step is not one request's time to first token
-    per_step = serving.step_table(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
+    step_columns = serving.step_columns(steps, segs.table, serving.attention_geometry(trace, segs, spec, marks.attention))
+    per_step = pd.DataFrame(step_columns)
     source = _source(segs, patterns)
     t0 = trace.span_ns[0]
     notes: list[str] = []
@@ -707,10 +708,9 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
     if decode and decode["tpot_intervals"] < decode["steps"]:
         notes.append(f"{decode['steps'] - decode['tpot_intervals']} decode step(s) have no earlier token in the trace; "
                      "their TPOT is the step's own time from first op to token")
-    phase = numpy_column(steps, "phase", object)
-    sources = steps["token_source"][(phase == "prefill") | (phase == "decode")].value_counts()
-    if len(sources):
-        notes.append("token ready from: " + ", ".join(f"{k} x{v}" for k, v in sources.items()))
+    source_note = _token_source_note(steps)
+    if source_note:
+        notes.append(source_note)
     return PhasesResult(
         segments=segs,
         steps=steps,
@@ -721,11 +721,21 @@ def run(trace: Trace, ctx: Context) -> PhasesResult:
         notes=notes,
         findings=_findings(steps, decode),
         serving=per_step,
-        serving_summary=serving.summary(per_step, steps, None if window is None else
+        serving_summary=serving.summary(step_columns, steps, None if window is None else
                                         ((window.start - t0) / US, (window.end - t0) / US)),
         source=source,
         steps_window=window,
     )
+
+
+def _token_source_note(steps: pd.DataFrame) -> str | None:
+    """How the prefill and decode steps' token-ready times were found, most frequent source first
+    (ties in order of appearance, as value_counts orders them; missing ones left out), or None."""
+    phase = numpy_column(steps, "phase", object)
+    src = numpy_column(steps, "token_source", object)[(phase == "prefill") | (phase == "decode")].tolist()
+    # Counted without a Series of a few dozen rows; v == v: not NaN.
+    sources = serving.counts_by_value([v for v in src if v is not None and v == v])
+    return "token ready from: " + ", ".join(f"{k} x{v}" for k, v in sources.items()) if sources else None
 
 
 def _source(segs: Segments, patterns: pp.PhasePatterns) -> dict[str, Any]:
