@@ -12,7 +12,7 @@ from conftest import real_trace_params, shared_trace
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import _covered, _in_start_order, _main_threads, _name_in, busiest, longest, mode
+from tokentrace.analysis.detectors.gaps import _covered, _in_start_order, _main_threads, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -329,9 +329,3 @@ def test_parts_in_start_order_and_covered_as_their_union():
         assert np.array_equal(_covered(a, b, qa, qb), want)
 
 
-def test_name_in_reads_the_rows_given():
-    wanted = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
-    values = ["cudaLaunchKernel", "cudaGraphLaunch", None, "hipGraphLaunch", "cudaGraphLaunch"]
-    rows = np.array([1, 0, 2, 3, 4, 1])
-    for names in (pd.Series(values, dtype="category"), pd.Series(values, dtype=object)):
-        assert _name_in(names, rows, wanted).tolist() == [True, False, False, True, True, True]

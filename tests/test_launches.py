@@ -8,8 +8,8 @@ import pytest
 from conftest import real_trace_params
 
 import tokentrace
-from tokentrace.analysis.detectors.launches import _ended_by, _name_test, _percentiles, _text_at
-from tokentrace.analysis.loading.trace import isin_mask, values_at
+from tokentrace.analysis.detectors.launches import _ended_by, _percentiles, _text_at
+from tokentrace.analysis.loading.trace import values_at
 
 
 def _launches(builder, tmp_path):
@@ -62,14 +62,6 @@ def test_queue_depth_of_one_stream(builder, tmp_path):
     assert (q["p50"], q["p90"], q["max"], q["mean"]) == (0.5, 1.7, 2.0, 0.75)
     assert q["streams"] == [{"device": 0, "stream": 7, "launches": 4, "depth_mean": 0.75, "depth_p50": 0.5, "depth_max": 2,
                              "starved_share": 0.5}]
-
-
-def test_name_test_is_isin_at_the_rows():
-    col = pd.Series(pd.Categorical(["cudaGraphLaunch", None, "cudaLaunchKernel", "hipGraphLaunch", "cudaGraphLaunch"]))
-    test = _name_test(col, ("cudaGraphLaunch", "hipGraphLaunch"))
-    rows = np.array([4, 1, 0, 2, 3, 1])
-    assert test(rows).tolist() == [True, False, True, False, True, False]
-    assert test(rows).tolist() == isin_mask(col, ("cudaGraphLaunch", "hipGraphLaunch"))[rows].tolist()
 
 
 def test_queue_depth_with_launches_sharing_a_time(builder, tmp_path):

@@ -17,6 +17,8 @@ from tokentrace.analysis.loading.trace import (
     SHARED_NARROW,
     column_array,
     is_absent_column,
+    isin_at,
+    isin_mask,
     numpy_column,
     take_rows,
     take_rows_many,
@@ -209,3 +211,18 @@ def test_chunk_spans_are_found_as_decoding_goes(target):
     for a, b, _ in got:
         names += [e.name for e in decode.CHUNK_DECODER.decode(b"[" + text[a:b] + b"]")]
     assert names == [f"op{i}" for i in range(60)]
+
+
+def test_isin_at_reads_the_rows_given():
+    """isin_at(col, values, rows) is isin_mask(col, values)[rows], rows in any order and repeated,
+    a missing value never wanted, for categorical and object columns."""
+    wanted = frozenset({"cudaGraphLaunch", "hipGraphLaunch"})
+    values = ["cudaLaunchKernel", "cudaGraphLaunch", None, "hipGraphLaunch", "cudaGraphLaunch"]
+    rows = np.array([1, 0, 2, 3, 4, 1])
+    for names in (pd.Series(values, dtype="category"), pd.Series(values, dtype=object)):
+        assert isin_at(names, wanted, rows).tolist() == [True, False, False, True, True, True]
+    col = pd.Series(pd.Categorical(["cudaGraphLaunch", None, "cudaLaunchKernel", "hipGraphLaunch", "cudaGraphLaunch"]))
+    rows = np.array([4, 1, 0, 2, 3, 1])
+    got = isin_at(col, ("cudaGraphLaunch", "hipGraphLaunch"), rows)
+    assert got.tolist() == [True, False, True, False, True, False]
+    assert got.tolist() == isin_mask(col, ("cudaGraphLaunch", "hipGraphLaunch"))[rows].tolist()

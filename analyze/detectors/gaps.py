@@ -34,7 +34,6 @@ whose next work was not already a graph launch, stated per step, per token and p
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +54,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import thread_codes
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_at, isin_mask, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "gaps"
@@ -187,7 +186,7 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
     nxt, prv = found["next_row"], found["prev_row"]
     ln = launch[nxt]
     lp = launch[prv]
-    is_graph = _name_in(ev["name"], np.maximum(ln, 0), GRAPH_LAUNCH_APIS) & (ln >= 0)
+    is_graph = isin_at(ev["name"], GRAPH_LAUNCH_APIS, np.maximum(ln, 0)) & (ln >= 0)
     graph_replay = is_graph & (ln == lp)
     # The host thread that launched the next work; unlinked work falls back to the thread that
     # launched most work on that device.
@@ -275,16 +274,6 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
         "next": names[nxt],
         "next_op": pd.Series(np.where((ln >= 0) & (nop >= 0), names[np.maximum(nop, 0)], None), dtype=object),
     })
-
-
-def _name_in(names: pd.Series, rows: np.ndarray, wanted: Iterable[str]) -> np.ndarray:
-    """`isin_mask(names, wanted)[rows]` (no missing name wanted), reading the names at those rows
-    only: the gaps' launch calls, not a mask over every event's name."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return isin_mask(names, wanted)[rows]
-    hit = np.zeros(len(names.array.categories) + 1, dtype=bool)  # code -1 (no name) reads the last slot
-    hit[:-1] = names.array.categories.isin(list(wanted))
-    return hit[names.array.codes[rows]]
 
 
 def _main_threads(trace: Trace) -> dict[int, tuple[int, int]]:

@@ -24,7 +24,7 @@ from tokentrace.analysis.common.labels import table_positions
 from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
-from tokentrace.analysis.loading.trace import Trace, isin_mask, numpy_column, values_at
+from tokentrace.analysis.loading.trace import Trace, isin_at, isin_mask, numpy_column, values_at
 
 NAME = "launches"
 NEEDS = ("phases", "gaps")
@@ -97,7 +97,11 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     # the name codes of the rows asked, not masks or gathers over every event.
     is_call = isin_mask(rt["name"], LAUNCH_APIS)
     call_rows = rt.index.to_numpy(np.int64)[is_call]
-    is_graph = _name_test(trace.events["name"], GRAPH_LAUNCH_APIS)
+    names = trace.events["name"]
+
+    def is_graph(rows: np.ndarray) -> np.ndarray:
+        return isin_at(names, GRAPH_LAUNCH_APIS, rows)
+
     segments = ctx.segments
     call_ts = numpy_column(rt, "ts")[is_call]
     calls = pd.DataFrame({
@@ -112,14 +116,6 @@ def run(trace: Trace, ctx: Context) -> LaunchesResult:
     res.small, res.small_rows = _small_kernels(trace, act, summary, act_kernel)
     res.findings = _findings(trace, res, ctx.result("gaps"))
     return res
-
-
-def _name_test(col: pd.Series, values: tuple[str, ...]) -> Callable[[np.ndarray], np.ndarray]:
-    """`isin_mask(col, values)[rows]` as a function of the rows: each category tested once, then
-    read through the rows' codes alone (a few rows of every event's)."""
-    codes = np.asarray(col.array.codes)
-    hit = np.r_[np.asarray(col.array.categories.isin(values), dtype=bool), False]  # code -1 (no name) reads False
-    return lambda rows: hit[codes[rows]]
 
 
 def refresh(previous: LaunchesResult, trace: Trace, ctx: Context) -> LaunchesResult:

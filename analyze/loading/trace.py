@@ -472,6 +472,17 @@ def isin_mask(col: pd.Series, values: Any) -> np.ndarray:
     return category_mask(col, np.asarray(col.array.categories.isin(values), dtype=bool), missing)
 
 
+def isin_at(col: pd.Series, values: Any, rows: np.ndarray) -> np.ndarray:
+    """`isin_mask(col, values)[rows]` (no missing value among `values`), reading those rows only:
+    for a categorical column each category is tested once and the rows' codes look the answers up
+    (a few rows of every event's, e.g. the launch calls' names), not a mask over every row."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return isin_mask(col, values)[rows]
+    hit = np.zeros(len(col.array.categories) + 1, dtype=bool)  # code -1 (missing) reads the last slot
+    hit[:-1] = col.array.categories.isin(list(values))
+    return hit[np.asarray(col.array.codes)[rows]]
+
+
 def category_mask(col: pd.Series, hit: np.ndarray, missing: bool = False) -> np.ndarray:
     """Per row of a categorical column, `hit[code]` (one bool per category; `missing` for rows
     without a value): a few hit codes are compared (vectorised, far cheaper than a gather over
