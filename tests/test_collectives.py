@@ -303,19 +303,6 @@ def test_collective_kernel_mask_matches_every_kernel_name(name):
     assert np.array_equal(cc.collective_kernel_mask(trace, rows), want)
 
 
-def test_empty_frames_are_fresh_copies_of_the_plain_ones():
-    from tokentrace.analysis.detectors.collectives import BY_TYPE_COLUMNS, _empty_frame
-    cols = tuple(BY_TYPE_COLUMNS)
-    a = _empty_frame(cols)
-    pd.testing.assert_frame_equal(a, pd.DataFrame(columns=list(cols)), check_exact=True)
-    assert list(a.dtypes) == list(pd.DataFrame(columns=list(cols)).dtypes)
-    a["type"] = pd.Series([], dtype=float)  # the caller's own: the next one is untouched
-    a.attrs["x"] = 1
-    b = _empty_frame(cols)
-    pd.testing.assert_frame_equal(b, pd.DataFrame(columns=list(cols)), check_exact=True)
-    assert b.attrs == {}
-
-
 @pytest.mark.parametrize("first, other", [
     (pd.Series(["a", None, "c"], dtype=object), pd.Series([np.nan, "y", np.nan], dtype=object)),
     (pd.Series(["a", "b"], dtype="str"), pd.Series([np.nan, np.nan], dtype=object)),

@@ -16,6 +16,7 @@ from tokentrace.analysis.loading.trace import (
     OP_COLUMNS,
     SHARED_NARROW,
     column_array,
+    empty_frame,
     is_absent_column,
     isin_at,
     isin_mask,
@@ -226,3 +227,23 @@ def test_isin_at_reads_the_rows_given():
     got = isin_at(col, ("cudaGraphLaunch", "hipGraphLaunch"), rows)
     assert got.tolist() == [True, False, True, False, True, False]
     assert got.tolist() == isin_mask(col, ("cudaGraphLaunch", "hipGraphLaunch"))[rows].tolist()
+
+
+def test_empty_frame_is_a_fresh_plain_empty_frame():
+    """empty_frame(columns) equals pd.DataFrame(columns=columns) (values and dtypes), and each
+    call's frame is the caller's own: filling one or setting its attrs leaves the next untouched."""
+    cols = ["row", "ts", "key"]
+    got = empty_frame(cols)
+    pd.testing.assert_frame_equal(got, pd.DataFrame(columns=cols), check_exact=True)
+    got["ts"] = []
+    got.loc[0] = [1, 2, "x"]
+    assert len(empty_frame(cols)) == 0
+    wide = ("type", "count", "total_us", "group_sizes", "top_kernel")
+    a = empty_frame(wide)
+    pd.testing.assert_frame_equal(a, pd.DataFrame(columns=list(wide)), check_exact=True)
+    assert list(a.dtypes) == list(pd.DataFrame(columns=list(wide)).dtypes)
+    a["type"] = pd.Series([], dtype=float)
+    a.attrs["x"] = 1
+    b = empty_frame(wide)
+    pd.testing.assert_frame_equal(b, pd.DataFrame(columns=list(wide)), check_exact=True)
+    assert b.attrs == {}

@@ -248,10 +248,3 @@ def test_within_any_finds_the_instants_inside_some_closed_range():
     assert memory._within_any(at, start[:0], end[:0]).tolist() == []
 
 
-def test_empty_is_a_fresh_frame_with_those_columns():
-    cols = ["row", "ts", "key"]
-    got = memory._empty(cols)
-    pd.testing.assert_frame_equal(got, pd.DataFrame(columns=cols), check_exact=True)
-    got["ts"] = []  # a copy: the next one is untouched
-    got.loc[0] = [1, 2, "x"]
-    assert len(memory._empty(cols)) == 0

@@ -14,7 +14,6 @@ were recorded, from the bytes allocated inside aten::cat per decode step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from tokentrace.analysis.common.units import US
 from tokentrace.analysis.context import Context
 from tokentrace.analysis.findings import Finding, severity_for
 from tokentrace.analysis.loading.links import innermost_ops, thread_codes
-from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, isin_mask, numpy_column
+from tokentrace.analysis.loading.trace import OP_COLUMNS, Trace, empty_frame, isin_mask, numpy_column
 from tokentrace.analysis.segments import Segments
 
 NAME = "memory"
@@ -100,26 +99,16 @@ def _kv_cat_shape(dims: Any) -> tuple[int, int, int, tuple] | None:
     return d, int(a[d]), int(b[d]), other
 
 
-@lru_cache(maxsize=4)
-def _empty_template(columns: tuple[str, ...]) -> pd.DataFrame:
-    return pd.DataFrame(columns=list(columns))
-
-
-def _empty(columns: list[str]) -> pd.DataFrame:
-    """`pd.DataFrame(columns=columns)`, copied from one made once (~0.3 ms a build, ~0.02 a copy)."""
-    return _empty_template(tuple(columns)).copy()
-
-
 def kv_cat_calls(trace: Trace, att: OpGpu, is_cat: np.ndarray | None = None) -> pd.DataFrame:
     """aten::cat calls that append to a cache tensor whose length grows across calls (`att`: the
     trace's op_gpu attribution; `is_cat`: which narrow cpu_op rows are cats, where the caller has it)."""
     cols = ["row", "ts", "seq_dim", "cache_len", "new_len", "key", "out_elems", "gpu_us", "cpu_us"]
     ops = trace.narrow(("cpu_op",), OP_COLUMNS)
     if ops.empty:
-        return _empty(cols)
+        return empty_frame(cols)
     is_cat = isin_mask(ops["name"], CAT_OPS) if is_cat is None else is_cat
     if not is_cat.any():
-        return _empty(cols)
+        return empty_frame(cols)
     cat_rows = ops.index.to_numpy(np.int64)[is_cat]  # positions, not a filtered copy of every op column
     dims = numpy_column(ops, "input_dims")[is_cat]
     codes = value_codes(dims)
@@ -134,7 +123,7 @@ def kv_cat_calls(trace: Trace, att: OpGpu, is_cat: np.ndarray | None = None) -> 
     appends[list(appending)] = True
     keep = appends[codes]
     if not keep.any():
-        return _empty(cols)
+        return empty_frame(cols)
     g = [appending[c] for c in codes[keep].tolist()]
     rows = cat_rows[keep]
     df = pd.DataFrame({"row": rows, "ts": numpy_column(ops, "ts")[is_cat][keep], "seq_dim": [x[0] for x in g],
@@ -267,7 +256,7 @@ def _steps(trace: Trace, segments: Segments, tl: pd.DataFrame, kv: pd.DataFrame)
         seg_ids = np.arange(len(lens))
         out = pd.DataFrame({"phase": "inferred", "index": seg_ids}, index=seg_ids)
     else:
-        return _empty(cols)
+        return empty_frame(cols)
     if len(tl):
         b = numpy_column(tl, "bytes")
         pos = b > 0

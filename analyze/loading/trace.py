@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -631,6 +631,18 @@ def take_rows_many(events: pd.DataFrame, views: list[tuple[np.ndarray, tuple[str
             out[c] = pd.Series(vals, index=index, dtype=object, copy=False) if vals.dtype == object else vals
     # Each frame's columns in the order its caller gave them.
     return [pd.DataFrame({c: out[c] for c in cols}, index=index, copy=False) for cols, out, index in zip(wanted, data, indexes, strict=True)]
+
+
+def empty_frame(columns: tuple[str, ...] | list[str]) -> pd.DataFrame:
+    """`pd.DataFrame(columns=columns)`: a copy of one made once per set of columns (building an
+    empty frame checks every column, ~0.2-0.4 ms each time for the detectors' tables; a copy
+    ~0.02 ms). A new frame each call: the caller may fill it."""
+    return _empty_template(tuple(columns)).copy()
+
+
+@lru_cache(maxsize=16)
+def _empty_template(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame(columns=list(columns))
 
 
 def empty_int(n: int) -> np.ndarray:
