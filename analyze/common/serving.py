@@ -19,6 +19,7 @@ Owns what a step's tokens say once the step is measured (analyze.detectors.phase
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -207,10 +208,7 @@ def summary(serving: pd.DataFrame | dict[str, np.ndarray], steps: pd.DataFrame,
 def counts_by_value(values: list[Any]) -> dict[str, int]:
     """`pd.Series(values).value_counts()` as {str(value): count} for values without NaN: most
     frequent first, ties in order of first appearance (as pandas orders them), without a Series."""
-    counts: dict[Any, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return {str(k): n for k, n in sorted(counts.items(), key=lambda kv: -kv[1])}  # sorted is stable
+    return {str(k): n for k, n in Counter(values).most_common()}  # most_common's sort is stable
 
 
 def _records(columns: dict[str, np.ndarray], n: int) -> list[dict[str, Any]]:
