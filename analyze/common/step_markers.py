@@ -94,13 +94,6 @@ def outermost_order(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return order[keep]
 
 
-def outermost(df: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not contained in an earlier one (nested markers: keep the outer), in start order
-    (longest first among equal starts)."""
-    # One gather of the rows, not a sort and then a filter of them.
-    return df.iloc[outermost_order(numpy_column(df, "ts", np.int64), numpy_column(df, "end", np.int64))]
-
-
 def engine_segments(annotations: pd.DataFrame) -> pd.DataFrame | None:
     """Segment rows (start, end, name, tid, phase, batch, q_len, step and ENGINE_COLUMNS) for the
     engine step markers among `annotations` (ts, end, name, tid), None when there are none."""

@@ -119,7 +119,6 @@ def _in_start_order(table: pd.DataFrame | Columns) -> Columns:
     return {c: [v[i] for i in at] if isinstance(v, list) else v[order] for c, v in table.items()}
 
 
-_outermost = sm.outermost
 # The columns of user annotations the segmenter reads: a narrow view of them, not the wide
 # `trace.annotations` (every one of the events' 40-odd columns copied).
 ANNOTATION_COLUMNS = ("ts", "end", "name", "tid")
