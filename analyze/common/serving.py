@@ -106,15 +106,10 @@ def _rows_of(frame: pd.DataFrame, wanted: np.ndarray) -> np.ndarray:
     return pos
 
 
-def step_table(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
-    """Per segment (same rows as `steps`): the serving numbers (see the module docstring).
-    `geometry`: attention_geometry's arrays by seg id."""
-    return pd.DataFrame(step_columns(steps, table, geometry))
-
-
 def step_columns(steps: pd.DataFrame, table: pd.DataFrame, geometry: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """`step_table`'s columns by name, as arrays: what `summary` reads, without the frame's
-    columns read back (a Series each)."""
+    """Per segment (the rows of `steps`): the serving numbers (see the module docstring), by
+    column name, as arrays: what `summary` reads, without a frame's columns read back (a Series
+    each). `geometry`: attention_geometry's arrays by seg id."""
     seg = numpy_column(steps, "seg")
     at = _rows_of(table, seg)
     t = {c: numpy_column(table, c)[at] for c in (
@@ -158,7 +153,7 @@ def summary(serving: pd.DataFrame | dict[str, np.ndarray], steps: pd.DataFrame,
             gpu_window_us: tuple[float, float] | None = None) -> dict[str, Any] | None:
     """The `phases.serving` JSON section, or None when no step's tokens are known. Throughput is
     over `gpu_window_us` (the steady-state window, relative to the trace start) when given.
-    `serving`: step_table's frame, or step_columns' arrays (the same answer, without a Series
+    `serving`: step_columns' arrays, or a frame of them (the same answer, without a Series
     per column read)."""
     def col(name: str, dtype: Any = None) -> np.ndarray:
         return np.asarray(serving[name], dtype=dtype)
