@@ -377,31 +377,30 @@ def test_top_per_group_is_the_groupby_top_with_ties_to_the_first_seen():
     assert [a.tolist() for a in top_per_group(np.empty(0, np.int64), np.empty(0, np.int64))] == [[], [], []]
 
 
-def test_top_per_group_by_table_and_by_sort_agree(monkeypatch):
-    # Counts and integer weights over a small (group, key) range take the table (keys offset from
-    # zero, groups out of order, many ties); the same inputs with the table off take the sort:
-    # the same groups, first rows of the winning pairs and totals, the totals int64 both ways.
-    from tokentrace.analysis.common import shape_codes
+def test_top_per_group_is_groupby_then_a_stable_sort():
+    # Counts and integer weights over random groups (out of order, many ties): the groups, first
+    # rows of the winning pairs and totals that groupby([group, key], sort=False) and a stable
+    # sort by group and descending total give, the totals int64.
     rng = np.random.default_rng(11)
     for trial in range(200):
         n = int(rng.integers(1, 400))
         group = (rng.integers(0, int(rng.integers(1, 9)), n) + 3)[::-1].copy()
         key = rng.integers(-4, int(rng.integers(-3, 6)), n)
         weight = [None, rng.integers(0, 3, n), rng.integers(-2, 3, n).astype(np.int16)][trial % 3]
-        assert shape_codes._dense_top_per_group(group, key, weight) is not None
-        by_table = top_per_group(group, key, weight)
-        monkeypatch.setattr(shape_codes, "DENSE_KEYS_PER_ROW", 0)
-        by_sort = top_per_group(group, key, weight)
-        monkeypatch.undo()
-        assert [a.tolist() for a in by_table] == [a.tolist() for a in by_sort]
-        assert by_table[2].dtype == by_sort[2].dtype == np.int64
-    # A known answer: group 4's keys 9 and 7 tie at 5, key 9 seen first (row 1), so it wins though
-    # its cell comes later in the table; group 6 has one key.
+        df = pd.DataFrame({"g": group, "k": key, "w": np.ones(n, np.int64) if weight is None else weight.astype(np.int64),
+                           "row": np.arange(n)})
+        pairs = df.groupby(["g", "k"], sort=False).agg(total=("w", "sum"), first=("row", "first")).reset_index()
+        best = pairs.sort_values(["g", "total"], ascending=[True, False], kind="stable").drop_duplicates("g")
+        got = top_per_group(group, key, weight)
+        assert [a.tolist() for a in got] == [best["g"].tolist(), best["first"].tolist(), best["total"].tolist()]
+        assert got[2].dtype == np.int64
+    # A known answer: group 4's keys 9 and 7 tie at 5, key 9 seen first (row 1), so it wins;
+    # group 6 has one key.
     g, at, total = top_per_group(np.array([6, 4, 4, 4, 4]), np.array([7, 9, 7, 9, 7]), np.array([1, 2, 5, 3, 0]))
     assert g.tolist() == [4, 6] and at.tolist() == [1, 0] and total.tolist() == [5, 1]
-    # Float weights, and integer sums that doubles could round, are not the table's.
-    assert shape_codes._dense_top_per_group(np.array([0, 0]), np.array([1, 1]), np.array([0.5, 1.0])) is None
-    assert shape_codes._dense_top_per_group(np.array([0, 0]), np.array([1, 1]), np.array([2**52, 1])) is None
+    # Integer sums a double could round are added exactly.
+    g, at, total = top_per_group(np.array([0, 0]), np.array([1, 1]), np.array([2**60, 1]))
+    assert total.tolist() == [2**60 + 1]
 
 
 def test_top_kernel_is_the_one_with_most_time_ties_to_the_first_launched(tmp_path):

@@ -220,9 +220,15 @@ def group_sums(ids: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray,
     is summed this way is a table's groups (attention calls, engine steps, op shapes), thousands
     of rows at most, where one pandas groupby costs more than the sum."""
     if values.dtype.kind in "iub":  # integers add exactly, in any order
+        v = values.astype(np.int64, copy=False)
+        counts = np.bincount(ids, minlength=n)
+        if not len(v) or max(abs(int(v.min())), abs(int(v.max()))) * len(v) < 2**53:
+            # Every partial sum is a whole number below 2**53, exact as a double: bincount's sums
+            # (a tenth of np.add.at's time), made int64.
+            return np.bincount(ids, weights=v, minlength=n).astype(np.int64), counts
         exact = np.zeros(n, dtype=np.int64)
-        np.add.at(exact, ids, values.astype(np.int64, copy=False))
-        return exact, np.bincount(ids, minlength=n)
+        np.add.at(exact, ids, v)
+        return exact, counts
     values = np.asarray(values, dtype=float)
     if _exact_in_any_order(values):
         # Whole numbers (nanoseconds held as floats) whose magnitudes add up below 2**52: every
@@ -356,9 +362,6 @@ def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None 
     then a stable sort by group and descending total, one row per group, gives."""
     if not len(group):
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
-    dense = _dense_top_per_group(group, key, weight)
-    if dense is not None:
-        return dense
     pair, pair_first = group_ids(group, key)
     n = len(pair_first)
     total = np.bincount(pair, minlength=n) if weight is None else group_sums(pair, weight, n)[0]
@@ -366,38 +369,3 @@ def top_per_group(group: np.ndarray, key: np.ndarray, weight: np.ndarray | None 
     order = np.lexsort((np.arange(n), -total, pg))  # pairs are numbered in order of appearance
     keep = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]
     return pg[keep], pair_first[keep], total[keep]
-
-
-def _dense_top_per_group(group: np.ndarray, key: np.ndarray,
-                         weight: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """top_per_group through a table over the (group, key) range, where that range is small
-    (DENSE_KEYS_PER_ROW) and the totals are counts or integer sums every order adds exactly (None
-    otherwise): each cell's first row (first_rows), its total (a bincount), and per group the
-    cell of the largest total that appears first, from the table; no numbering of the pairs in
-    order of appearance and sort of them (at train_200's 215 k op-kernel pairs, 3.5 -> ~1.2 ms)."""
-    n = len(group)
-    if weight is not None:
-        if weight.dtype.kind not in "iu":
-            return None
-        # Integer sums below 2**53 are exact as floats in any order (bincount adds doubles).
-        if max(abs(int(weight.min())), abs(int(weight.max()))) * n >= 2**53:
-            return None
-    g_lo, k_lo = int(group.min()), int(key.min())
-    n_groups, n_keys = int(group.max()) - g_lo + 1, int(key.max()) - k_lo + 1
-    if n_groups * n_keys > DENSE_KEYS_PER_ROW * n:
-        return None
-    cell = np.multiply(group, n_keys, dtype=np.int64)
-    cell += key
-    offset = g_lo * n_keys + k_lo
-    if offset:
-        cell -= offset
-    size = n_groups * n_keys
-    first = first_rows(cell, size).reshape(n_groups, n_keys)  # n: a pair that does not occur
-    total = np.bincount(cell, minlength=size) if weight is None else np.bincount(cell, weights=weight, minlength=size)
-    table = np.where(first < n, total.reshape(n_groups, n_keys), -np.inf)
-    best = table.max(axis=1)
-    won = np.flatnonzero(best > -np.inf)
-    # Per group, of the cells at its best total (ties included), the one that appears first.
-    first_at_best = np.where(table == best[:, None], first, n)[won]
-    at = first_at_best[np.arange(len(won)), first_at_best.argmin(axis=1)]
-    return won + g_lo, at, best[won].astype(np.int64)  # counts or integer sums, exact
