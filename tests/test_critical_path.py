@@ -14,6 +14,7 @@ from tracebuilder import TraceBuilder
 
 import tokentrace
 from tokentrace.analysis.common import critical_path as cp
+from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import latency as lat
 from tokentrace.analysis.detectors import phases
 
@@ -197,9 +198,9 @@ def test_step_path_without_nodes_gives_the_same_times():
 
 
 def test_concat_ranges_known_answer():
-    got = cp.concat_ranges(np.array([3, 10, 10, 0]), np.array([5, 10, 12, 1]))
+    got = iv.concat_ranges(np.array([3, 10, 10, 0]), np.array([5, 10, 12, 1]))
     assert got.tolist() == [3, 4, 10, 11, 0]
-    assert cp.concat_ranges(np.array([4]), np.array([4])).tolist() == []
+    assert iv.concat_ranges(np.array([4]), np.array([4])).tolist() == []
 
 
 def test_located_rows_known_answer():

@@ -517,15 +517,8 @@ def _located_rows(ts: np.ndarray, seg: np.ndarray, ids: np.ndarray, starts: np.n
     at or after its end (the listed steps are a sample of a few)."""
     a = np.searchsorted(ts, starts[ids], side="left")
     b = np.maximum(np.searchsorted(ts, ends[ids], side="left"), a)
-    idx = concat_ranges(a, b)
+    idx = iv.concat_ranges(a, b)
     return idx[seg[idx] == np.repeat(ids, b - a)]
-
-
-def concat_ranges(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """np.concatenate([np.arange(x, y) for x, y in zip(a, b)]) without a Python loop (b >= a)."""
-    n = b - a
-    # Output position k of run r holds a_r + (k - where run r starts in the output).
-    return np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def aggregate(paths: pd.DataFrame) -> dict | None:

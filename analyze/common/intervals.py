@@ -181,6 +181,13 @@ def group_positions(key: np.ndarray) -> list[np.ndarray]:
     return np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1)
 
 
+def concat_ranges(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.concatenate([np.arange(x, y) for x, y in zip(a, b)]) without a Python loop (b >= a)."""
+    n = b - a
+    # Output position k of run r holds a_r + (k - where run r starts in the output).
+    return np.repeat(a - (np.cumsum(n) - n), n) + np.arange(int(n.sum()), dtype=np.int64)
+
+
 def total(starts: np.ndarray, ends: np.ndarray) -> int:
     """Total length covered by the intervals (overlaps counted once)."""
     s, e = union(starts, ends)

@@ -45,7 +45,6 @@ from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common import steady_state
 from tokentrace.analysis.common.busy import BusyTimeline, StreamBusy, device_busy, stream_busy
 from tokentrace.analysis.common.collectives import host_collective_mask
-from tokentrace.analysis.common.critical_path import concat_ranges
 from tokentrace.analysis.common.host import HostLookup, recorded_stack
 from tokentrace.analysis.common.json_values import json_value
 from tokentrace.analysis.common.labels import decode_scale, segment_labels
@@ -443,7 +442,7 @@ def _covered(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.n
     n = i1 - i0
     if not n.any():
         return out
-    q = concat_ranges(i0, i1)
+    q = iv.concat_ranges(i0, i1)
     g = np.repeat(np.arange(len(a)), n)
     # Relative to each gap's start (0 <= x <= b - a), lifted above every earlier gap's values: one
     # running maximum serves every gap, each gap's own (as union_grouped lifts its groups).
