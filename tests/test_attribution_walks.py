@@ -43,7 +43,8 @@ def test_op_gpu_positions_pair_each_row_with_its_op(seed):
     n = int(rng.integers(1, 300))
     ops = np.flatnonzero(rng.random(n) < rng.choice([0.05, 0.3, 0.9])).astype(np.int64)
     empty = np.zeros(len(ops), np.int64)
-    og = attribution.OpGpu(ops, empty, empty, empty, empty, empty, empty, empty)
+    og = attribution.OpGpu(ops=ops, self_ns=empty, total_ns=empty, self_count=empty, total_count=empty, pair_op=empty,
+                           gpu_rows=empty, pair_at=empty, gpu_root=empty, pair_pos=empty)
     every = np.arange(n, dtype=np.int64)
     for rows in (every, every[int(rng.integers(0, n)):], np.sort(rng.choice(n, size=int(rng.integers(0, n + 1)), replace=False)),
                  rng.permutation(n)[: int(rng.integers(0, n + 1))], np.union1d(ops, rng.choice(n, size=n // 2))):

@@ -10,7 +10,7 @@ the pipeline computes it once per run (`ctx.shared(op_gpu)`) for every detector 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -82,11 +82,11 @@ class OpGpu:
     pair_at: np.ndarray
     # The top-level op of each row of trace.narrow_gpu, aligned with it (-1: no op link). The walk
     # up reaches it anyway; kept so the kernels table needs no second climb (root_of).
-    gpu_root: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    gpu_root: np.ndarray
     # Each pair's GPU row as its position in trace.narrow_gpu: readers gather the GPU rows'
     # columns from the narrow view (a few tens of thousands of rows) instead of the events' (a
     # million), and need no search to find a pair's GPU row there.
-    pair_pos: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pair_pos: np.ndarray
 
     @property
     def pair_gpu(self) -> np.ndarray:
@@ -178,5 +178,6 @@ def op_gpu(trace: Trace) -> OpGpu:
     self_count = np.bincount(self_at, minlength=k).astype(np.int64, copy=False)
     total_ns = np.bincount(at, weights=pair_dur, minlength=k).astype(float, copy=False)
     total_count = np.bincount(at, minlength=k).astype(np.int64, copy=False)
-    return OpGpu(ops, self_ns, total_ns, self_count, total_count, all_op, gpu.index.to_numpy(np.int64),
-                  at.astype(np.int64, copy=False), gpu_root, pair_pos)
+    return OpGpu(ops=ops, self_ns=self_ns, total_ns=total_ns, self_count=self_count, total_count=total_count, pair_op=all_op,
+                 gpu_rows=gpu.index.to_numpy(np.int64), pair_at=at.astype(np.int64, copy=False), gpu_root=gpu_root,
+                 pair_pos=pair_pos)

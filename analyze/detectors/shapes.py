@@ -178,7 +178,7 @@ def _launching_op_dims(trace: Trace, att: OpGpu, has: np.ndarray, op: np.ndarray
     at hf_200). Otherwise the launching ops' dims are encoded here."""
     at_rows, at_ops = positions
     n_direct = int(has.sum())
-    if len(at_ops) != len(att.ops) or len(att.pair_pos) < n_direct:
+    if len(at_ops) != len(att.ops):
         return np.where(has, value_codes_at(numpy_column(trace.events, "input_dims"), np.maximum(op, 0)), -1)
     # The first level of pairs is the direct launches, in GPU-row order: each linked GPU row's op.
     out = np.full(len(has), -1, dtype=np.int64)
