@@ -959,7 +959,6 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
         return CollectivesResult(empty_frame(INSTANCE_COLUMNS + ["call"]), _by_type(pd.DataFrame()),
                                  empty_frame(STEP_TABLE_COLUMNS), trace.duration_ns / US)
     calls = host_calls(trace, host_coll)
-    coll = cc.collective_kernel_mask(trace, kernel_rows)
     kern = collective_kernels(trace, calls, kernel_rows)
     inst = build_instances(trace, calls, kern)
     notes: list[str] = []
@@ -973,7 +972,7 @@ def run(trace: Trace, ctx: Context) -> CollectivesResult:
                                for c, r in zip(key, numpy_column(kern, "row"), strict=True)], dtype=np.int64)
     # Compute is read only against collective kernels (their overlap, lead-ins and steps): a trace
     # whose collectives all run on the host (gloo) needs none of it.
-    comp = _compute_kernels(trace, coll) if len(kern) else np.zeros(0, bool)
+    comp = _compute_kernels(trace, cc.collective_kernel_mask(trace, kernel_rows)) if len(kern) else np.zeros(0, bool)
     compute = _compute_union(trace, comp) if len(kern) else {}
     ov = _overlap(kern, inst_of_kernel, len(inst), compute) / US
     is_gpu = numpy_column(inst, "kind") == "gpu"
