@@ -171,7 +171,7 @@ def _gemm_rows(trace: Trace, ctx: Context, calls: pd.DataFrame) -> pd.DataFrame:
     # GEMMs inside an attention op (the math path's bmm) belong to that attention call: any
     # attention op above one will do, so the climb (of the outermost GEMMs only) stops at the
     # nearest (not at the root).
-    free = climb_to(parent, rows, ctx.shared(attention_op_spec)) < 0  # the spec's codes: >= 0 on attention ops
+    free = climb_to(parent, rows, ctx.shared(attention_op_spec) >= 0) < 0  # the spec: >= 0 on attention ops
     pos, rows = pos[free], rows[free]
     gpu_ns = ctx.shared(op_gpu).at(rows).total_ns
     segments = ctx.segments
