@@ -13,6 +13,7 @@ from tokentrace.analysis.common.busy import BusyTimeline
 from tokentrace.analysis.common.sync_points import (
     BLOCKING_KINDS,
     _blocking,
+    _joined_at,
     _kinds_by_code,
     _pageable,
     api_kind,
@@ -352,3 +353,16 @@ def test_busy_in_is_the_overlap_of_each_wait_with_the_busy_timeline():
     b = np.array([100, 18, 5, 35, 70])
     assert BusyTimeline(starts={0: ms}, ends={0: me}).busy_in(0, a, b).tolist() == [30, 3, 0, 0, 0]
     assert BusyTimeline(starts={0: ms[:0]}, ends={0: me[:0]}).busy_in(0, a, b).tolist() == [0] * 5
+
+
+def test_joined_at_reads_each_part_as_the_joined_array_would():
+    """_joined_at(a, b, at) is np.r_[a, b][at] (values and dtype): positions in both parts, in
+    any order and repeated, an int32 part beside an int64 one, bools, an empty second part."""
+    a, b = np.array([5, -1, 7], np.int32), np.array([40, 41], np.int64)
+    at = np.array([4, 0, 3, 2, 4, 1])
+    got = _joined_at(a, b, at)
+    want = np.r_[a, b][at]
+    assert got.tolist() == want.tolist() == [41, 5, 40, 7, 41, -1] and got.dtype == want.dtype
+    flags = np.array([True, False])
+    assert _joined_at(flags, np.zeros(2, bool), np.array([3, 0, 1])).tolist() == [False, True, False]
+    assert _joined_at(a, b[:0], np.array([2, 0])).tolist() == [7, 5]

@@ -94,12 +94,12 @@ def sync_calls(trace: Trace) -> pd.DataFrame:
     if len(cs):
         order = np.argsort(targets, kind="stable")
         at, targets = at[order], targets[order]
-    launch = _from_views(gpu, cs, "launch", at)
+    launch = _joined_at(numpy_column(gpu, "launch"), numpy_column(cs, "launch"), at)
     linked = np.flatnonzero(launch >= 0)
     launch = launch[linked]
     gpu_launch, first = np.unique(launch, return_index=True)
-    gpu_dev, gpu_stream = (_from_views(gpu, cs, c, at[linked[first]]) for c in ("device", "stream"))
-    mc = np.flatnonzero(np.r_[is_mc, np.zeros(len(cs), dtype=bool)][at[linked]])
+    gpu_dev, gpu_stream = (_joined_at(numpy_column(gpu, c), numpy_column(cs, c), at[linked[first]]) for c in ("device", "stream"))
+    mc = np.flatnonzero(_joined_at(is_mc, np.zeros(len(cs), dtype=bool), at[linked]))
     copy_launch, first = np.unique(launch[mc], return_index=True)
     copy_rows = targets[linked[mc[first]]]
     copy_name = names[copy_rows]
@@ -171,12 +171,17 @@ def _blocking(kind: np.ndarray) -> np.ndarray:
     return np.isin(kind, BLOCKING_KINDS)
 
 
-def _from_views(gpu: pd.DataFrame, cs: pd.DataFrame, column: str, at: np.ndarray) -> np.ndarray:
-    """The column's values at positions of the GPU view's rows followed by the cuda_sync view's."""
-    col = gpu[column].to_numpy()
-    if not len(cs):
-        return col[at]
-    return np.r_[col, cs[column].to_numpy()][at]
+def _joined_at(first: np.ndarray, second: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """`np.r_[first, second][at]` (positions in the GPU view's rows followed by the cuda_sync
+    view's), read from each array without a copy of both joined."""
+    if not len(second):
+        return first[at]
+    n = len(first)
+    out = np.empty(len(at), dtype=np.result_type(first.dtype, second.dtype))
+    mine = at < n
+    out[mine] = first[at[mine]]
+    out[~mine] = second[at[~mine] - n]
+    return out
 
 
 def _pageable(col: pd.Series, rows: np.ndarray) -> np.ndarray:
