@@ -12,7 +12,7 @@ from conftest import real_trace_params, shared_trace
 import tokentrace
 from tokentrace.analysis.common import intervals as iv
 from tokentrace.analysis.common.labels import OUTSIDE_REGION, segment_labels
-from tokentrace.analysis.detectors.gaps import _covered, _in_start_order, _main_threads, busiest, longest, mode
+from tokentrace.analysis.detectors.gaps import _in_start_order, _main_threads, busiest, longest, mode
 from tokentrace.analysis.segments import Segments
 
 
@@ -316,7 +316,7 @@ def test_parts_in_start_order_and_covered_as_their_union():
     assert s.tolist() == [0, 5, 10, 25] and e.tolist() == [4, 12, 15, 26]
     # [0, 10) and [3, 6) reach 10; [12, 20) and [14, 16) inside; [30, 25) ends before it starts.
     s, e = np.array([0, 3, 12, 14, 30]), np.array([10, 6, 20, 16, 25])
-    got = _covered(s, e, np.array([5, 9, 0, 11, 15, 30, 8]), np.array([15, 13, 40, 11, 18, 31, 5]))
+    got = iv.overlap_in_start_order(s, e, np.array([5, 9, 0, 11, 15, 30, 8]), np.array([15, 13, 40, 11, 18, 31, 5]))
     assert got.tolist() == [8, 2, 18, 0, 3, 0, 0]
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -326,6 +326,6 @@ def test_parts_in_start_order_and_covered_as_their_union():
         qa = rng.integers(-50, 1100, 30)
         qb = qa + rng.integers(-10, 200, 30)
         want = iv.overlap(*iv.union(a, b), qa, qb)
-        assert np.array_equal(_covered(a, b, qa, qb), want)
+        assert np.array_equal(iv.overlap_in_start_order(a, b, qa, qb), want)
 
 

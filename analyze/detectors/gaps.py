@@ -214,9 +214,9 @@ def classify(trace: Trace, found: dict[str, np.ndarray], calls: pd.DataFrame, ho
         for (p, t), idx in zip(threads.tolist(), iv.group_positions(code), strict=True):
             a, b = gs[idx], he[idx]
             u = th.get(p, t)
-            native = _covered(u["native_s"], u["native_e"], a, b)
-            t_free[idx] = _covered(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
-            t_coll[idx] = _covered(u["coll_s"], u["coll_e"], a, b)
+            native = iv.overlap_in_start_order(u["native_s"], u["native_e"], a, b)
+            t_free[idx] = iv.overlap_in_start_order(u["nolaunch_s"], u["nolaunch_e"], a, b) + (b - a - native)
+            t_coll[idx] = iv.overlap_in_start_order(u["coll_s"], u["coll_e"], a, b)
             # Blocking calls count up to the next launch call (a synchronous copy's own call does
             # not idle the GPU before the copy); one that returned within the slack before the
             # GPU went idle still drained it.
@@ -372,7 +372,7 @@ class _ThreadIntervals:
         self.waits = (kind == "gpu_wait") & (self.call_pid >= 0)
 
     def get(self, p: int, t: int) -> dict[str, np.ndarray]:
-        """The thread's intervals of each set in start order (what `_covered` reads), its
+        """The thread's intervals of each set in start order (what `iv.overlap_in_start_order` reads), its
         merged sync and transfer calls, its blocking calls in start order and its GPU waits."""
         u: dict[str, np.ndarray] = {}
         for name, parts in self.sets.items():
@@ -417,48 +417,6 @@ def _sorted(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The intervals in start order (a stable sort)."""
     order = np.argsort(s, kind="stable")
     return s[order], e[order]
-
-
-def _covered(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of each [a, b) covered by the intervals (s, e) in start order: `iv.overlap(*iv.union(s, e), a, b)`
-    without the union (several passes over tens of thousands of a thread's intervals for a few
-    thousand gaps). What starts at or before a covers [a, its reach); the intervals that start
-    inside [a, b), a few per gap, add what lies beyond the reach of those before them."""
-    a = np.asarray(a, np.int64)
-    b = np.maximum(a, np.asarray(b, np.int64))
-    out = np.zeros(len(a), np.int64)
-    if not len(s) or not len(a):
-        return out
-    # An interval that ends before it starts (union reads it as ending there) counts as one that
-    # ends there: clipped to [a, b) below, its end is a (it starts at or before a) or it adds
-    # nothing and reaches no further than the start of the next, which starts later.
-    s, e = np.asarray(s, np.int64), np.asarray(e, np.int64)
-    i0 = np.searchsorted(s, a, side="right")  # those starting at or before a
-    i1 = np.maximum(np.searchsorted(s, b, side="left"), i0)  # those starting inside (a, b)
-    before = i0 > 0
-    reach0 = a.copy()
-    reach0[before] = np.clip(np.maximum.accumulate(e)[i0[before] - 1], a[before], b[before])
-    out += reach0 - a
-    n = i1 - i0
-    if not n.any():
-        return out
-    q = iv.concat_ranges(i0, i1)
-    g = np.repeat(np.arange(len(a)), n)
-    # Relative to each gap's start (0 <= x <= b - a), lifted above every earlier gap's values: one
-    # running maximum serves every gap, each gap's own (as union_grouped lifts its groups).
-    lo = a[g]
-    qs, qe = s[q] - lo, np.minimum(e[q], b[g]) - lo
-    width = b - a + 1
-    lift = (np.cumsum(width) - width)[g]
-    run = np.maximum.accumulate(qe + lift) - lift
-    first = np.cumsum(n) - n  # each gap's first place among q (gaps with none are never read)
-    prev = np.empty(len(q), np.int64)
-    prev[1:] = run[:-1]
-    prev[first[n > 0]] = 0
-    reach = np.maximum(prev, (reach0 - a)[g])
-    gain = np.maximum(0, qe - np.maximum(qs, reach))
-    out[n > 0] += np.add.reduceat(gain, first[n > 0])
-    return out
 
 
 def _responsible_call(u: dict[str, np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
